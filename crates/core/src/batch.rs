@@ -1,0 +1,388 @@
+//! Batches: many reads and writes to one peer, submitted together and completed as one.
+
+use crate::engine::EngineInner;
+use crate::error::{Error, RangeError, Result, Side};
+use crate::memory::{Region, RegionEntry, RegionUse};
+use crate::notify::MAX_NOTIFICATION_BYTES;
+use crate::peer::{Peer, PeerView};
+use crate::transport::{Direction, Reach, TransferOp};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+struct Entry {
+    direction: Direction,
+    region: u32,
+    offset: u64,
+    remote_addr: u64,
+    len: u64,
+}
+
+/// A batch being built: add entries with [`Batch::write`] and [`Batch::read`], then
+/// [`Batch::submit`]. Made by [`crate::Engine::batch`].
+///
+/// Mistakes in the entries are reported by `submit`, before anything moves.
+#[must_use = "a batch does nothing until it is submitted"]
+pub struct Batch {
+    engine: Arc<EngineInner>,
+    peer: Peer,
+    regions: Vec<Arc<RegionEntry>>,
+    region_index: HashMap<usize, u32>,
+    entries: Vec<Entry>,
+    notification: Option<Vec<u8>>,
+    foreign_region: Option<usize>,
+}
+
+impl Batch {
+    pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
+        Batch {
+            engine,
+            peer: peer.clone(),
+            regions: Vec::new(),
+            region_index: HashMap::new(),
+            entries: Vec::new(),
+            notification: None,
+            foreign_region: None,
+        }
+    }
+
+    fn push(
+        &mut self,
+        direction: Direction,
+        region: &Region,
+        offset: u64,
+        remote_addr: u64,
+        len: u64,
+    ) {
+        if region.entry.table_id != self.engine.table.id() && self.foreign_region.is_none() {
+            self.foreign_region = Some(self.entries.len());
+        }
+        let key = Arc::as_ptr(&region.entry) as usize;
+        let next = self.regions.len() as u32;
+        let index = *self.region_index.entry(key).or_insert(next);
+        if index == next {
+            self.regions.push(Arc::clone(&region.entry));
+        }
+        self.entries.push(Entry {
+            direction,
+            region: index,
+            offset,
+            remote_addr,
+            len,
+        });
+    }
+
+    /// Adds a write of `len` bytes from `region` at `offset` to the peer's `remote_addr`.
+    pub fn write(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
+        self.push(Direction::Write, region, offset, remote_addr, len);
+        self
+    }
+
+    /// Adds a read of `len` bytes from the peer's `remote_addr` into `region` at `offset`.
+    pub fn read(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
+        self.push(Direction::Read, region, offset, remote_addr, len);
+        self
+    }
+
+    /// Sends `payload` to the peer once every entry's data is visible there (at most 64 KiB).
+    pub fn notify(mut self, payload: impl Into<Vec<u8>>) -> Self {
+        self.notification = Some(payload.into());
+        self
+    }
+
+    /// Number of entries added so far.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True before any entry was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Checks every entry and starts the transfer.
+    ///
+    /// The returned [`Transfer`] resolves when all bytes are visible at their destinations and
+    /// the notification, if any, is in the peer's hands.
+    ///
+    /// # Errors
+    /// Before anything moves: [`Error::Range`] for an empty entry, a local range past its
+    /// region's end, or a region of another engine; [`Error::ApiMisuse`] for a batch with
+    /// nothing in it or an oversized notification. Remote ranges are checked by the transfer.
+    pub fn submit(self) -> Result<Transfer> {
+        if let Some(index) = self.foreign_region {
+            return Err(RangeError::ForeignRegion { index }.into());
+        }
+        if self.entries.is_empty() && self.notification.is_none() {
+            return Err(Error::ApiMisuse(
+                "the batch has no entries and no notification; add at least one".into(),
+            ));
+        }
+        if let Some(payload) = &self.notification {
+            if payload.len() > MAX_NOTIFICATION_BYTES {
+                return Err(Error::ApiMisuse(format!(
+                    "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit; send the data in the batch and a short id in the notification",
+                    payload.len()
+                )));
+            }
+        }
+        for (index, entry) in self.entries.iter().enumerate() {
+            if entry.len == 0 {
+                return Err(RangeError::ZeroLength { index }.into());
+            }
+            let region_len = self.regions[entry.region as usize].info.len;
+            if entry
+                .offset
+                .checked_add(entry.len)
+                .is_none_or(|end| end > region_len)
+            {
+                return Err(RangeError::PastRegionEnd {
+                    index,
+                    offset: entry.offset,
+                    len: entry.len,
+                    region_len,
+                }
+                .into());
+            }
+        }
+        let mut uses = Vec::with_capacity(self.regions.len());
+        for (position, region) in self.regions.iter().enumerate() {
+            let Some(guard) = region.acquire() else {
+                let index = self
+                    .entries
+                    .iter()
+                    .position(|entry| entry.region as usize == position)
+                    .unwrap_or(0);
+                return Err(RangeError::NotRegistered {
+                    index,
+                    side: Side::Local,
+                    addr: region.info.addr,
+                    len: region.info.len,
+                }
+                .into());
+            };
+            uses.push(Arc::new(guard));
+        }
+        let (sender, receiver) = oneshot::channel();
+        let Batch {
+            engine,
+            peer,
+            entries,
+            notification,
+            ..
+        } = self;
+        let handle = engine.handle.clone();
+        handle.spawn(async move {
+            let outcome = run(&engine, &peer, uses, entries, notification).await;
+            let _ = sender.send(outcome);
+        });
+        Ok(Transfer { receiver })
+    }
+
+    /// Submits and blocks the calling thread until the transfer completes; for callers without
+    /// an async runtime. Never call it from inside one.
+    ///
+    /// # Errors
+    /// As [`Batch::submit`], then as the [`Transfer`].
+    pub fn submit_blocking(self) -> Result<Completion> {
+        self.submit()?.wait()
+    }
+}
+
+/// What a finished transfer did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// The transports that carried them.
+    pub transports: Vec<&'static str>,
+    /// From the start of the transfer to its completion.
+    pub elapsed: Duration,
+}
+
+/// A submitted batch; resolves once every byte is visible at its destination.
+///
+/// # Cancel safety
+/// Dropping it does not stop the transfer: the bytes keep moving, and the regions it uses stay
+/// registered (dropping a [`Region`] waits) until it ends or times out.
+#[must_use = "a transfer reports its errors only when awaited"]
+#[derive(Debug)]
+pub struct Transfer {
+    receiver: oneshot::Receiver<Result<Completion>>,
+}
+
+impl Transfer {
+    /// Blocks the calling thread until the transfer completes; for callers without an async
+    /// runtime. Never call it from inside one.
+    ///
+    /// # Errors
+    /// As awaiting the transfer.
+    pub fn wait(self) -> Result<Completion> {
+        futures::executor::block_on(self)
+    }
+}
+
+impl Future for Transfer {
+    type Output = Result<Completion>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.receiver).poll(context).map(|outcome| {
+            outcome.unwrap_or_else(|_| {
+                Err(Error::Shutdown {
+                    what: "the transfer".into(),
+                })
+            })
+        })
+    }
+}
+
+fn first_uncovered(view: &PeerView, entries: &[Entry]) -> Option<usize> {
+    entries
+        .iter()
+        .position(|entry| view.covering(entry.remote_addr, entry.len).is_none())
+}
+
+async fn run(
+    engine: &EngineInner,
+    peer: &Peer,
+    uses: Vec<Arc<RegionUse>>,
+    entries: Vec<Entry>,
+    notification: Option<Vec<u8>>,
+) -> Result<Completion> {
+    let started = Instant::now();
+    let mut view = peer.view();
+    if first_uncovered(&view, &entries).is_some() {
+        view = peer.refresh(engine.metadata.as_ref()).await?;
+        if let Some(index) = first_uncovered(&view, &entries) {
+            let entry = &entries[index];
+            return Err(RangeError::NotRegistered {
+                index,
+                side: Side::Remote,
+                addr: entry.remote_addr,
+                len: entry.len,
+            }
+            .into());
+        }
+    }
+    let groups = route(engine, &view, &uses, &entries, peer.name())?;
+    let bytes = entries.iter().map(|entry| entry.len).sum();
+    let mut transports = Vec::with_capacity(groups.len());
+    let mut pending = Vec::with_capacity(groups.len());
+    for (transport, ops) in groups {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        transports.push(engine.transports[transport].name());
+        pending.push(async move { link.transfer(ops).await });
+    }
+    let limit = engine.transfer_timeout;
+    let moved = tokio::time::timeout(limit, futures::future::try_join_all(pending)).await;
+    match moved {
+        Ok(outcome) => {
+            outcome?;
+        }
+        Err(_) => {
+            peer.close();
+            return Err(Error::Timeout {
+                what: format!("a transfer of {bytes} bytes to {}", peer.name()),
+                after: limit,
+            });
+        }
+    }
+    if let Some(payload) = notification {
+        tokio::time::timeout(limit, peer.inner.tcp.notify(&payload))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("a notification to {}", peer.name()),
+                after: limit,
+            })??;
+    }
+    Ok(Completion {
+        bytes,
+        transports,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Picks the cheapest transport for every entry and turns entries into ops, merging entries
+/// that continue each other on both sides.
+fn route(
+    engine: &EngineInner,
+    view: &PeerView,
+    uses: &[Arc<RegionUse>],
+    entries: &[Entry],
+    peer: &str,
+) -> Result<Vec<(usize, Vec<TransferOp>)>> {
+    let mut groups: Vec<Vec<TransferOp>> = engine.transports.iter().map(|_| Vec::new()).collect();
+    let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
+    for entry in entries {
+        let region = &uses[entry.region as usize];
+        let local = region.entry.info;
+        let remote = view
+            .covering(entry.remote_addr, entry.len)
+            .copied()
+            .ok_or_else(|| {
+                Error::ApiMisuse("remote range vanished from the descriptor while routing".into())
+            })?;
+        let transport = match choice_cache.get(&(entry.region, remote.addr)) {
+            Some(&transport) => transport,
+            None => {
+                let transport = choose(engine, &local, view, &remote, peer)?;
+                choice_cache.insert((entry.region, remote.addr), transport);
+                transport
+            }
+        };
+        let local_addr = local.addr + entry.offset;
+        let ops = &mut groups[transport];
+        if let Some(last) = ops.last_mut() {
+            if last.direction == entry.direction
+                && Arc::ptr_eq(&last.region, region)
+                && last.local_addr + last.len == local_addr
+                && last.remote_addr + last.len == entry.remote_addr
+            {
+                last.len += entry.len;
+                continue;
+            }
+        }
+        ops.push(TransferOp {
+            direction: entry.direction,
+            region: Arc::clone(region),
+            local_addr,
+            remote_addr: entry.remote_addr,
+            len: entry.len,
+        });
+    }
+    Ok(groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, ops)| !ops.is_empty())
+        .collect())
+}
+
+fn choose(
+    engine: &EngineInner,
+    local: &crate::memory::RegionInfo,
+    view: &PeerView,
+    remote: &crate::descriptor::BufferDescriptor,
+    peer: &str,
+) -> Result<usize> {
+    let mut best: Option<(u32, usize)> = None;
+    let mut reasons = Vec::new();
+    for (index, transport) in engine.transports.iter().enumerate() {
+        match transport.reach(local, &view.descriptor, remote) {
+            Reach::Yes { cost } if best.is_none_or(|(best_cost, _)| cost < best_cost) => {
+                best = Some((cost, index));
+            }
+            Reach::Yes { .. } => {}
+            Reach::No { reason } => reasons.push(format!("{}: {reason}", transport.name())),
+        }
+    }
+    best.map(|(_, index)| index)
+        .ok_or_else(|| Error::Unavailable {
+            local: local.location.to_string(),
+            peer: peer.to_owned(),
+            reason: reasons.join("; "),
+        })
+}

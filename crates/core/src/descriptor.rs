@@ -1,0 +1,175 @@
+//! The segment descriptor: what a peer needs to know to reach this engine's memory.
+
+use crate::error::{Error, Result};
+use crate::memory::{Location, RegionInfo};
+use serde::{Deserialize, Serialize};
+
+/// The descriptor format this build writes and reads.
+pub const DESCRIPTOR_VERSION: u32 = 1;
+
+/// Everything a peer needs to reach an engine: its name, host, endpoints and buffers.
+///
+/// Serialized as JSON; `version` lets a reader refuse a format it does not know.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentDescriptor {
+    /// Format version, [`DESCRIPTOR_VERSION`] for this build.
+    pub version: u32,
+    /// The segment's name; by default `host:port` of its control listener.
+    pub name: String,
+    /// Which machine (and which boot of it) the engine runs on.
+    pub host: HostIdentity,
+    /// Bumped whenever the engine's registrations change.
+    pub generation: u64,
+    /// Where each transport can reach the engine.
+    pub endpoints: Vec<Endpoint>,
+    /// Registered buffers, in registration order.
+    pub buffers: Vec<BufferDescriptor>,
+}
+
+/// Identifies one boot of one machine, so peers can tell "same host" reliably.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostIdentity {
+    /// The kernel's host name.
+    pub hostname: String,
+    /// The kernel's boot id (changes on every boot).
+    pub boot_id: String,
+}
+
+impl HostIdentity {
+    /// Reads this machine's identity from the kernel; fields it cannot read are left empty.
+    pub fn current() -> Self {
+        let read = |path: &str| {
+            std::fs::read_to_string(path)
+                .map(|text| text.trim().to_owned())
+                .unwrap_or_default()
+        };
+        HostIdentity {
+            hostname: read("/proc/sys/kernel/hostname"),
+            boot_id: read("/proc/sys/kernel/random/boot_id"),
+        }
+    }
+}
+
+/// An address at which one transport reaches the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The transport's name, such as `tcp`.
+    pub transport: String,
+    /// The address in that transport's format (`host:port` for TCP).
+    pub address: String,
+}
+
+/// One registered buffer as peers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferDescriptor {
+    /// First byte, in the owning process's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Where the memory lives.
+    pub location: Location,
+}
+
+impl From<RegionInfo> for BufferDescriptor {
+    fn from(info: RegionInfo) -> Self {
+        BufferDescriptor {
+            addr: info.addr,
+            len: info.len,
+            location: info.location,
+        }
+    }
+}
+
+impl SegmentDescriptor {
+    /// The descriptor as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain structs of strings and integers into a Vec cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses JSON bytes, refusing other format versions.
+    ///
+    /// # Errors
+    /// [`Error::Metadata`] when the bytes are not a descriptor or have another version.
+    pub fn from_json(name: &str, bytes: &[u8]) -> Result<Self> {
+        let descriptor: SegmentDescriptor =
+            serde_json::from_slice(bytes).map_err(|error| Error::Metadata {
+                name: name.to_owned(),
+                reason: format!("not a ferry segment descriptor ({error}); check that the name points at a ferry engine"),
+            })?;
+        if descriptor.version != DESCRIPTOR_VERSION {
+            return Err(Error::Metadata {
+                name: name.to_owned(),
+                reason: format!(
+                    "descriptor version {} is not {DESCRIPTOR_VERSION}; run the same ferry version on both sides",
+                    descriptor.version
+                ),
+            });
+        }
+        Ok(descriptor)
+    }
+
+    /// The buffer holding all of `addr..addr+len`, if one does.
+    pub fn buffer_covering(&self, addr: u64, len: u64) -> Option<&BufferDescriptor> {
+        let end = addr.checked_add(len)?;
+        self.buffers
+            .iter()
+            .find(|buffer| addr >= buffer.addr && end <= buffer.addr.saturating_add(buffer.len))
+    }
+
+    /// The endpoint of `transport`, if the engine offers one.
+    pub fn endpoint(&self, transport: &str) -> Option<&str> {
+        self.endpoints
+            .iter()
+            .find(|endpoint| endpoint.transport == transport)
+            .map(|endpoint| endpoint.address.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: DESCRIPTOR_VERSION,
+            name: "127.0.0.1:7000".into(),
+            host: HostIdentity::current(),
+            generation: 3,
+            endpoints: vec![Endpoint {
+                transport: "tcp".into(),
+                address: "127.0.0.1:7000".into(),
+            }],
+            buffers: vec![BufferDescriptor {
+                addr: 0x1000,
+                len: 0x1000,
+                location: Location::Host { pinned: false },
+            }],
+        }
+    }
+
+    #[test]
+    fn json_round_trip_keeps_every_field() {
+        let descriptor = sample();
+        let parsed = SegmentDescriptor::from_json("x", &descriptor.to_json()).unwrap();
+        assert_eq!(parsed, descriptor);
+    }
+
+    #[test]
+    fn other_version_is_refused_with_its_number() {
+        let mut descriptor = sample();
+        descriptor.version = 99;
+        let error = SegmentDescriptor::from_json("x", &descriptor.to_json()).unwrap_err();
+        assert!(error.to_string().contains("version 99"), "{error}");
+    }
+
+    #[test]
+    fn coverage_is_exact_at_both_ends() {
+        let descriptor = sample();
+        assert!(descriptor.buffer_covering(0x1000, 0x1000).is_some());
+        assert!(descriptor.buffer_covering(0x1fff, 1).is_some());
+        assert!(descriptor.buffer_covering(0x1fff, 2).is_none());
+        assert!(descriptor.buffer_covering(0xfff, 1).is_none());
+        assert!(descriptor.buffer_covering(u64::MAX, 2).is_none());
+    }
+}

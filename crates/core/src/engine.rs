@@ -1,0 +1,483 @@
+//! The engine: one per process. Owns the registered regions, the listener, the transports, the
+//! metadata store and the notification inbox, and runs all of its I/O on its own small runtime,
+//! so callers with or without an async runtime use it alike.
+
+use crate::batch::Batch;
+use crate::cuda::{Driver, MemoryKind};
+use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
+use crate::error::{Error, RangeError, Result};
+use crate::memory::{Location, OwnedBuffer, Region, RegionInfo, RegionTable};
+use crate::metadata::{MetadataStore, PeerToPeer};
+use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
+use crate::peer::Peer;
+use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
+use crate::transport::Transport;
+use crate::wire::Limits;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::mpsc;
+
+/// Configures and starts an [`Engine`]. Made by [`Engine::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct EngineBuilder {
+    listen: String,
+    advertise: Option<String>,
+    tcp: TcpConfig,
+    limits: Limits,
+    transfer_timeout: Duration,
+    worker_threads: usize,
+    inbox_capacity: usize,
+    metadata: Option<Arc<dyn MetadataStore>>,
+    transports: Vec<Arc<dyn Transport>>,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        EngineBuilder {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            tcp: TcpConfig::default(),
+            limits: Limits::default(),
+            transfer_timeout: Duration::from_secs(30),
+            worker_threads: 2,
+            inbox_capacity: 4096,
+            metadata: None,
+            transports: Vec::new(),
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// Address of the control listener, `127.0.0.1:0` by default (loopback, any free port).
+    /// Listen on `0.0.0.0:PORT` to accept peers from other hosts, with [`Self::advertise`].
+    pub fn listen(mut self, address: impl Into<String>) -> Self {
+        self.listen = address.into();
+        self
+    }
+
+    /// The host name or IP peers should use to reach this engine; needed when listening on an
+    /// unspecified address such as `0.0.0.0`.
+    pub fn advertise(mut self, host: impl Into<String>) -> Self {
+        self.advertise = Some(host.into());
+        self
+    }
+
+    /// How the TCP transport uses connections (4 per peer by default).
+    pub fn tcp(mut self, config: TcpConfig) -> Self {
+        self.tcp = config;
+        self
+    }
+
+    /// How long a transfer may take before it fails with [`Error::Timeout`] (30 s by default).
+    /// Also bounds each network read and write.
+    pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
+        self.transfer_timeout = timeout;
+        self
+    }
+
+    /// Threads of the engine's own I/O runtime (2 by default).
+    pub fn worker_threads(mut self, threads: usize) -> Self {
+        self.worker_threads = threads.max(1);
+        self
+    }
+
+    /// Where descriptors are published and fetched; peer-to-peer ([`PeerToPeer`]) by default.
+    pub fn metadata(mut self, store: Arc<dyn MetadataStore>) -> Self {
+        self.metadata = Some(store);
+        self
+    }
+
+    /// Adds a transport besides TCP, which every engine has.
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transports.push(transport);
+        self
+    }
+
+    /// Starts the engine: binds the listener, starts its runtime and publishes its descriptor.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the address cannot be bound, [`Error::ApiMisuse`] for an
+    /// unspecified listen address without [`Self::advertise`], and the metadata store's error
+    /// when publishing fails.
+    pub async fn build(self) -> Result<Engine> {
+        let (engine, published) = self.start()?;
+        published.await.map_err(|_| Error::Shutdown {
+            what: "publishing the descriptor".into(),
+        })??;
+        Ok(engine)
+    }
+
+    /// [`Self::build`] for callers without an async runtime. Never call it from inside one.
+    ///
+    /// # Errors
+    /// As [`Self::build`].
+    pub fn build_blocking(self) -> Result<Engine> {
+        futures::executor::block_on(self.build())
+    }
+
+    fn start(self) -> Result<(Engine, tokio::task::JoinHandle<Result<()>>)> {
+        log_driver_once();
+        let address = self
+            .listen
+            .to_socket_addrs()
+            .map_err(|error| Error::io(format!("resolving listen address {}", self.listen), error))?
+            .next()
+            .ok_or_else(|| {
+                Error::ApiMisuse(format!(
+                    "listen address {} resolves to nothing",
+                    self.listen
+                ))
+            })?;
+        let listener = std::net::TcpListener::bind(address).map_err(|error| {
+            Error::io(format!("binding the control listener on {address}"), error)
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|error| Error::io("making the listener non-blocking", error))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|error| Error::io("reading the listener's address", error))?;
+        let name = segment_name(local_addr, self.advertise.as_deref())?;
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.worker_threads)
+            .thread_name("ferry-io")
+            .enable_all()
+            .build()
+            .map_err(|error| Error::io("starting the engine's runtime", error))?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|error| Error::io("registering the listener", error))?
+        };
+
+        let tcp = Arc::new(TcpTransport {
+            address: name.clone(),
+            local_name: name.clone(),
+            config: self.tcp,
+            limits: self.limits,
+            io_timeout: self.transfer_timeout,
+        });
+        let mut transports: Vec<Arc<dyn Transport>> = self.transports;
+        transports.push(Arc::clone(&tcp) as Arc<dyn Transport>);
+        let (inbox, receiver) = mpsc::channel(self.inbox_capacity.max(1));
+        let inner = Arc::new(EngineInner {
+            name,
+            local_addr,
+            host: HostIdentity::current(),
+            table: RegionTable::new(),
+            tcp,
+            transports,
+            metadata: self
+                .metadata
+                .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout))),
+            handle: runtime.handle().clone(),
+            inbox: Mutex::new(Some(receiver)),
+            peers: Mutex::new(HashMap::new()),
+            transfer_timeout: self.transfer_timeout,
+        });
+        let describer = Arc::downgrade(&inner);
+        let context = Arc::new(ServerContext {
+            table: Arc::clone(&inner.table),
+            inbox,
+            descriptor: Box::new(move || {
+                describer
+                    .upgrade()
+                    .map(|engine| engine.descriptor())
+                    .unwrap_or_else(empty_descriptor)
+            }),
+            limits: self.limits,
+            io_timeout: self.transfer_timeout,
+        });
+        runtime.spawn(tcp::serve(listener, context));
+        let publisher = Arc::clone(&inner);
+        let published = runtime.spawn(async move {
+            let descriptor = publisher.descriptor();
+            publisher.metadata.publish(&descriptor).await
+        });
+        tracing::info!(name = %inner.name, "ferry engine listening");
+        Ok((
+            Engine {
+                inner,
+                runtime: Some(runtime),
+            },
+            published,
+        ))
+    }
+}
+
+fn empty_descriptor() -> SegmentDescriptor {
+    SegmentDescriptor {
+        version: DESCRIPTOR_VERSION,
+        name: String::new(),
+        host: HostIdentity::current(),
+        generation: 0,
+        endpoints: Vec::new(),
+        buffers: Vec::new(),
+    }
+}
+
+fn segment_name(local: SocketAddr, advertise: Option<&str>) -> Result<String> {
+    match advertise {
+        Some(host) if host.contains(':') && !host.starts_with('[') => Ok(format!("[{host}]:{}", local.port())),
+        Some(host) => Ok(format!("{host}:{}", local.port())),
+        None if local.ip().is_unspecified() => Err(Error::ApiMisuse(format!(
+            "listening on {local} needs `advertise(host)` so peers know which address reaches this engine"
+        ))),
+        None => Ok(local.to_string()),
+    }
+}
+
+fn log_driver_once() {
+    static LOGGED: Once = Once::new();
+    LOGGED.call_once(|| match Driver::get().status() {
+        status @ crate::cuda::DriverStatus::Ready { .. } => tracing::info!(
+            "{status}; GPU memory registration arrives with the nvlink transport, host memory moves over tcp"
+        ),
+        status => tracing::info!("running host-only: {status}"),
+    });
+}
+
+pub(crate) struct EngineInner {
+    name: String,
+    local_addr: SocketAddr,
+    host: HostIdentity,
+    pub(crate) table: Arc<RegionTable>,
+    tcp: Arc<TcpTransport>,
+    pub(crate) transports: Vec<Arc<dyn Transport>>,
+    pub(crate) metadata: Arc<dyn MetadataStore>,
+    pub(crate) handle: Handle,
+    inbox: Mutex<Option<mpsc::Receiver<Notification>>>,
+    peers: Mutex<HashMap<String, Peer>>,
+    pub(crate) transfer_timeout: Duration,
+}
+
+impl EngineInner {
+    fn descriptor(&self) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: DESCRIPTOR_VERSION,
+            name: self.name.clone(),
+            host: self.host.clone(),
+            generation: self.table.generation(),
+            endpoints: self
+                .transports
+                .iter()
+                .filter_map(|transport| transport.endpoint())
+                .collect(),
+            buffers: self.table.snapshot().into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// A ferry engine: registers memory, opens peers and moves bytes between them.
+///
+/// One per process is the intended use. It runs its network I/O on its own threads, so its
+/// futures can be awaited from any executor, and the `*_blocking` methods serve callers without
+/// one. Dropping it stops everything: transfers in flight fail with [`Error::Shutdown`].
+pub struct Engine {
+    inner: Arc<EngineInner>,
+    runtime: Option<Runtime>,
+}
+
+impl Engine {
+    /// A builder with the defaults: listen on `127.0.0.1:0`, peer-to-peer metadata, TCP.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// This engine's segment name: `host:port` of its listener. Peers connect with it.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The address the control listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The descriptor peers receive: name, host, endpoints and registered buffers.
+    pub fn descriptor(&self) -> SegmentDescriptor {
+        self.inner.descriptor()
+    }
+
+    /// Registers `len` bytes at `ptr` so peers can read and write them and local batches can
+    /// use them. The location (pageable or pinned host, GPU) is detected.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr+len` must stay valid for reads and writes until the returned [`Region`] is
+    ///    dropped (dropping it waits for transfers still using it).
+    /// 2. While registered, peers may write these bytes at any time: the caller must not hold
+    ///    Rust references to them that assume no one else writes.
+    ///
+    /// # Errors
+    /// [`RangeError::ZeroLength`] for `len == 0`, [`RangeError::Overlap`] when the range
+    /// overlaps a registered region, [`Error::Unsupported`] for GPU or managed memory (the
+    /// `nvlink` transport will take it), [`Error::ApiMisuse`] for a null or wrapping range.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
+        let addr = ptr as u64;
+        if ptr.is_null() || addr.checked_add(len as u64).is_none() {
+            return Err(Error::ApiMisuse(format!(
+                "cannot register {len} bytes at {addr:#x}: the pointer is null or the range wraps"
+            )));
+        }
+        if len == 0 {
+            return Err(RangeError::ZeroLength { index: 0 }.into());
+        }
+        let location = match Driver::get().memory_kind(addr)? {
+            MemoryKind::PageableHost => Location::Host { pinned: false },
+            MemoryKind::PinnedHost => Location::Host { pinned: true },
+            kind @ (MemoryKind::Device | MemoryKind::Managed) => {
+                return Err(Error::Unsupported {
+                    memory: if kind == MemoryKind::Device { "GPU memory" } else { "CUDA managed memory" }.into(),
+                    addr,
+                    remedy: "this build registers host memory only; the nvlink transport (CUDA IPC) will take GPU memory. Until then, copy it to host memory and register that".into(),
+                })
+            }
+        };
+        Ok(self.inner.table.insert(
+            RegionInfo {
+                addr,
+                len: len as u64,
+                location,
+            },
+            None,
+        )?)
+    }
+
+    /// Allocates `len` zeroed bytes of host memory and registers them. The memory is freed when
+    /// the region is dropped; reach it with [`Region::write_at`] and [`Region::read_at`].
+    ///
+    /// # Errors
+    /// [`RangeError::ZeroLength`] for `len == 0`, [`Error::ApiMisuse`] when the allocation fails.
+    pub fn allocate(&self, len: usize) -> Result<Region> {
+        if len == 0 {
+            return Err(RangeError::ZeroLength { index: 0 }.into());
+        }
+        let buffer = OwnedBuffer::zeroed(len).ok_or_else(|| {
+            Error::ApiMisuse(format!("allocating {len} bytes of host memory failed"))
+        })?;
+        let info = RegionInfo {
+            addr: buffer.addr(),
+            len: len as u64,
+            location: Location::Host { pinned: false },
+        };
+        Ok(self.inner.table.insert(info, Some(buffer))?)
+    }
+
+    /// Opens the peer named `name` (`host:port` with the default metadata): fetches its
+    /// descriptor and connects. An open peer is reused, with its descriptor fetched afresh.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when nothing answers at `name`, [`Error::Metadata`] when what
+    /// answers is not a ferry engine of this version.
+    pub async fn connect(&self, name: &str) -> Result<Peer> {
+        let inner = Arc::clone(&self.inner);
+        let name = name.to_owned();
+        self.run(async move { inner.connect(&name).await }).await
+    }
+
+    /// [`Self::connect`] for callers without an async runtime. Never call it from inside one.
+    ///
+    /// # Errors
+    /// As [`Self::connect`].
+    pub fn connect_blocking(&self, name: &str) -> Result<Peer> {
+        futures::executor::block_on(self.connect(name))
+    }
+
+    /// Starts a batch of reads and writes with `peer`.
+    pub fn batch(&self, peer: &Peer) -> Batch {
+        Batch::new(Arc::clone(&self.inner), peer)
+    }
+
+    /// Sends `payload` to `peer` on its own, after everything this engine sent it before.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] for a payload over 64 KiB, [`Error::PeerGone`] when the peer is gone.
+    pub async fn notify(&self, peer: &Peer, payload: impl Into<Vec<u8>>) -> Result<()> {
+        let payload = payload.into();
+        if payload.len() > MAX_NOTIFICATION_BYTES {
+            return Err(Error::ApiMisuse(format!(
+                "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit",
+                payload.len()
+            )));
+        }
+        let link = Arc::clone(&peer.inner.tcp);
+        self.run(async move { link.notify(&payload).await }).await
+    }
+
+    /// The stream of notifications peers send to this engine. There is one stream per engine.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] when it was already taken.
+    pub fn notifications(&self) -> Result<Notifications> {
+        let receiver = self
+            .inner
+            .inbox
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take()
+            .ok_or_else(|| {
+                Error::ApiMisuse(
+                    "notifications() was already called; keep the stream it returned".into(),
+                )
+            })?;
+        Ok(Notifications { receiver })
+    }
+
+    /// Runs `work` on the engine's runtime and waits for it from any executor.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.inner
+            .handle
+            .spawn(work)
+            .await
+            .map_err(|_| Error::Shutdown {
+                what: "the request".into(),
+            })?
+    }
+}
+
+impl EngineInner {
+    async fn connect(&self, name: &str) -> Result<Peer> {
+        let descriptor = self.metadata.fetch(name).await?;
+        let cached = self
+            .peers
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(name)
+            .cloned();
+        if let Some(peer) = cached.filter(Peer::is_alive) {
+            peer.update(descriptor);
+            return Ok(peer);
+        }
+        let link = self.tcp.connect(&descriptor).await?;
+        let peer = Peer::new(descriptor, link);
+        self.peers
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(name.to_owned(), peer.clone());
+        Ok(peer)
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The one error type of ferry-core, sorted by whose fault it is.
+
+use std::fmt;
+
+/// Everything that can go wrong in ferry. Each message says what was wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The peer sent something the protocol does not allow; the connection was closed.
+    #[error("protocol violation by {peer}: {violation}; the connection was closed, check that both sides run the same ferry version")]
+    Protocol {
+        /// The peer's address or segment name.
+        peer: String,
+        /// What exactly was wrong.
+        violation: ProtocolViolation,
+    },
+    /// A local or remote range is not covered by a registration, or is empty.
+    #[error(transparent)]
+    Range(#[from] RangeError),
+    /// Memory of a kind this build cannot register or move yet.
+    #[error("{memory} at {addr:#x} is not supported yet: {remedy}")]
+    Unsupported {
+        /// What the memory was found to be.
+        memory: String,
+        /// The address the caller passed.
+        addr: u64,
+        /// What to do instead.
+        remedy: String,
+    },
+    /// No transport can reach the remote buffer from the local region.
+    #[error("no transport can move data between local {local} and peer {peer}: {reason}")]
+    Unavailable {
+        /// The local memory location.
+        local: String,
+        /// The peer's segment name.
+        peer: String,
+        /// Why each transport declined.
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
+    /// The peer could not be reached at all.
+    #[error("cannot reach peer {peer}: {reason}; check that its engine is running and that the name is its `host:port`")]
+    Unreachable {
+        /// The name that was asked for.
+        peer: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The peer went away while work was in flight; nothing further was delivered.
+    #[error("peer {peer} went away: {reason}; the transfer failed and may have written part of its destination, so resend it after reconnecting")]
+    PeerGone {
+        /// The peer's segment name.
+        peer: String,
+        /// What was observed.
+        reason: String,
+    },
+    /// The work did not finish in time.
+    #[error("{what} did not finish within {after:?}; the peer may be overloaded or hung, raise the engine's transfer timeout or check the peer")]
+    Timeout {
+        /// What timed out.
+        what: String,
+        /// The limit that passed.
+        after: std::time::Duration,
+    },
+    /// The engine was shut down before the work finished.
+    #[error("the engine was shut down before {what} finished; keep the engine alive until transfers complete")]
+    Shutdown {
+        /// What was cut short.
+        what: String,
+    },
+    /// The peer rejected a request; its reason is included.
+    #[error("peer {peer} rejected the request: {reason}")]
+    Rejected {
+        /// The peer's segment name.
+        peer: String,
+        /// The peer's reason, as it sent it.
+        reason: String,
+    },
+    /// Metadata could not be stored, fetched or parsed.
+    #[error("metadata for {name}: {reason}")]
+    Metadata {
+        /// The segment name involved.
+        name: String,
+        /// What failed and what to do.
+        reason: String,
+    },
+    /// Local I/O failed (binding the listener, for example).
+    #[error("{what} failed: {source}")]
+    Io {
+        /// The operation that failed.
+        what: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The caller used the API in a way it does not allow.
+    #[error("{0}")]
+    ApiMisuse(String),
+}
+
+/// Shorthand for results whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Which side of a transfer a range belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// This process's memory.
+    Local,
+    /// The peer's memory.
+    Remote,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Local => "local",
+            Side::Remote => "remote",
+        })
+    }
+}
+
+/// A range that cannot be used, found before any byte moved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RangeError {
+    /// The entry moves no bytes.
+    #[error("entry {index} has length 0; drop empty entries before submitting")]
+    ZeroLength {
+        /// Position of the entry in its batch.
+        index: usize,
+    },
+    /// The range is not inside one registered region.
+    #[error("entry {index}: {side} range {addr:#x}..+{len} is not inside one registered region; register the memory first, or fix the address")]
+    NotRegistered {
+        /// Position of the entry in its batch.
+        index: usize,
+        /// Whose memory it is.
+        side: Side,
+        /// First byte of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// An offset into a region runs past its end.
+    #[error("entry {index}: offset {offset} + length {len} runs past the end of the {region_len}-byte local region")]
+    PastRegionEnd {
+        /// Position of the entry in its batch.
+        index: usize,
+        /// Offset into the region.
+        offset: u64,
+        /// Length of the entry.
+        len: u64,
+        /// Size of the region.
+        region_len: u64,
+    },
+    /// A new registration overlaps an existing one.
+    #[error("region {addr:#x}..+{len} overlaps the registered region {existing_addr:#x}..+{existing_len}; deregister it first or register disjoint ranges")]
+    Overlap {
+        /// First byte of the new range.
+        addr: u64,
+        /// Length of the new range.
+        len: u64,
+        /// First byte of the existing region.
+        existing_addr: u64,
+        /// Length of the existing region.
+        existing_len: u64,
+    },
+    /// A region handle from another engine was used.
+    #[error(
+        "entry {index} uses a region registered with another engine; register it with this engine"
+    )]
+    ForeignRegion {
+        /// Position of the entry in its batch.
+        index: usize,
+    },
+}
+
+/// What a peer did wrong on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolViolation {
+    /// The frame did not start with ferry's magic bytes.
+    #[error("bad magic {found:02x?}: not a ferry peer")]
+    BadMagic {
+        /// The four bytes received.
+        found: [u8; 4],
+    },
+    /// The peer speaks another protocol version.
+    #[error("protocol version {found}, this build speaks {expected}")]
+    Version {
+        /// What the peer sent.
+        found: u8,
+        /// What this build speaks.
+        expected: u8,
+    },
+    /// The frame kind is unknown.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// The frame kind is not allowed in this direction or state.
+    #[error("unexpected {kind} frame {context}")]
+    Unexpected {
+        /// The frame kind's name.
+        kind: &'static str,
+        /// Where it arrived.
+        context: &'static str,
+    },
+    /// The frame is larger than the limit for its kind.
+    #[error("{kind} frame of {len} bytes exceeds the {limit}-byte limit")]
+    Oversized {
+        /// The frame kind's name.
+        kind: &'static str,
+        /// The announced body length.
+        len: u64,
+        /// The limit for that kind.
+        limit: u64,
+    },
+    /// The body ended before a field was complete.
+    #[error("{what} needs {needed} more bytes than the frame holds")]
+    TooShort {
+        /// The field being read.
+        what: &'static str,
+        /// How many bytes were missing.
+        needed: usize,
+    },
+    /// Bytes were left over after the last field.
+    #[error("{0} trailing bytes after the last field")]
+    TrailingBytes(usize),
+    /// The body's contents do not add up.
+    #[error("malformed body: {0}")]
+    Malformed(&'static str),
+    /// A response named a request that is not outstanding.
+    #[error("response to unknown request {0}")]
+    UnknownRequest(u64),
+}

@@ -1,0 +1,63 @@
+//! ferry-core: the engine, memory registration, segment descriptors, the wire protocol, the TCP
+//! transport and the CUDA layer of ferry.
+//!
+//! Most users want the `ferry` crate, which re-exports this one. The model:
+//!
+//! 1. **Register** memory with an [`Engine`]: [`Engine::register`] for memory you already have,
+//!    [`Engine::allocate`] for a fresh host buffer. Each registration becomes a [`Region`]
+//!    and is listed in the engine's [`SegmentDescriptor`].
+//! 2. **Connect** to a peer by name ([`Engine::connect`]); by default the name is the peer's
+//!    `host:port`, and its descriptor is fetched from its own listener ([`PeerToPeer`]).
+//! 3. **Batch** reads and writes ([`Engine::batch`]), optionally with a notification that the
+//!    peer receives only after the data is visible ([`Engine::notifications`]).
+//! 4. **Complete**: the [`Transfer`] future resolves when every byte has landed, or fails with
+//!    an [`Error`] that says what to do. Ranges are checked on both sides before bytes move.
+//!
+//! ```
+//! # fn main() -> Result<(), ferry_core::Error> {
+//! use ferry_core::Engine;
+//!
+//! let decode = Engine::builder().build_blocking()?;
+//! let kv = decode.allocate(1 << 20)?;
+//! let mut inbox = decode.notifications()?;
+//!
+//! let prefill = Engine::builder().build_blocking()?;
+//! let source = prefill.allocate(1 << 20)?;
+//! source.write_at(0, &[7u8; 4096])?;
+//! let peer = prefill.connect_blocking(decode.name())?;
+//! let remote = peer.buffers()[0].addr;
+//! prefill.batch(&peer).write(&source, 0, remote, 4096).notify(b"req-1".to_vec()).submit_blocking()?;
+//!
+//! let note = inbox.recv_blocking().expect("engine alive");
+//! assert_eq!(note.payload, b"req-1");
+//! let mut landed = [0u8; 4096];
+//! kv.read_at(0, &mut landed)?;
+//! assert_eq!(landed, [7u8; 4096]);
+//! # Ok(()) }
+//! ```
+
+mod batch;
+pub mod cuda;
+mod descriptor;
+mod engine;
+mod error;
+mod memory;
+mod metadata;
+mod notify;
+mod peer;
+mod tcp;
+mod transport;
+pub mod wire;
+
+pub use batch::{Batch, Completion, Transfer};
+pub use descriptor::{
+    BufferDescriptor, Endpoint, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
+};
+pub use engine::{Engine, EngineBuilder};
+pub use error::{Error, ProtocolViolation, RangeError, Result, Side};
+pub use memory::{Location, Region, RegionInfo, RegionUse};
+pub use metadata::{MetadataStore, PeerToPeer};
+pub use notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
+pub use peer::Peer;
+pub use tcp::{TcpConfig, TCP};
+pub use transport::{Direction, Link, Reach, TransferOp, Transport};

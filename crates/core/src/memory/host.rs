@@ -1,0 +1,78 @@
+//! Byte access to registered host memory: the one place above the FFI layers where ferry turns
+//! a registered address into a slice.
+
+use super::region::{Location, RegionUse};
+use std::alloc::{self, Layout};
+use std::sync::Arc;
+
+/// A byte range inside a registered host region, valid while it lives.
+pub(crate) struct HostSpan {
+    addr: u64,
+    len: usize,
+    /// Keeps the region registered, and so its memory valid, while the span exists.
+    _use: Arc<RegionUse>,
+}
+
+impl HostSpan {
+    /// A span of `len` bytes at `addr`, or `None` when that is not inside the used region or
+    /// the region is not host memory.
+    pub(crate) fn new(region: Arc<RegionUse>, addr: u64, len: u64) -> Option<Self> {
+        let Location::Host { .. } = region.entry.info.location;
+        if !region.entry.contains(addr, len) {
+            return None;
+        }
+        Some(HostSpan {
+            addr,
+            len: usize::try_from(len).ok()?,
+            _use: region,
+        })
+    }
+
+    /// The bytes, for sending.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: the span lies inside a registered host region (checked in `new`), and the
+        // RegionUse it holds keeps that registration alive; `Engine::register`'s contract makes
+        // registered memory valid for reads while registered.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    /// The bytes, for receiving into.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `Engine::register`'s contract makes the memory valid for
+        // writes; `&mut self` keeps this span's own slices from aliasing each other.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// Zeroed host memory the engine allocated for a caller (`Engine::register_owned`).
+pub(crate) struct OwnedBuffer {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: OwnedBuffer is a uniquely owned heap allocation; it is only freed in Drop, and all
+// access to its bytes goes through HostSpan, whose users follow the region rules.
+unsafe impl Send for OwnedBuffer {}
+// SAFETY: shared references to OwnedBuffer expose only the address, never the bytes.
+unsafe impl Sync for OwnedBuffer {}
+
+impl OwnedBuffer {
+    /// Allocates `len` zeroed bytes aligned to 4 KiB, or `None` when the allocator refuses.
+    pub(crate) fn zeroed(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        (!ptr.is_null()).then_some(OwnedBuffer { ptr, layout })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for OwnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from alloc_zeroed with this exact layout and is freed only here.
+        unsafe { alloc::dealloc(self.ptr, self.layout) }
+    }
+}

@@ -1,0 +1,16 @@
+//! Registered memory: the table of regions an engine owns, the handles callers hold, and the
+//! guards that keep a region registered while bytes move through it.
+//!
+//! A region is `(addr, len)` plus where it lives. Transfers take a [`RegionUse`] for every region
+//! they touch; dropping a [`Region`] first unpublishes it (new transfers are refused) and then
+//! waits until every use has ended, so memory is never written after `drop` returns.
+
+mod host;
+mod region;
+mod table;
+
+pub(crate) use host::{HostSpan, OwnedBuffer};
+pub(crate) use region::RegionEntry;
+pub use region::RegionUse;
+pub use region::{Location, Region, RegionInfo};
+pub(crate) use table::RegionTable;

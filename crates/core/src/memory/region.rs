@@ -1,0 +1,220 @@
+use super::host::{HostSpan, OwnedBuffer};
+use super::table::RegionTable;
+use crate::error::RangeError;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a registered region lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Location {
+    /// Host memory; `pinned` when CUDA has page-locked it.
+    Host {
+        /// Whether the pages are pinned through CUDA.
+        pinned: bool,
+    },
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Host { pinned: true } => f.write_str("pinned host memory"),
+            Location::Host { pinned: false } => f.write_str("pageable host memory"),
+        }
+    }
+}
+
+/// A snapshot of one registration: address, length and location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// First byte of the region.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Where the memory lives.
+    pub location: Location,
+}
+
+/// The shared state of one registration.
+pub(crate) struct RegionEntry {
+    pub(crate) info: RegionInfo,
+    /// Registration order, so descriptors list buffers in the order they were registered.
+    pub(crate) sequence: u64,
+    /// Identity of the owning table, so a handle cannot be used with another engine.
+    pub(crate) table_id: u64,
+    in_use: AtomicUsize,
+    closed: AtomicBool,
+    /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
+    _owned: Option<OwnedBuffer>,
+}
+
+impl RegionEntry {
+    pub(crate) fn new(
+        info: RegionInfo,
+        sequence: u64,
+        table_id: u64,
+        owned: Option<OwnedBuffer>,
+    ) -> Self {
+        RegionEntry {
+            info,
+            sequence,
+            table_id,
+            in_use: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            _owned: owned,
+        }
+    }
+
+    /// True when `addr..addr+len` lies inside this region.
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.info.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.info.addr + self.info.len)
+    }
+
+    /// Marks the region in use, unless it is being deregistered.
+    pub(crate) fn acquire(self: &Arc<Self>) -> Option<RegionUse> {
+        // SeqCst pairs with `close`: either this sees `closed`, or `close` sees the count.
+        self.in_use.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.in_use.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(RegionUse {
+            entry: Arc::clone(self),
+        })
+    }
+
+    /// Refuses new uses and waits until the current ones have ended.
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        let mut warned = false;
+        while self.in_use.load(Ordering::SeqCst) != 0 {
+            if started.elapsed() < Duration::from_millis(1) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !warned && started.elapsed() > Duration::from_secs(1) {
+                warned = true;
+                tracing::warn!(
+                    addr = self.info.addr,
+                    len = self.info.len,
+                    "deregistration is waiting for transfers that still use the region"
+                );
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// Proof that a region stays registered (and its memory valid) while this value lives.
+/// Transports receive it with every op; dropping a [`Region`] waits for all of them.
+pub struct RegionUse {
+    pub(crate) entry: Arc<RegionEntry>,
+}
+
+impl RegionUse {
+    /// The region this use keeps registered.
+    pub fn info(&self) -> RegionInfo {
+        self.entry.info
+    }
+}
+
+impl Drop for RegionUse {
+    fn drop(&mut self) {
+        self.entry.in_use.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A registered memory region. Transfers name it as their local side.
+///
+/// Dropping it deregisters the memory: peers can no longer reach it, and `drop` returns only
+/// after every transfer still reading or writing it has ended (each is bounded by the engine's
+/// transfer timeout). After that the caller may free the memory.
+pub struct Region {
+    pub(crate) entry: Arc<RegionEntry>,
+    pub(crate) table: Arc<RegionTable>,
+}
+
+impl Region {
+    /// First byte of the region in this process's address space.
+    pub fn addr(&self) -> u64 {
+        self.entry.info.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.entry.info.len
+    }
+
+    /// True for a zero-length region (registration refuses those, so never in practice).
+    pub fn is_empty(&self) -> bool {
+        self.entry.info.len == 0
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> Location {
+        self.entry.info.location
+    }
+
+    /// Address, length and location in one value.
+    pub fn info(&self) -> RegionInfo {
+        self.entry.info
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("addr", &format_args!("{:#x}", self.entry.info.addr))
+            .field("len", &self.entry.info.len)
+            .field("location", &self.entry.info.location)
+            .finish()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.table.remove(&self.entry);
+        self.entry.close();
+    }
+}
+
+impl Region {
+    /// Copies `buf.len()` bytes starting at `offset` into the region.
+    ///
+    /// # Errors
+    /// [`RangeError::PastRegionEnd`] when the range runs past the region.
+    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), RangeError> {
+        let mut span = self.span(offset, buf.len() as u64)?;
+        span.as_mut_slice().copy_from_slice(buf);
+        Ok(())
+    }
+
+    /// Copies `buf.len()` bytes starting at `offset` out of the region.
+    ///
+    /// # Errors
+    /// [`RangeError::PastRegionEnd`] when the range runs past the region.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), RangeError> {
+        let span = self.span(offset, buf.len() as u64)?;
+        buf.copy_from_slice(span.as_slice());
+        Ok(())
+    }
+
+    fn span(&self, offset: u64, len: u64) -> Result<HostSpan, RangeError> {
+        let past_end = RangeError::PastRegionEnd {
+            index: 0,
+            offset,
+            len,
+            region_len: self.len(),
+        };
+        let addr = self.addr().checked_add(offset).ok_or(past_end.clone())?;
+        let guard = self.entry.acquire().ok_or(past_end.clone())?;
+        HostSpan::new(Arc::new(guard), addr, len).ok_or(past_end)
+    }
+}

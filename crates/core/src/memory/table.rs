@@ -1,0 +1,101 @@
+use super::host::OwnedBuffer;
+use super::region::{Region, RegionEntry, RegionInfo, RegionUse};
+use crate::error::RangeError;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The regions one engine has registered, keyed by start address.
+pub(crate) struct RegionTable {
+    id: u64,
+    regions: Mutex<BTreeMap<u64, Arc<RegionEntry>>>,
+    next_sequence: AtomicU64,
+    /// Bumped on every change, so peers can tell a stale descriptor.
+    generation: AtomicU64,
+}
+
+impl RegionTable {
+    pub(crate) fn new() -> Arc<Self> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Arc::new(RegionTable {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            regions: Mutex::new(BTreeMap::new()),
+            next_sequence: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<RegionEntry>>> {
+        // A panic while holding this lock cannot leave the map half-updated (each update is
+        // one insert or remove), so a poisoned lock is still consistent.
+        self.regions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds a region unless it overlaps one already registered.
+    pub(crate) fn insert(
+        self: &Arc<Self>,
+        info: RegionInfo,
+        owned: Option<OwnedBuffer>,
+    ) -> Result<Region, RangeError> {
+        let mut regions = self.lock();
+        let end = info.addr + info.len;
+        let before = regions.range(..end).next_back();
+        if let Some((_, existing)) = before {
+            if existing.info.addr + existing.info.len > info.addr {
+                return Err(RangeError::Overlap {
+                    addr: info.addr,
+                    len: info.len,
+                    existing_addr: existing.info.addr,
+                    existing_len: existing.info.len,
+                });
+            }
+        }
+        let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegionEntry::new(info, sequence, self.id, owned));
+        regions.insert(info.addr, Arc::clone(&entry));
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(Region {
+            entry,
+            table: Arc::clone(self),
+        })
+    }
+
+    pub(crate) fn remove(&self, entry: &Arc<RegionEntry>) {
+        let mut regions = self.lock();
+        if regions
+            .get(&entry.info.addr)
+            .is_some_and(|found| Arc::ptr_eq(found, entry))
+        {
+            regions.remove(&entry.info.addr);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Finds the region holding all of `addr..addr+len` and marks it in use.
+    pub(crate) fn acquire(&self, addr: u64, len: u64) -> Option<RegionUse> {
+        let regions = self.lock();
+        let (_, entry) = regions.range(..=addr).next_back()?;
+        if !entry.contains(addr, len) {
+            return None;
+        }
+        entry.acquire()
+    }
+
+    /// Every live registration, in registration order.
+    pub(crate) fn snapshot(&self) -> Vec<RegionInfo> {
+        let regions = self.lock();
+        let mut entries: Vec<&Arc<RegionEntry>> = regions.values().collect();
+        entries.sort_by_key(|entry| entry.sequence);
+        entries.iter().map(|entry| entry.info).collect()
+    }
+}

@@ -1,0 +1,65 @@
+//! Where segment descriptors live, behind one small trait.
+//!
+//! The default, [`PeerToPeer`], needs no service: a segment's name is `host:port` of its
+//! engine's control listener, and fetching asks that listener. Stores such as etcd or redis
+//! (crate `ferry-metadata`) implement the same trait.
+
+use crate::descriptor::SegmentDescriptor;
+use crate::error::Result;
+use std::time::Duration;
+
+/// A place where engines publish their descriptors and find each other's.
+#[async_trait::async_trait]
+pub trait MetadataStore: Send + Sync + 'static {
+    /// Makes `descriptor` findable under its name, replacing an older one from this engine.
+    ///
+    /// # Errors
+    /// When the store cannot be written.
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()>;
+
+    /// Fetches the current descriptor of segment `name`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unreachable`] or [`crate::Error::Metadata`] when there is none.
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor>;
+
+    /// Removes the descriptor of `name`, if present.
+    ///
+    /// # Errors
+    /// When the store cannot be written.
+    async fn unpublish(&self, name: &str) -> Result<()>;
+}
+
+/// The service-free default: each engine serves its own descriptor on its control listener.
+#[derive(Debug, Clone)]
+pub struct PeerToPeer {
+    timeout: Duration,
+}
+
+impl PeerToPeer {
+    /// A lookup that gives up on a silent peer after `timeout`.
+    pub fn new(timeout: Duration) -> Self {
+        PeerToPeer { timeout }
+    }
+}
+
+impl Default for PeerToPeer {
+    fn default() -> Self {
+        PeerToPeer::new(Duration::from_secs(5))
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataStore for PeerToPeer {
+    async fn publish(&self, _descriptor: &SegmentDescriptor) -> Result<()> {
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        crate::tcp::fetch_descriptor(name, self.timeout).await
+    }
+
+    async fn unpublish(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+}

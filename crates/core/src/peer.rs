@@ -1,0 +1,137 @@
+//! A remote engine opened by name: its descriptor and the links to it.
+
+use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
+use crate::error::Result;
+use crate::metadata::MetadataStore;
+use crate::tcp::TcpLink;
+use crate::transport::{Link, Transport};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A remote engine this engine can move data to and from. Cheap to clone.
+#[derive(Clone)]
+pub struct Peer {
+    pub(crate) inner: Arc<PeerInner>,
+}
+
+pub(crate) struct PeerInner {
+    name: String,
+    view: RwLock<Arc<PeerView>>,
+    pub(crate) tcp: Arc<TcpLink>,
+    links: Mutex<HashMap<&'static str, Arc<dyn Link>>>,
+}
+
+/// A descriptor with its buffers sorted by address, for quick lookups.
+pub(crate) struct PeerView {
+    pub(crate) descriptor: SegmentDescriptor,
+    sorted: Vec<BufferDescriptor>,
+}
+
+impl PeerView {
+    fn new(descriptor: SegmentDescriptor) -> Self {
+        let mut sorted = descriptor.buffers.clone();
+        sorted.sort_by_key(|buffer| buffer.addr);
+        PeerView { descriptor, sorted }
+    }
+
+    /// The buffer holding all of `addr..addr+len`.
+    pub(crate) fn covering(&self, addr: u64, len: u64) -> Option<&BufferDescriptor> {
+        let end = addr.checked_add(len)?;
+        let index = self.sorted.partition_point(|buffer| buffer.addr <= addr);
+        let buffer = self.sorted.get(index.checked_sub(1)?)?;
+        (end <= buffer.addr.saturating_add(buffer.len)).then_some(buffer)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Updates are single inserts/removes, so a poisoned map is still consistent.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl Peer {
+    pub(crate) fn new(descriptor: SegmentDescriptor, tcp: Arc<TcpLink>) -> Peer {
+        let mut links: HashMap<&'static str, Arc<dyn Link>> = HashMap::new();
+        links.insert(crate::tcp::TCP, Arc::clone(&tcp) as Arc<dyn Link>);
+        Peer {
+            inner: Arc::new(PeerInner {
+                name: descriptor.name.clone(),
+                view: RwLock::new(Arc::new(PeerView::new(descriptor))),
+                tcp,
+                links: Mutex::new(links),
+            }),
+        }
+    }
+
+    /// The peer's segment name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The peer's descriptor as last fetched.
+    pub fn descriptor(&self) -> SegmentDescriptor {
+        self.view().descriptor.clone()
+    }
+
+    /// The peer's registered buffers as last fetched, in the order it registered them.
+    pub fn buffers(&self) -> Vec<BufferDescriptor> {
+        self.view().descriptor.buffers.clone()
+    }
+
+    /// False once the control connection to the peer has failed; connect again to reopen.
+    pub fn is_alive(&self) -> bool {
+        self.inner.tcp.is_alive()
+    }
+
+    pub(crate) fn view(&self) -> Arc<PeerView> {
+        Arc::clone(
+            &self
+                .inner
+                .view
+                .read()
+                .unwrap_or_else(|poison| poison.into_inner()),
+        )
+    }
+
+    pub(crate) fn update(&self, descriptor: SegmentDescriptor) -> Arc<PeerView> {
+        let view = Arc::new(PeerView::new(descriptor));
+        *self
+            .inner
+            .view
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner()) = Arc::clone(&view);
+        view
+    }
+
+    /// Fetches the descriptor again, for addresses the cached one does not cover.
+    pub(crate) async fn refresh(&self, metadata: &dyn MetadataStore) -> Result<Arc<PeerView>> {
+        let descriptor = metadata.fetch(&self.inner.name).await?;
+        Ok(self.update(descriptor))
+    }
+
+    /// The open link through `transport`, opening it on first use.
+    pub(crate) async fn link(&self, transport: &dyn Transport) -> Result<Arc<dyn Link>> {
+        if let Some(link) = lock(&self.inner.links).get(transport.name()) {
+            if link.is_alive() {
+                return Ok(Arc::clone(link));
+            }
+        }
+        let link = transport.open(&self.view().descriptor).await?;
+        lock(&self.inner.links).insert(transport.name(), Arc::clone(&link));
+        Ok(link)
+    }
+
+    /// Closes every link, failing whatever is still in flight on them.
+    pub(crate) fn close(&self) {
+        for link in lock(&self.inner.links).values() {
+            link.close();
+        }
+    }
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}

@@ -1,0 +1,279 @@
+//! One client connection: a writer task that sends queued frames and a reader task that
+//! matches acks and read data to them. They decide nothing; the link planned every frame.
+
+use super::frame_io::{self, FrameError};
+use super::tracker::Ticket;
+use crate::error::{Error, ProtocolViolation, Result};
+use crate::memory::HostSpan;
+use crate::wire::{self, Header, Hello, Kind, Limits};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+/// A planned frame: header, body and where its answer lands.
+pub(crate) struct Frame {
+    pub(crate) header: Header,
+    /// Body bytes before the data (write address, write-many table, read request).
+    pub(crate) prefix: Vec<u8>,
+    /// Local bytes sent after the prefix, in order.
+    pub(crate) data: Vec<HostSpan>,
+    /// Where the answer of a read request lands.
+    pub(crate) read_into: Option<HostSpan>,
+}
+
+/// A frame queued on a connection, with the ticket its answer completes.
+pub(crate) struct Outgoing {
+    pub(crate) frame: Frame,
+    pub(crate) ticket: Ticket,
+}
+
+struct Awaiting {
+    read_into: Option<HostSpan>,
+    ticket: Ticket,
+}
+
+type AwaitingMap = Arc<Mutex<HashMap<u64, Awaiting>>>;
+
+fn lock(map: &AwaitingMap) -> std::sync::MutexGuard<'_, HashMap<u64, Awaiting>> {
+    // Each update is one insert or remove, so a poisoned map is still consistent.
+    map.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// One open connection to a peer's listener.
+pub(crate) struct Connection {
+    queue: mpsc::UnboundedSender<Outgoing>,
+    alive: Arc<AtomicBool>,
+    tasks: [AbortHandle; 2],
+}
+
+impl Connection {
+    /// Connects, introduces this engine with a hello, and starts the two tasks.
+    pub(crate) async fn open(
+        address: &str,
+        peer: Arc<str>,
+        local_name: &str,
+        limits: Limits,
+        io_timeout: Duration,
+    ) -> Result<Connection> {
+        let unreachable = |reason: String| Error::Unreachable {
+            peer: peer.to_string(),
+            reason,
+        };
+        let stream = tokio::time::timeout(io_timeout, TcpStream::connect(address))
+            .await
+            .map_err(|_| unreachable(format!("connecting to {address} took over {io_timeout:?}")))?
+            .map_err(|error| unreachable(format!("connecting to {address} failed: {error}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
+        let (read_half, write_half) = stream.into_split();
+        let mut writer = BufWriter::with_capacity(64 << 10, write_half);
+        let hello = wire::encode_hello(&Hello {
+            name: local_name.to_owned(),
+        });
+        let header = Header {
+            kind: Kind::Hello,
+            id: 0,
+            len: hello.len() as u32,
+        };
+        let greeting = async {
+            writer.write_all(&header.encode()).await?;
+            writer.write_all(&hello).await?;
+            writer.flush().await
+        };
+        greeting
+            .await
+            .map_err(|error| unreachable(format!("sending hello failed: {error}")))?;
+
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let awaiting: AwaitingMap = Arc::default();
+        let writer_task = tokio::spawn(write_loop(
+            writer,
+            receiver,
+            Arc::clone(&awaiting),
+            Arc::clone(&alive),
+            io_timeout,
+        ));
+        let reader_task = tokio::spawn(read_loop(
+            BufReader::with_capacity(64 << 10, read_half),
+            awaiting,
+            Arc::clone(&alive),
+            limits,
+            io_timeout,
+            peer,
+        ));
+        Ok(Connection {
+            queue,
+            alive,
+            tasks: [writer_task.abort_handle(), reader_task.abort_handle()],
+        })
+    }
+
+    /// Queues a frame. A dead connection drops it, which fails its ticket.
+    pub(crate) fn send(&self, frame: Outgoing) {
+        let _ = self.queue.send(frame);
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire) && !self.queue.is_closed()
+    }
+}
+
+impl Connection {
+    /// Stops both tasks; frames in flight fail as their tickets drop.
+    pub(crate) fn close(&self) {
+        self.alive.store(false, Ordering::Release);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, reason: &str) {
+    alive.store(false, Ordering::Release);
+    let drained: Vec<Awaiting> = lock(awaiting).drain().map(|(_, waiting)| waiting).collect();
+    for waiting in drained {
+        waiting.ticket.fail(reason);
+    }
+}
+
+async fn write_loop(
+    mut writer: BufWriter<OwnedWriteHalf>,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+    awaiting: AwaitingMap,
+    alive: Arc<AtomicBool>,
+    io_timeout: Duration,
+) {
+    let reason = loop {
+        let Some(frame) = queue.recv().await else {
+            break "the link was closed".to_owned();
+        };
+        let Outgoing {
+            frame:
+                Frame {
+                    header,
+                    prefix,
+                    data,
+                    read_into,
+                },
+            ticket,
+        } = frame;
+        // Registered before the first byte goes out, so the fastest ack still finds it.
+        lock(&awaiting).insert(header.id, Awaiting { read_into, ticket });
+        let last_queued = queue.is_empty();
+        let send = async {
+            writer.write_all(&header.encode()).await?;
+            writer.write_all(&prefix).await?;
+            for span in &data {
+                writer.write_all(span.as_slice()).await?;
+            }
+            if last_queued {
+                writer.flush().await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        match tokio::time::timeout(io_timeout, send).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => break format!("sending failed: {error}"),
+            Err(_) => break format!("the peer accepted no data for {io_timeout:?}"),
+        }
+    };
+    queue.close();
+    while let Ok(frame) = queue.try_recv() {
+        frame.ticket.fail(&reason);
+    }
+    fail_all(&awaiting, &alive, &reason);
+}
+
+async fn read_loop(
+    mut reader: BufReader<OwnedReadHalf>,
+    awaiting: AwaitingMap,
+    alive: Arc<AtomicBool>,
+    limits: Limits,
+    io_timeout: Duration,
+    peer: Arc<str>,
+) {
+    let reason = loop {
+        match read_response(&mut reader, &awaiting, &limits, io_timeout, &peer).await {
+            Ok(true) => {}
+            Ok(false) => break "the peer closed the connection".to_owned(),
+            Err(error) => {
+                tracing::warn!(%peer, %error, "closing the connection to a peer");
+                break error.to_string();
+            }
+        }
+    };
+    fail_all(&awaiting, &alive, &reason);
+}
+
+/// Handles one response frame; `false` on a clean end of stream.
+async fn read_response(
+    reader: &mut BufReader<OwnedReadHalf>,
+    awaiting: &AwaitingMap,
+    limits: &Limits,
+    io_timeout: Duration,
+    peer: &Arc<str>,
+) -> Result<bool, FrameError> {
+    let Some(header) = frame_io::read_header(reader, limits).await? else {
+        return Ok(false);
+    };
+    let timed = |error: tokio::time::error::Elapsed| {
+        FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
+    };
+    let waiting = lock(awaiting)
+        .remove(&header.id)
+        .ok_or(ProtocolViolation::UnknownRequest(header.id))?;
+    match header.kind {
+        Kind::Ack => {
+            let body = tokio::time::timeout(io_timeout, frame_io::read_body(reader, header.len))
+                .await
+                .map_err(timed)??;
+            let outcome = wire::decode_ack(&body)?.map_err(|reason| Error::Rejected {
+                peer: peer.to_string(),
+                reason,
+            });
+            waiting.ticket.complete(outcome);
+        }
+        Kind::ReadData => {
+            let Awaiting {
+                read_into: Some(mut span),
+                ticket,
+            } = waiting
+            else {
+                return Err(ProtocolViolation::Unexpected {
+                    kind: "read-data",
+                    context: "in answer to a write",
+                }
+                .into());
+            };
+            if span.as_slice().len() != header.len as usize {
+                return Err(ProtocolViolation::Malformed("read data of the wrong length").into());
+            }
+            tokio::time::timeout(io_timeout, reader.read_exact(span.as_mut_slice()))
+                .await
+                .map_err(timed)??;
+            ticket.complete(Ok(()));
+        }
+        other => {
+            return Err(ProtocolViolation::Unexpected {
+                kind: other.name(),
+                context: "from a listener",
+            }
+            .into())
+        }
+    }
+    Ok(true)
+}

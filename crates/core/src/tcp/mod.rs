@@ -1,0 +1,165 @@
+//! The TCP transport: works between any two hosts, and carries every engine's control traffic
+//! (descriptor requests, notifications).
+//!
+//! Each peer gets a few connections. A write is sent as frames: entries larger than
+//! [`TcpConfig::slice_bytes`] are cut into slices, entries smaller than
+//! [`TcpConfig::pack_below`] are packed together into one write-many frame, and frames are dealt
+//! round-robin over the connections. The receiver checks every range against its registrations
+//! before a byte lands and acks each frame once its bytes are in memory.
+
+mod driver;
+mod frame_io;
+mod link;
+mod server;
+mod tracker;
+
+pub(crate) use link::TcpLink;
+pub(crate) use server::{serve, ServerContext};
+
+use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
+use crate::error::{Error, Result};
+use crate::memory::{Location, RegionInfo};
+use crate::transport::{Link, Reach, Transport};
+use crate::wire::{self, Header, Hello, Kind, Limits};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The transport's name, as shown to users and used in descriptors.
+pub const TCP: &str = "tcp";
+
+/// How the TCP transport spreads work over connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConfig {
+    /// Connections opened to each peer.
+    pub connections: usize,
+    /// Entries longer than this are cut into slices of this size, spread over connections.
+    pub slice_bytes: u32,
+    /// Entries shorter than this are packed together into one frame.
+    pub pack_below: u32,
+    /// Packing stops once a frame holds this many bytes.
+    pub pack_bytes: u32,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            connections: 4,
+            slice_bytes: 4 << 20,
+            pack_below: 256 << 10,
+            pack_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The TCP transport as the engine's router sees it.
+pub(crate) struct TcpTransport {
+    pub(crate) address: String,
+    pub(crate) local_name: String,
+    pub(crate) config: TcpConfig,
+    pub(crate) limits: Limits,
+    pub(crate) io_timeout: Duration,
+}
+
+impl TcpTransport {
+    /// Opens the concrete link, which the engine also uses for notifications.
+    pub(crate) async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<TcpLink>> {
+        let address = peer.endpoint(TCP).ok_or_else(|| Error::Unreachable {
+            peer: peer.name.clone(),
+            reason: "its descriptor lists no tcp endpoint".into(),
+        })?;
+        TcpLink::connect(address, &peer.name, self).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        TCP
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        Some(Endpoint {
+            transport: TCP.into(),
+            address: self.address.clone(),
+        })
+    }
+
+    fn reach(
+        &self,
+        local: &RegionInfo,
+        peer: &SegmentDescriptor,
+        remote: &BufferDescriptor,
+    ) -> Reach {
+        let Location::Host { .. } = local.location;
+        let Location::Host { .. } = remote.location;
+        if peer.endpoint(TCP).is_none() {
+            return Reach::No {
+                reason: "the peer publishes no tcp endpoint".into(),
+            };
+        }
+        Reach::Yes { cost: 100 }
+    }
+
+    async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        let link: Arc<dyn Link> = self.connect(peer).await?;
+        Ok(link)
+    }
+}
+
+/// Asks the engine listening at `address` for its descriptor (the peer-to-peer lookup).
+pub(crate) async fn fetch_descriptor(
+    address: &str,
+    timeout: Duration,
+) -> Result<SegmentDescriptor> {
+    let unreachable = |reason: String| Error::Unreachable {
+        peer: address.to_owned(),
+        reason,
+    };
+    let exchange = async {
+        let mut stream = TcpStream::connect(address)
+            .await
+            .map_err(|error| unreachable(format!("connect failed: {error}")))?;
+        let hello = wire::encode_hello(&Hello {
+            name: String::new(),
+        });
+        let mut request = Header {
+            kind: Kind::Hello,
+            id: 0,
+            len: hello.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        request.extend_from_slice(&hello);
+        request.extend_from_slice(
+            &Header {
+                kind: Kind::DescriptorRequest,
+                id: 1,
+                len: 0,
+            }
+            .encode(),
+        );
+        stream.write_all(&request).await.map_err(|error| {
+            unreachable(format!("sending the descriptor request failed: {error}"))
+        })?;
+        let limits = Limits::default();
+        let header = frame_io::read_header(&mut stream, &limits)
+            .await
+            .map_err(|error| unreachable(format!("no descriptor came back: {error}")))?
+            .ok_or_else(|| unreachable("it closed the connection without answering".into()))?;
+        let body = frame_io::read_body(&mut stream, header.len)
+            .await
+            .map_err(|error| unreachable(format!("reading the descriptor failed: {error}")))?;
+        match header.kind {
+            Kind::DescriptorResponse => SegmentDescriptor::from_json(address, &body),
+            _ => Err(unreachable(format!(
+                "it answered with a {} frame instead of a descriptor; is it a ferry engine?",
+                header.kind.name()
+            ))),
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+}
