@@ -195,10 +195,8 @@ impl EngineBuilder {
         });
         runtime.spawn(tcp::serve(listener, context));
         let publisher = Arc::clone(&inner);
-        let published = runtime.spawn(async move {
-            let descriptor = publisher.descriptor();
-            publisher.metadata.publish(&descriptor).await
-        });
+        let published = runtime.spawn(async move { publisher.publish().await });
+        runtime.spawn(republish_on_change(Arc::downgrade(&inner)));
         tracing::info!(name = %inner.name, "ferry engine listening");
         Ok((
             Engine {
@@ -207,6 +205,20 @@ impl EngineBuilder {
             },
             published,
         ))
+    }
+}
+
+/// Keeps the metadata store in step with the region table, until the engine is gone.
+async fn republish_on_change(engine: std::sync::Weak<EngineInner>) {
+    loop {
+        let Some(table) = engine.upgrade().map(|engine| Arc::clone(&engine.table)) else {
+            return;
+        };
+        table.changed().await;
+        let Some(engine) = engine.upgrade() else { return };
+        if let Err(error) = engine.publish().await {
+            tracing::warn!(%error, "republishing the descriptor failed; peers may see stale buffers");
+        }
     }
 }
 
@@ -257,6 +269,10 @@ pub(crate) struct EngineInner {
 }
 
 impl EngineInner {
+    async fn publish(&self) -> Result<()> {
+        self.metadata.publish(&self.descriptor()).await
+    }
+
     fn descriptor(&self) -> SegmentDescriptor {
         SegmentDescriptor {
             version: DESCRIPTOR_VERSION,
@@ -386,6 +402,19 @@ impl Engine {
     /// As [`Self::connect`].
     pub fn connect_blocking(&self, name: &str) -> Result<Peer> {
         futures::executor::block_on(self.connect(name))
+    }
+
+    /// Publishes the current descriptor to the metadata store now.
+    ///
+    /// The engine republishes in the background after every registration change; await this
+    /// when a peer must see a new registration at once. With the peer-to-peer default, peers
+    /// always ask this engine directly, so there is nothing to wait for.
+    ///
+    /// # Errors
+    /// The store's error when it cannot be written.
+    pub async fn publish(&self) -> Result<()> {
+        let inner = Arc::clone(&self.inner);
+        self.run(async move { inner.publish().await }).await
     }
 
     /// Starts a batch of reads and writes with `peer`.

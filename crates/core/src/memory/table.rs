@@ -12,6 +12,8 @@ pub(crate) struct RegionTable {
     next_sequence: AtomicU64,
     /// Bumped on every change, so peers can tell a stale descriptor.
     generation: AtomicU64,
+    /// Wakes the engine's publisher after a change.
+    changed: tokio::sync::Notify,
 }
 
 impl RegionTable {
@@ -22,11 +24,17 @@ impl RegionTable {
             regions: Mutex::new(BTreeMap::new()),
             next_sequence: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            changed: tokio::sync::Notify::new(),
         })
     }
 
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Resolves after the next registration change (at once if one happened unobserved).
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     pub(crate) fn generation(&self) -> u64 {
@@ -64,6 +72,7 @@ impl RegionTable {
         let entry = Arc::new(RegionEntry::new(info, sequence, self.id, owned));
         regions.insert(info.addr, Arc::clone(&entry));
         self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_one();
         Ok(Region {
             entry,
             table: Arc::clone(self),
@@ -78,6 +87,7 @@ impl RegionTable {
         {
             regions.remove(&entry.info.addr);
             self.generation.fetch_add(1, Ordering::SeqCst);
+            self.changed.notify_one();
         }
     }
 

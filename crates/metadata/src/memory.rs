@@ -1,0 +1,49 @@
+use async_trait::async_trait;
+use ferry_core::{Error, MetadataStore, Result, SegmentDescriptor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Descriptors kept in this process's memory. Engines sharing one store find each other
+/// without any network lookup; engines in other processes cannot see it.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    descriptors: Mutex<HashMap<String, SegmentDescriptor>>,
+}
+
+impl MemoryStore {
+    /// An empty store of its own.
+    pub fn new() -> Arc<Self> {
+        Arc::new(MemoryStore::default())
+    }
+
+    /// The process-wide store that the `memory` URL names.
+    pub fn global() -> Arc<dyn MetadataStore> {
+        static GLOBAL: OnceLock<Arc<MemoryStore>> = OnceLock::new();
+        GLOBAL.get_or_init(MemoryStore::new).clone()
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentDescriptor>> {
+        // Each update is a single insert or remove, so a poisoned map is still consistent.
+        self.descriptors.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+#[async_trait]
+impl MetadataStore for MemoryStore {
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
+        self.map().insert(descriptor.name.clone(), descriptor.clone());
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        self.map().get(name).cloned().ok_or_else(|| Error::Metadata {
+            name: name.to_owned(),
+            reason: "no engine published this name in the in-memory store; check the name, and that both engines use the same store".into(),
+        })
+    }
+
+    async fn unpublish(&self, name: &str) -> Result<()> {
+        self.map().remove(name);
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! Data moves and lands intact: every size, packed small blocks, reads, notifications.
+
+mod common;
+
+use common::{assert_bytes_eq, engine, pattern};
+use ferry::metadata::MemoryStore;
+use ferry::Engine;
+use std::time::Duration;
+
+#[tokio::test]
+async fn writes_of_every_size_land_intact() {
+    let decode = engine().await;
+    let pool = decode.allocate(64 << 20).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(64 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    let sizes = [1usize, 999, 4096, 32 << 10, 1 << 20, 20 << 20];
+    let mut offset = 0u64;
+    for (seed, &size) in sizes.iter().enumerate() {
+        let bytes = pattern(seed as u64, size);
+        source.write_at(offset, &bytes).unwrap();
+        let done = prefill
+            .batch(&peer)
+            .write(&source, offset, remote + offset + 3, size as u64)
+            .submit()
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(done.bytes, size as u64);
+        assert_eq!(done.transports, vec!["tcp"]);
+        let mut landed = vec![0u8; size];
+        pool.read_at(offset + 3, &mut landed).unwrap();
+        assert_bytes_eq(&landed, &bytes, &format!("{size}-byte write"));
+        offset += size as u64 + 4096;
+    }
+}
+
+#[tokio::test]
+async fn reads_of_every_size_come_back_intact() {
+    let decode = engine().await;
+    let pool = decode.allocate(32 << 20).unwrap();
+    let prefill = engine().await;
+    let target = prefill.allocate(32 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    for (seed, size) in [1usize, 999, 4096, 1 << 20, 9 << 20].into_iter().enumerate() {
+        let bytes = pattern(100 + seed as u64, size);
+        pool.write_at(17, &bytes).unwrap();
+        prefill
+            .batch(&peer)
+            .read(&target, 5, remote + 17, size as u64)
+            .submit()
+            .unwrap()
+            .await
+            .unwrap();
+        let mut arrived = vec![0u8; size];
+        target.read_at(5, &mut arrived).unwrap();
+        assert_bytes_eq(&arrived, &bytes, &format!("{size}-byte read"));
+    }
+}
+
+#[tokio::test]
+async fn thousands_of_scattered_blocks_land_in_their_slots() {
+    const BLOCK: usize = 4096;
+    const BLOCKS: usize = 3000;
+    let decode = engine().await;
+    let pool = decode.allocate(BLOCK * BLOCKS).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(BLOCK * BLOCKS).unwrap();
+    let bytes = pattern(7, BLOCK * BLOCKS);
+    source.write_at(0, &bytes).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    // Block i goes to slot (i * 7 + 3) % BLOCKS: a permutation, so nothing is adjacent.
+    let slot = |block: usize| (block * 7 + 3) % BLOCKS;
+    let mut batch = prefill.batch(&peer);
+    for block in 0..BLOCKS {
+        let offset = (block * BLOCK) as u64;
+        batch = batch.write(&source, offset, remote + (slot(block) * BLOCK) as u64, BLOCK as u64);
+    }
+    assert_eq!(batch.len(), BLOCKS);
+    batch.submit().unwrap().await.unwrap();
+    let mut landed = vec![0u8; BLOCK * BLOCKS];
+    pool.read_at(0, &mut landed).unwrap();
+    for block in 0..BLOCKS {
+        let at = slot(block) * BLOCK;
+        assert_bytes_eq(
+            &landed[at..at + BLOCK],
+            &bytes[block * BLOCK..(block + 1) * BLOCK],
+            &format!("block {block}"),
+        );
+    }
+}
+
+#[tokio::test]
+async fn notification_arrives_only_after_its_data() {
+    let decode = engine().await;
+    let pool = decode.allocate(16 << 20).unwrap();
+    let mut inbox = decode.notifications().unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(16 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    for round in 0..4u64 {
+        let bytes = pattern(round, 16 << 20);
+        source.write_at(0, &bytes).unwrap();
+        let transfer = prefill
+            .batch(&peer)
+            .write(&source, 0, remote, 16 << 20)
+            .notify(format!("req-{round}"))
+            .submit()
+            .unwrap();
+        let note = inbox.recv().await.unwrap();
+        // The data must already be there when the notification is in hand.
+        let mut landed = vec![0u8; 16 << 20];
+        pool.read_at(0, &mut landed).unwrap();
+        assert_bytes_eq(&landed, &bytes, &format!("round {round}"));
+        assert_eq!(note.payload, format!("req-{round}").into_bytes());
+        assert_eq!(note.from, prefill.name());
+        transfer.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn standalone_notifications_keep_their_order() {
+    let decode = engine().await;
+    let mut inbox = decode.notifications().unwrap();
+    let prefill = engine().await;
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    for index in 0..200u32 {
+        prefill.notify(&peer, index.to_le_bytes()).await.unwrap();
+    }
+    for index in 0..200u32 {
+        let note = inbox.recv().await.unwrap();
+        assert_eq!(note.payload, index.to_le_bytes());
+    }
+    assert!(decode.notifications().is_err(), "the stream can be taken once");
+}
+
+#[tokio::test]
+async fn memory_registered_after_connect_is_found_by_refetching() {
+    let decode = engine().await;
+    let _first = decode.allocate(4096).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(4096).unwrap();
+    source.write_at(0, &pattern(9, 4096)).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    assert_eq!(peer.buffers().len(), 1);
+    let second = decode.allocate(4096).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, second.addr(), 4096)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(peer.buffers().len(), 2, "the cached descriptor was refreshed");
+    let mut landed = vec![0u8; 4096];
+    second.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(9, 4096), "write into the new region");
+}
+
+#[tokio::test]
+async fn engines_sharing_a_memory_store_find_each_other() {
+    let store = MemoryStore::new();
+    let decode = Engine::builder().metadata(store.clone()).build().await.unwrap();
+    let pool = decode.allocate(8192).unwrap();
+    decode.publish().await.unwrap();
+    let prefill = Engine::builder().metadata(store).build().await.unwrap();
+    let source = prefill.allocate(8192).unwrap();
+    source.write_at(0, &pattern(3, 8192)).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), 8192)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; 8192];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(3, 8192), "write found through the memory store");
+}
+
+#[test]
+fn blocking_callers_need_no_runtime() {
+    let decode = Engine::builder().build_blocking().unwrap();
+    let pool = decode.allocate(1 << 20).unwrap();
+    let mut inbox = decode.notifications().unwrap();
+    let prefill = Engine::builder()
+        .transfer_timeout(Duration::from_secs(10))
+        .build_blocking()
+        .unwrap();
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(11, 1 << 20)).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let done = prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), 1 << 20)
+        .notify("blocking")
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.bytes, 1 << 20);
+    assert_eq!(inbox.recv_blocking().unwrap().payload, b"blocking");
+    let mut landed = vec![0u8; 1 << 20];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(11, 1 << 20), "blocking write");
+}
