@@ -1,0 +1,202 @@
+//! Bad input from a caller gets a clear error before anything moves, and nothing is written.
+
+mod common;
+
+use common::{engine, pattern};
+use ferry::{Error, RangeError, Side};
+use std::io::Write;
+
+fn range_error(outcome: Result<impl std::fmt::Debug, Error>) -> RangeError {
+    match outcome {
+        Err(Error::Range(error)) => error,
+        other => panic!("expected a range error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn remote_range_outside_the_registration_is_refused_and_nothing_lands() {
+    let decode = engine().await;
+    let pool = decode.allocate(64 << 10).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(64 << 10).unwrap();
+    source.write_at(0, &pattern(1, 64 << 10)).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+
+    // One good entry, then one that runs 1 byte past the end: the whole batch is refused.
+    let outcome = prefill
+        .batch(&peer)
+        .write(&source, 0, remote, 4096)
+        .write(&source, 0, remote + (64 << 10) - 4095, 4096)
+        .submit()
+        .unwrap()
+        .await;
+    let error = range_error(outcome);
+    assert_eq!(
+        error,
+        RangeError::NotRegistered { index: 1, side: Side::Remote, addr: remote + (64 << 10) - 4095, len: 4096 }
+    );
+    assert!(error.to_string().contains("entry 1"), "{error}");
+    let mut landed = vec![0xffu8; 64 << 10];
+    pool.read_at(0, &mut landed).unwrap();
+    assert!(landed.iter().all(|&byte| byte == 0), "nothing may be written");
+
+    // A read from outside is refused the same way.
+    let outcome = prefill.batch(&peer).read(&source, 0, remote - 1, 10).submit().unwrap().await;
+    assert!(matches!(range_error(outcome), RangeError::NotRegistered { side: Side::Remote, .. }));
+}
+
+#[tokio::test]
+async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
+    let decode = engine().await;
+    let mut backing = vec![0u8; 8192];
+    // SAFETY: `backing` outlives the region, which is dropped below before `backing` is read.
+    let region = unsafe { decode.register(backing.as_mut_ptr(), backing.len()) }.unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(8192).unwrap();
+    source.write_at(0, &[9u8; 8192]).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    drop(region);
+
+    // The prefill side's cached descriptor still lists the buffer; the target must refuse.
+    let outcome = prefill.batch(&peer).write(&source, 0, remote, 8192).submit().unwrap().await;
+    match outcome {
+        Err(Error::Rejected { reason, .. }) => {
+            assert!(reason.contains("not inside one registered region"), "{reason}")
+        }
+        other => panic!("expected the target to refuse, got {other:?}"),
+    }
+    assert!(backing.iter().all(|&byte| byte == 0), "nothing may be written");
+    // And the write-many path (small entries packed into one frame) refuses the same way.
+    let packed = prefill
+        .batch(&peer)
+        .write(&source, 0, remote, 100)
+        .write(&source, 200, remote + 200, 100)
+        .submit()
+        .unwrap()
+        .await;
+    assert!(matches!(packed, Err(Error::Rejected { .. })), "{packed:?}");
+    assert!(backing.iter().all(|&byte| byte == 0), "nothing may be written");
+}
+
+#[tokio::test]
+async fn local_range_past_its_region_is_refused_at_submit() {
+    let decode = engine().await;
+    let _pool = decode.allocate(8192).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(4096).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    let error = range_error(prefill.batch(&peer).write(&source, 4000, remote, 97).submit());
+    assert_eq!(error, RangeError::PastRegionEnd { index: 0, offset: 4000, len: 97, region_len: 4096 });
+    let error = range_error(prefill.batch(&peer).read(&source, u64::MAX, remote, 2).submit());
+    assert!(matches!(error, RangeError::PastRegionEnd { .. }));
+}
+
+#[tokio::test]
+async fn a_region_dropped_before_submit_is_refused() {
+    let decode = engine().await;
+    let _pool = decode.allocate(8192).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(4096).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    let batch = prefill.batch(&peer).write(&source, 0, remote, 10);
+    drop(source);
+    let error = range_error(batch.submit());
+    assert!(matches!(error, RangeError::NotRegistered { index: 0, side: Side::Local, .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_region_of_another_engine_is_refused() {
+    let decode = engine().await;
+    let _pool = decode.allocate(8192).unwrap();
+    let prefill = engine().await;
+    let other = engine().await;
+    let foreign = other.allocate(4096).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    let error = range_error(prefill.batch(&peer).write(&foreign, 0, remote, 10).submit());
+    assert_eq!(error, RangeError::ForeignRegion { index: 0 });
+}
+
+#[tokio::test]
+async fn zero_lengths_and_empty_batches_are_refused() {
+    let decode = engine().await;
+    let _pool = decode.allocate(8192).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(4096).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let remote = peer.buffers()[0].addr;
+    let error = range_error(
+        prefill.batch(&peer).write(&source, 0, remote, 8).write(&source, 0, remote, 0).submit(),
+    );
+    assert_eq!(error, RangeError::ZeroLength { index: 1 });
+    assert!(matches!(prefill.batch(&peer).submit(), Err(Error::ApiMisuse(_))));
+    assert!(matches!(prefill.allocate(0), Err(Error::Range(RangeError::ZeroLength { .. }))));
+    let mut byte = 0u8;
+    // SAFETY: zero bytes are registered; the call must refuse before touching anything.
+    let outcome = unsafe { prefill.register(&mut byte, 0) };
+    assert!(matches!(outcome, Err(Error::Range(RangeError::ZeroLength { .. }))));
+}
+
+#[tokio::test]
+async fn overlapping_registrations_are_refused_and_adjacent_ones_accepted() {
+    let engine = engine().await;
+    let mut backing = vec![0u8; 3 * 4096];
+    let base = backing.as_mut_ptr();
+    // SAFETY: every range lies inside `backing`, which outlives all regions (dropped first).
+    unsafe {
+        let middle = engine.register(base.add(4096), 4096).unwrap();
+        let error = engine.register(base.add(4095), 2).unwrap_err();
+        assert!(matches!(error, Error::Range(RangeError::Overlap { .. })), "{error}");
+        assert!(error.to_string().contains("overlaps"), "{error}");
+        assert!(engine.register(base.add(8191), 4096).is_err());
+        assert!(engine.register(base.add(4096), 4096).is_err(), "the same range twice");
+        let before = engine.register(base, 4096).unwrap();
+        let after = engine.register(base.add(8192), 4096).unwrap();
+        assert_eq!(engine.descriptor().buffers.len(), 3);
+        drop((before, middle, after));
+    }
+    assert!(engine.descriptor().buffers.is_empty(), "dropping a region deregisters it");
+}
+
+#[tokio::test]
+async fn oversized_notifications_are_refused() {
+    let decode = engine().await;
+    let prefill = engine().await;
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let payload = vec![0u8; ferry::MAX_NOTIFICATION_BYTES + 1];
+    assert!(matches!(prefill.notify(&peer, payload.clone()).await, Err(Error::ApiMisuse(_))));
+    assert!(matches!(prefill.batch(&peer).notify(payload).submit(), Err(Error::ApiMisuse(_))));
+}
+
+#[tokio::test]
+async fn unknown_names_and_silent_ports_are_unreachable() {
+    let prefill = engine().await;
+    for name in ["no-such-host.invalid:1", "not a name", "127.0.0.1:1"] {
+        match prefill.connect(name).await {
+            Err(Error::Unreachable { peer, reason }) => {
+                assert_eq!(peer, name);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{name}: expected unreachable, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_listener_that_is_not_ferry_is_named_as_such() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    });
+    let prefill = engine().await;
+    let error = prefill.connect(&address).await.unwrap_err();
+    assert!(matches!(error, Error::Unreachable { .. }), "{error}");
+    assert!(error.to_string().contains("bad magic"), "{error}");
+    server.join().unwrap();
+}

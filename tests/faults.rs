@@ -1,0 +1,232 @@
+//! Faults: peers that die, garbage on the control port, engines dropped mid-transfer. Every
+//! future resolves within a bounded time and the survivors keep working.
+
+mod common;
+
+use common::{assert_bytes_eq, engine, pattern, ServeProcess};
+use ferry::wire::{Header, Kind};
+use ferry::Error;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Log lines of this test binary, captured so tests can check what was logged.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        tracing_subscriber::fmt()
+            .with_writer(move || LogWriter(Arc::clone(&sink)))
+            .with_ansi(false)
+            .init();
+        logs
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends `bytes` and reports whether the listener then closed the connection.
+fn closed_after(address: &str, bytes: &[u8]) -> bool {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = stream.write_all(bytes);
+    let mut buffer = [0u8; 64];
+    match stream.read(&mut buffer) {
+        Ok(0) => true,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn garbage_and_oversized_frames_close_only_their_connection() {
+    let logs = captured_logs();
+    let decode = engine().await;
+    let pool = decode.allocate(1 << 20).unwrap();
+    let address = decode.name().to_owned();
+
+    let http = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+    let oversized = Header { kind: Kind::Notify, id: 1, len: u32::MAX }.encode().to_vec();
+    let write_before_hello = Header { kind: Kind::Write, id: 1, len: 16 }.encode().to_vec();
+    let mut bad_hello = Header { kind: Kind::Hello, id: 0, len: 3 }.encode().to_vec();
+    bad_hello.extend_from_slice(&[0xff, 0xff, 0xff]);
+    for (what, bytes) in [
+        ("http", http),
+        ("oversized", oversized),
+        ("write before hello", write_before_hello),
+        ("bad hello", bad_hello),
+    ] {
+        let address = address.clone();
+        let closed = tokio::task::spawn_blocking(move || closed_after(&address, &bytes))
+            .await
+            .unwrap();
+        assert!(closed, "{what}: the listener must close the connection");
+    }
+
+    // The engine still serves a well-behaved peer.
+    let prefill = engine().await;
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(5, 1 << 20)).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    prefill.batch(&peer).write(&source, 0, pool.addr(), 1 << 20).submit().unwrap().await.unwrap();
+    let mut landed = vec![0u8; 1 << 20];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(5, 1 << 20), "write after the garbage");
+
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(text.contains("closing a connection"), "logs: {text}");
+    assert!(text.contains("bad magic"), "logs: {text}");
+    assert!(text.contains("exceeds the 65536-byte limit"), "logs: {text}");
+    assert!(text.contains("before hello"), "logs: {text}");
+}
+
+#[tokio::test]
+async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
+    const BUFFER: usize = 256 << 20;
+    let mut target = ServeProcess::start(BUFFER);
+    let prefill = engine().await;
+    let source = prefill.allocate(BUFFER).unwrap();
+    let peer = prefill.connect(&target.name).await.unwrap();
+    // 16 passes over the target's buffer: 4 GiB, far more than loopback moves before the kill.
+    let mut batch = prefill.batch(&peer);
+    for _ in 0..16 {
+        batch = batch.write(&source, 0, target.buffer_addr, target.buffer_len);
+    }
+    let transfer = batch.submit().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    target.child.kill().unwrap();
+    let killed_at = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), transfer)
+        .await
+        .expect("the transfer must resolve, not hang");
+    assert!(matches!(outcome, Err(Error::PeerGone { .. })), "{outcome:?}");
+    assert!(killed_at.elapsed() < Duration::from_secs(15));
+    assert!(!peer.is_alive());
+
+    // The survivor keeps working with other peers.
+    let decode = engine().await;
+    let pool = decode.allocate(4096).unwrap();
+    source.write_at(0, &pattern(8, 4096)).unwrap();
+    let other = prefill.connect(decode.name()).await.unwrap();
+    prefill.batch(&other).write(&source, 0, pool.addr(), 4096).submit().unwrap().await.unwrap();
+    let mut landed = vec![0u8; 4096];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(8, 4096), "write after the peer died");
+}
+
+#[tokio::test]
+async fn dropping_the_sending_engine_resolves_its_transfers() {
+    let decode = engine().await;
+    let pool = decode.allocate(64 << 20).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(64 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let mut transfers = Vec::new();
+    for _ in 0..8 {
+        transfers.push(prefill.batch(&peer).write(&source, 0, pool.addr(), 64 << 20).submit().unwrap());
+    }
+    drop(prefill);
+    for transfer in transfers {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), transfer)
+            .await
+            .expect("a transfer of a dropped engine must resolve");
+        if let Err(error) = outcome {
+            assert!(matches!(error, Error::Shutdown { .. }), "{error}");
+        }
+    }
+    // The source region outlived its engine; dropping it now must not hang either.
+    drop(source);
+}
+
+#[tokio::test]
+async fn dropping_the_receiving_engine_fails_transfers_to_it() {
+    let decode = engine().await;
+    let pool = decode.allocate(128 << 20).unwrap();
+    let remote = pool.addr();
+    let prefill = engine().await;
+    let source = prefill.allocate(128 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let mut batch = prefill.batch(&peer);
+    for _ in 0..16 {
+        batch = batch.write(&source, 0, remote, 128 << 20);
+    }
+    let transfer = batch.submit().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(decode);
+    let outcome = tokio::time::timeout(Duration::from_secs(15), transfer)
+        .await
+        .expect("the transfer must resolve, not hang");
+    assert!(outcome.is_err(), "2 GiB cannot all land after the receiver was dropped");
+    drop(pool);
+}
+
+#[tokio::test]
+async fn a_peer_that_never_acknowledges_times_out() {
+    // A fake peer: answers the descriptor request, then swallows everything in silence.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let descriptor = ferry::SegmentDescriptor {
+        version: ferry::DESCRIPTOR_VERSION,
+        name: address.clone(),
+        host: ferry::HostIdentity::current(),
+        generation: 1,
+        endpoints: vec![ferry::Endpoint { transport: "tcp".into(), address: address.clone() }],
+        buffers: vec![ferry::BufferDescriptor {
+            addr: 0x10000,
+            len: 1 << 20,
+            location: ferry::Location::Host { pinned: false },
+        }],
+    };
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { return };
+            let json = descriptor.to_json();
+            std::thread::spawn(move || {
+                let mut buffer = vec![0u8; 1 << 16];
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(20)));
+                let mut answered = false;
+                while let Ok(read) = stream.read(&mut buffer) {
+                    if read == 0 {
+                        return;
+                    }
+                    if !answered && buffer[..read].windows(4).filter(|w| *w == b"FRRY").count() >= 2 {
+                        answered = true;
+                        let header = Header { kind: Kind::DescriptorResponse, id: 1, len: json.len() as u32 };
+                        let _ = stream.write_all(&header.encode());
+                        let _ = stream.write_all(&json);
+                    }
+                }
+            });
+        }
+    });
+    let prefill = ferry::Engine::builder()
+        .transfer_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let source = prefill.allocate(4096).unwrap();
+    let peer = prefill.connect(&address).await.unwrap();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        prefill.batch(&peer).write(&source, 0, 0x10000, 4096).submit().unwrap(),
+    )
+    .await
+    .expect("the transfer must resolve, not hang");
+    assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    drop(source);
+}
