@@ -57,9 +57,12 @@ unsafe impl Send for OwnedBuffer {}
 unsafe impl Sync for OwnedBuffer {}
 
 impl OwnedBuffer {
-    /// Allocates `len` zeroed bytes aligned to 4 KiB, or `None` when the allocator refuses.
+    /// Allocates `len` zeroed bytes, or `None` when the allocator refuses.
+    ///
+    /// The alignment stays at 16 so the allocator can use `calloc`, which maps fresh zero pages
+    /// for large sizes: a 20 GiB KV pool costs memory only for the blocks that are touched.
     pub(crate) fn zeroed(len: usize) -> Option<Self> {
-        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        let layout = Layout::from_size_align(len.max(1), 16).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         (!ptr.is_null()).then_some(OwnedBuffer { ptr, layout })

@@ -1,0 +1,81 @@
+//! The decode role: owns the KV pool, waits for announcements, verifies every block.
+
+use super::{decode_notification, first_mismatch, Shape};
+use clap::Args;
+use std::io::Write;
+
+/// Options of the decode role.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DecodeArgs {
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    /// Control listener address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: String,
+    /// Host name or IP peers use to reach this engine (needed with 0.0.0.0).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Requests to receive before exiting.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) requests: u32,
+}
+
+/// Runs the decode role; `Ok(false)` when some block did not verify.
+pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> {
+    let shape = &args.shape;
+    shape.validate()?;
+    let mut builder = ferry::Engine::builder()
+        .listen(args.listen.clone())
+        .metadata(ferry::metadata::from_url(&shape.metadata)?);
+    if let Some(host) = &args.advertise {
+        builder = builder.advertise(host.clone());
+    }
+    let engine = builder.build_blocking()?;
+    // One pool per K and V tensor of every layer, registered in that order.
+    let pools = (0..shape.tensors())
+        .map(|_| engine.allocate(shape.pool_bytes() as usize))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut inbox = engine.notifications()?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "segment: {}", engine.name())?;
+    stdout.flush()?;
+
+    let mut all_good = true;
+    let mut block = vec![0u8; shape.block_bytes as usize];
+    for _ in 0..args.requests {
+        let note = inbox.recv_blocking().ok_or("the engine stopped before a request arrived")?;
+        let (request, blocks) = decode_notification(&note.payload)?;
+        let mut bad = None;
+        'verify: for (tensor, pool) in pools.iter().enumerate() {
+            for (logical, &slot) in blocks.iter().enumerate() {
+                if slot >= shape.pool_blocks {
+                    return Err(format!("block id {slot} is outside the {}-block pool", shape.pool_blocks).into());
+                }
+                pool.read_at(u64::from(slot) * shape.block_bytes, &mut block)?;
+                if let Some(byte) = first_mismatch(&block, request, tensor as u32, logical as u32) {
+                    bad = Some((tensor, logical, slot, byte));
+                    break 'verify;
+                }
+            }
+        }
+        match bad {
+            None => writeln!(
+                stdout,
+                "request {request} from {}: {} blocks in {} tensors verified",
+                note.from,
+                blocks.len(),
+                pools.len()
+            )?,
+            Some((tensor, logical, slot, byte)) => {
+                all_good = false;
+                writeln!(
+                    stdout,
+                    "request {request}: tensor {tensor} block {logical} (slot {slot}) differs at byte {byte}"
+                )?;
+            }
+        }
+        stdout.flush()?;
+    }
+    writeln!(stdout, "verified: {all_good}")?;
+    Ok(all_good)
+}

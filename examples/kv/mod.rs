@@ -1,0 +1,135 @@
+//! The KV-cache shape and the two roles shared by the `decode`, `prefill` and `pd_demo`
+//! examples: a vLLM-style cache with one tensor per layer for K and one for V, each a pool of
+//! fixed-size blocks, and one request's blocks scattered over it.
+
+pub(crate) mod decode;
+pub(crate) mod prefill;
+
+use clap::Args;
+
+/// The cache's shape; the defaults are `kv-llama70b-4k` of BENCHMARKS.md (Llama-3-70B fp16).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct Shape {
+    /// Transformer layers; each has a K and a V tensor.
+    #[arg(long, default_value_t = 80)]
+    pub(crate) layers: u32,
+    /// Bytes per block (16 tokens x 8 KV heads x 128 dim x 2 bytes).
+    #[arg(long, default_value_t = 32 << 10)]
+    pub(crate) block_bytes: u64,
+    /// Blocks in each tensor's pool.
+    #[arg(long, default_value_t = 4096)]
+    pub(crate) pool_blocks: u32,
+    /// Blocks one request occupies in every tensor.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) request_blocks: u32,
+    /// Seed for the block ids and the data.
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+    /// Metadata store URL.
+    #[arg(long, default_value = "p2p")]
+    pub(crate) metadata: String,
+}
+
+impl Shape {
+    /// K and V tensors for every layer.
+    pub(crate) fn tensors(&self) -> u32 {
+        self.layers * 2
+    }
+
+    /// Bytes of one tensor's pool.
+    pub(crate) fn pool_bytes(&self) -> u64 {
+        u64::from(self.pool_blocks) * self.block_bytes
+    }
+
+    /// Bytes one request moves.
+    pub(crate) fn request_bytes(&self) -> u64 {
+        u64::from(self.tensors()) * u64::from(self.request_blocks) * self.block_bytes
+    }
+
+    /// Checks the numbers fit together.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.request_blocks == 0 || self.request_blocks > self.pool_blocks {
+            return Err(format!(
+                "--request-blocks {} must be between 1 and --pool-blocks {}",
+                self.request_blocks, self.pool_blocks
+            ));
+        }
+        if self.block_bytes == 0 || self.block_bytes % 8 != 0 || self.layers == 0 {
+            return Err("--block-bytes must be a non-zero multiple of 8 and --layers non-zero".into());
+        }
+        Ok(())
+    }
+
+    /// The request's block ids in a pool: the first `request_blocks` of a seeded permutation.
+    pub(crate) fn block_ids(&self, salt: u64) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..self.pool_blocks).collect();
+        let mut state = (self.seed ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for index in (1..ids.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ids.swap(index, (state % (index as u64 + 1)) as usize);
+        }
+        ids.truncate(self.request_blocks as usize);
+        ids
+    }
+}
+
+/// Fills `block` with the bytes logical block `block_index` of `tensor` holds for `request`.
+pub(crate) fn fill_block(block: &mut [u8], request: u64, tensor: u32, block_index: u32) {
+    let base = word_seed(request, tensor, block_index);
+    for (index, chunk) in block.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&(base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+    }
+}
+
+/// The first byte offset where `block` differs from what [`fill_block`] writes.
+pub(crate) fn first_mismatch(block: &[u8], request: u64, tensor: u32, block_index: u32) -> Option<usize> {
+    let base = word_seed(request, tensor, block_index);
+    block.chunks_exact(8).enumerate().find_map(|(index, chunk)| {
+        let expected = (base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes();
+        chunk
+            .iter()
+            .zip(expected)
+            .position(|(found, expected)| *found != expected)
+            .map(|byte| index * 8 + byte)
+    })
+}
+
+fn word_seed(request: u64, tensor: u32, block_index: u32) -> u64 {
+    let mut x = request ^ (u64::from(tensor) << 40) ^ (u64::from(block_index) << 8) ^ 0x5bd1_e995;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x
+}
+
+/// The notification announcing a request: `kv request=ID blocks=ID,ID,...` (destination ids).
+pub(crate) fn encode_notification(request: u64, blocks: &[u32]) -> Vec<u8> {
+    let ids: Vec<String> = blocks.iter().map(u32::to_string).collect();
+    format!("kv request={request} blocks={}", ids.join(",")).into_bytes()
+}
+
+/// Parses [`encode_notification`]'s format.
+pub(crate) fn decode_notification(payload: &[u8]) -> Result<(u64, Vec<u32>), String> {
+    let text = std::str::from_utf8(payload).map_err(|_| "notification is not UTF-8".to_owned())?;
+    let rest = text.strip_prefix("kv request=").ok_or("notification is not a kv announcement")?;
+    let (request, blocks) = rest.split_once(" blocks=").ok_or("notification lists no blocks")?;
+    let request = request.parse().map_err(|_| format!("bad request id {request:?}"))?;
+    let blocks = blocks
+        .split(',')
+        .map(|id| id.parse().map_err(|_| format!("bad block id {id:?}")))
+        .collect::<Result<Vec<u32>, String>>()?;
+    Ok((request, blocks))
+}
+
+/// Logs to stderr at `RUST_LOG` (default `info`).
+pub(crate) fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

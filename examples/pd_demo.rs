@@ -1,0 +1,142 @@
+//! One command that runs a prefill/decode pair: starts the decode and the prefill side as two
+//! child processes, moves one request's KV cache (the `kv-llama70b-4k` shape: 80 layers x {K,V}
+//! x 256 blocks of 32 KiB = 1.25 GiB in 40,960 blocks), verifies every block on the decode side
+//! and prints the transport, the GB/s and `verified: true`. Exits non-zero on any mismatch.
+//!
+//! ```text
+//! cargo run --release --example pd_demo
+//! cargo run --release --example pd_demo -- --layers 8 --pool-blocks 512
+//! ```
+
+#[allow(dead_code)] // the shared roles module; each example uses its own part
+mod kv;
+
+use clap::{Parser, Subcommand};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitCode, Stdio};
+
+#[derive(Parser)]
+#[command(about = "Runs a prefill and a decode process and moves one request's KV cache between them")]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    shape: kv::Shape,
+}
+
+/// The roles the demo starts itself in; not meant to be typed by hand.
+#[derive(Subcommand)]
+enum Role {
+    #[command(hide = true)]
+    Decode(kv::decode::DecodeArgs),
+    #[command(hide = true)]
+    Prefill(kv::prefill::PrefillArgs),
+}
+
+fn main() -> ExitCode {
+    kv::init_logging();
+    let cli = Cli::parse();
+    let outcome = match cli.role {
+        Some(Role::Decode(args)) => kv::decode::run(args).map(|verified| verified),
+        Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
+        None => orchestrate(&cli.shape),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("pd_demo: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn shape_args(shape: &kv::Shape) -> Vec<String> {
+    [
+        ("--layers", shape.layers.to_string()),
+        ("--block-bytes", shape.block_bytes.to_string()),
+        ("--pool-blocks", shape.pool_blocks.to_string()),
+        ("--request-blocks", shape.request_blocks.to_string()),
+        ("--seed", shape.seed.to_string()),
+        ("--metadata", shape.metadata.clone()),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value])
+    .collect()
+}
+
+/// A child process that is killed if the demo exits early.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(role: &str, args: Vec<String>) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(role)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("child stdout was not captured")?;
+    let lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    Ok((Process(child), lines))
+}
+
+fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
+    lines.iter().find_map(|line| line.strip_prefix(key).map(str::trim))
+}
+
+fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
+    shape.validate()?;
+    println!(
+        "pd_demo: {} layers x {{K,V}} x {} blocks of {} KiB from pools of {} blocks = {:.2} GiB in {} blocks",
+        shape.layers,
+        shape.request_blocks,
+        shape.block_bytes >> 10,
+        shape.pool_blocks,
+        shape.request_bytes() as f64 / f64::from(1u32 << 30),
+        shape.tensors() * shape.request_blocks
+    );
+    let (mut decode, mut decode_lines) = start("decode", shape_args(shape))?;
+    let segment = decode_lines
+        .next()
+        .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
+        .ok_or("the decode process did not print its segment name")?;
+    println!("decode  (pid {}): listening as {segment}", decode.0.id());
+
+    let mut prefill_args = shape_args(shape);
+    prefill_args.extend(["--peer".to_owned(), segment]);
+    let (mut prefill, prefill_lines) = start("prefill", prefill_args)?;
+    let prefill_pid = prefill.0.id();
+    let prefill_lines: Vec<String> = prefill_lines.collect();
+    let prefill_ok = prefill.0.wait()?.success();
+    let decode_lines: Vec<String> = decode_lines.collect();
+    let decode_ok = decode.0.wait()?.success();
+    if !prefill_ok {
+        return Err("the prefill process failed (its error is above)".into());
+    }
+
+    let transport = value(&prefill_lines, "transport:").unwrap_or("unknown");
+    let driver = ferry::cuda::Driver::get();
+    let why = if driver.is_ready() {
+        format!("host memory on both sides; {}", driver.status())
+    } else {
+        format!("host memory on both sides: {}", driver.status())
+    };
+    println!("prefill (pid {prefill_pid}): transport {transport} ({why})");
+    for line in decode_lines.iter().filter(|line| line.starts_with("request ")) {
+        println!("decode: {line}");
+    }
+    let gbps = value(&prefill_lines, "gbps:").unwrap_or("?");
+    let seconds = value(&prefill_lines, "seconds:").unwrap_or("?");
+    let bytes = value(&prefill_lines, "bytes:").unwrap_or("?");
+    println!("moved {bytes} bytes in {seconds} s: {gbps} GB/s");
+    let verified = decode_ok && value(&decode_lines, "verified:") == Some("true");
+    println!("verified: {verified}");
+    Ok(verified)
+}
