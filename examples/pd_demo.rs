@@ -16,7 +16,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
 
 #[derive(Parser)]
-#[command(about = "Runs a prefill and a decode process and moves one request's KV cache between them")]
+#[command(
+    about = "Runs a prefill and a decode process and moves one request's KV cache between them"
+)]
 struct Cli {
     #[command(subcommand)]
     role: Option<Role>,
@@ -75,7 +77,10 @@ impl Drop for Process {
     }
 }
 
-fn start(role: &str, args: Vec<String>) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
+fn start(
+    role: &str,
+    args: Vec<String>,
+) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg(role)
         .args(args)
@@ -88,7 +93,9 @@ fn start(role: &str, args: Vec<String>) -> Result<(Process, impl Iterator<Item =
 }
 
 fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
-    lines.iter().find_map(|line| line.strip_prefix(key).map(str::trim))
+    lines
+        .iter()
+        .find_map(|line| line.strip_prefix(key).map(str::trim))
 }
 
 fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
@@ -129,7 +136,10 @@ fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
         format!("host memory on both sides: {}", driver.status())
     };
     println!("prefill (pid {prefill_pid}): transport {transport} ({why})");
-    for line in decode_lines.iter().filter(|line| line.starts_with("request ")) {
+    for line in decode_lines
+        .iter()
+        .filter(|line| line.starts_with("request "))
+    {
         println!("decode: {line}");
     }
     let gbps = value(&prefill_lines, "gbps:").unwrap_or("?");

@@ -6,7 +6,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "ferry", version, about = "Moves KV caches between processes over the fastest link they share")]
+#[command(
+    name = "ferry",
+    version,
+    about = "Moves KV caches between processes over the fastest link they share"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,9 +51,13 @@ fn main() -> ExitCode {
         .init();
     let outcome = match Cli::parse().command {
         Command::Probe => probe(),
-        Command::Serve { listen, advertise, bytes, metadata, notifications } => {
-            serve(listen, advertise, bytes, &metadata, notifications)
-        }
+        Command::Serve {
+            listen,
+            advertise,
+            bytes,
+            metadata,
+            notifications,
+        } => serve(listen, advertise, bytes, &metadata, notifications),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,7 +104,9 @@ fn serve(
     stdout.flush()?;
     let mut received = 0u64;
     while limit.is_none_or(|limit| received < limit) {
-        let Some(note) = inbox.recv_blocking() else { break };
+        let Some(note) = inbox.recv_blocking() else {
+            break;
+        };
         received += 1;
         writeln!(
             stdout,

@@ -34,16 +34,35 @@ async fn remote_range_outside_the_registration_is_refused_and_nothing_lands() {
     let error = range_error(outcome);
     assert_eq!(
         error,
-        RangeError::NotRegistered { index: 1, side: Side::Remote, addr: remote + (64 << 10) - 4095, len: 4096 }
+        RangeError::NotRegistered {
+            index: 1,
+            side: Side::Remote,
+            addr: remote + (64 << 10) - 4095,
+            len: 4096
+        }
     );
     assert!(error.to_string().contains("entry 1"), "{error}");
     let mut landed = vec![0xffu8; 64 << 10];
     pool.read_at(0, &mut landed).unwrap();
-    assert!(landed.iter().all(|&byte| byte == 0), "nothing may be written");
+    assert!(
+        landed.iter().all(|&byte| byte == 0),
+        "nothing may be written"
+    );
 
     // A read from outside is refused the same way.
-    let outcome = prefill.batch(&peer).read(&source, 0, remote - 1, 10).submit().unwrap().await;
-    assert!(matches!(range_error(outcome), RangeError::NotRegistered { side: Side::Remote, .. }));
+    let outcome = prefill
+        .batch(&peer)
+        .read(&source, 0, remote - 1, 10)
+        .submit()
+        .unwrap()
+        .await;
+    assert!(matches!(
+        range_error(outcome),
+        RangeError::NotRegistered {
+            side: Side::Remote,
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
@@ -60,14 +79,25 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
     drop(region);
 
     // The prefill side's cached descriptor still lists the buffer; the target must refuse.
-    let outcome = prefill.batch(&peer).write(&source, 0, remote, 8192).submit().unwrap().await;
+    let outcome = prefill
+        .batch(&peer)
+        .write(&source, 0, remote, 8192)
+        .submit()
+        .unwrap()
+        .await;
     match outcome {
         Err(Error::Rejected { reason, .. }) => {
-            assert!(reason.contains("not inside one registered region"), "{reason}")
+            assert!(
+                reason.contains("not inside one registered region"),
+                "{reason}"
+            )
         }
         other => panic!("expected the target to refuse, got {other:?}"),
     }
-    assert!(backing.iter().all(|&byte| byte == 0), "nothing may be written");
+    assert!(
+        backing.iter().all(|&byte| byte == 0),
+        "nothing may be written"
+    );
     // And the write-many path (small entries packed into one frame) refuses the same way.
     let packed = prefill
         .batch(&peer)
@@ -77,7 +107,10 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
         .unwrap()
         .await;
     assert!(matches!(packed, Err(Error::Rejected { .. })), "{packed:?}");
-    assert!(backing.iter().all(|&byte| byte == 0), "nothing may be written");
+    assert!(
+        backing.iter().all(|&byte| byte == 0),
+        "nothing may be written"
+    );
 }
 
 #[tokio::test]
@@ -88,9 +121,27 @@ async fn local_range_past_its_region_is_refused_at_submit() {
     let source = prefill.allocate(4096).unwrap();
     let peer = prefill.connect(decode.name()).await.unwrap();
     let remote = peer.buffers()[0].addr;
-    let error = range_error(prefill.batch(&peer).write(&source, 4000, remote, 97).submit());
-    assert_eq!(error, RangeError::PastRegionEnd { index: 0, offset: 4000, len: 97, region_len: 4096 });
-    let error = range_error(prefill.batch(&peer).read(&source, u64::MAX, remote, 2).submit());
+    let error = range_error(
+        prefill
+            .batch(&peer)
+            .write(&source, 4000, remote, 97)
+            .submit(),
+    );
+    assert_eq!(
+        error,
+        RangeError::PastRegionEnd {
+            index: 0,
+            offset: 4000,
+            len: 97,
+            region_len: 4096
+        }
+    );
+    let error = range_error(
+        prefill
+            .batch(&peer)
+            .read(&source, u64::MAX, remote, 2)
+            .submit(),
+    );
     assert!(matches!(error, RangeError::PastRegionEnd { .. }));
 }
 
@@ -105,7 +156,17 @@ async fn a_region_dropped_before_submit_is_refused() {
     let batch = prefill.batch(&peer).write(&source, 0, remote, 10);
     drop(source);
     let error = range_error(batch.submit());
-    assert!(matches!(error, RangeError::NotRegistered { index: 0, side: Side::Local, .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            RangeError::NotRegistered {
+                index: 0,
+                side: Side::Local,
+                ..
+            }
+        ),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -130,15 +191,28 @@ async fn zero_lengths_and_empty_batches_are_refused() {
     let peer = prefill.connect(decode.name()).await.unwrap();
     let remote = peer.buffers()[0].addr;
     let error = range_error(
-        prefill.batch(&peer).write(&source, 0, remote, 8).write(&source, 0, remote, 0).submit(),
+        prefill
+            .batch(&peer)
+            .write(&source, 0, remote, 8)
+            .write(&source, 0, remote, 0)
+            .submit(),
     );
     assert_eq!(error, RangeError::ZeroLength { index: 1 });
-    assert!(matches!(prefill.batch(&peer).submit(), Err(Error::ApiMisuse(_))));
-    assert!(matches!(prefill.allocate(0), Err(Error::Range(RangeError::ZeroLength { .. }))));
+    assert!(matches!(
+        prefill.batch(&peer).submit(),
+        Err(Error::ApiMisuse(_))
+    ));
+    assert!(matches!(
+        prefill.allocate(0),
+        Err(Error::Range(RangeError::ZeroLength { .. }))
+    ));
     let mut byte = 0u8;
     // SAFETY: zero bytes are registered; the call must refuse before touching anything.
     let outcome = unsafe { prefill.register(&mut byte, 0) };
-    assert!(matches!(outcome, Err(Error::Range(RangeError::ZeroLength { .. }))));
+    assert!(matches!(
+        outcome,
+        Err(Error::Range(RangeError::ZeroLength { .. }))
+    ));
 }
 
 #[tokio::test]
@@ -150,16 +224,25 @@ async fn overlapping_registrations_are_refused_and_adjacent_ones_accepted() {
     unsafe {
         let middle = engine.register(base.add(4096), 4096).unwrap();
         let error = engine.register(base.add(4095), 2).unwrap_err();
-        assert!(matches!(error, Error::Range(RangeError::Overlap { .. })), "{error}");
+        assert!(
+            matches!(error, Error::Range(RangeError::Overlap { .. })),
+            "{error}"
+        );
         assert!(error.to_string().contains("overlaps"), "{error}");
         assert!(engine.register(base.add(8191), 4096).is_err());
-        assert!(engine.register(base.add(4096), 4096).is_err(), "the same range twice");
+        assert!(
+            engine.register(base.add(4096), 4096).is_err(),
+            "the same range twice"
+        );
         let before = engine.register(base, 4096).unwrap();
         let after = engine.register(base.add(8192), 4096).unwrap();
         assert_eq!(engine.descriptor().buffers.len(), 3);
         drop((before, middle, after));
     }
-    assert!(engine.descriptor().buffers.is_empty(), "dropping a region deregisters it");
+    assert!(
+        engine.descriptor().buffers.is_empty(),
+        "dropping a region deregisters it"
+    );
 }
 
 #[tokio::test]
@@ -168,8 +251,14 @@ async fn oversized_notifications_are_refused() {
     let prefill = engine().await;
     let peer = prefill.connect(decode.name()).await.unwrap();
     let payload = vec![0u8; ferry::MAX_NOTIFICATION_BYTES + 1];
-    assert!(matches!(prefill.notify(&peer, payload.clone()).await, Err(Error::ApiMisuse(_))));
-    assert!(matches!(prefill.batch(&peer).notify(payload).submit(), Err(Error::ApiMisuse(_))));
+    assert!(matches!(
+        prefill.notify(&peer, payload.clone()).await,
+        Err(Error::ApiMisuse(_))
+    ));
+    assert!(matches!(
+        prefill.batch(&peer).notify(payload).submit(),
+        Err(Error::ApiMisuse(_))
+    ));
 }
 
 #[tokio::test]

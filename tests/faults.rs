@@ -41,7 +41,9 @@ impl Write for LogWriter {
 /// Sends `bytes` and reports whether the listener then closed the connection.
 fn closed_after(address: &str, bytes: &[u8]) -> bool {
     let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let _ = stream.write_all(bytes);
     let mut buffer = [0u8; 64];
     match stream.read(&mut buffer) {
@@ -59,9 +61,27 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let address = decode.name().to_owned();
 
     let http = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
-    let oversized = Header { kind: Kind::Notify, id: 1, len: u32::MAX }.encode().to_vec();
-    let write_before_hello = Header { kind: Kind::Write, id: 1, len: 16 }.encode().to_vec();
-    let mut bad_hello = Header { kind: Kind::Hello, id: 0, len: 3 }.encode().to_vec();
+    let oversized = Header {
+        kind: Kind::Notify,
+        id: 1,
+        len: u32::MAX,
+    }
+    .encode()
+    .to_vec();
+    let write_before_hello = Header {
+        kind: Kind::Write,
+        id: 1,
+        len: 16,
+    }
+    .encode()
+    .to_vec();
+    let mut bad_hello = Header {
+        kind: Kind::Hello,
+        id: 0,
+        len: 3,
+    }
+    .encode()
+    .to_vec();
     bad_hello.extend_from_slice(&[0xff, 0xff, 0xff]);
     for (what, bytes) in [
         ("http", http),
@@ -81,7 +101,13 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let source = prefill.allocate(1 << 20).unwrap();
     source.write_at(0, &pattern(5, 1 << 20)).unwrap();
     let peer = prefill.connect(decode.name()).await.unwrap();
-    prefill.batch(&peer).write(&source, 0, pool.addr(), 1 << 20).submit().unwrap().await.unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), 1 << 20)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
     let mut landed = vec![0u8; 1 << 20];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(5, 1 << 20), "write after the garbage");
@@ -89,7 +115,10 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
     assert!(text.contains("closing a connection"), "logs: {text}");
     assert!(text.contains("bad magic"), "logs: {text}");
-    assert!(text.contains("exceeds the 65536-byte limit"), "logs: {text}");
+    assert!(
+        text.contains("exceeds the 65536-byte limit"),
+        "logs: {text}"
+    );
     assert!(text.contains("before hello"), "logs: {text}");
 }
 
@@ -112,7 +141,10 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
     let outcome = tokio::time::timeout(Duration::from_secs(15), transfer)
         .await
         .expect("the transfer must resolve, not hang");
-    assert!(matches!(outcome, Err(Error::PeerGone { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Err(Error::PeerGone { .. })),
+        "{outcome:?}"
+    );
     assert!(killed_at.elapsed() < Duration::from_secs(15));
     assert!(!peer.is_alive());
 
@@ -121,7 +153,13 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
     let pool = decode.allocate(4096).unwrap();
     source.write_at(0, &pattern(8, 4096)).unwrap();
     let other = prefill.connect(decode.name()).await.unwrap();
-    prefill.batch(&other).write(&source, 0, pool.addr(), 4096).submit().unwrap().await.unwrap();
+    prefill
+        .batch(&other)
+        .write(&source, 0, pool.addr(), 4096)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
     let mut landed = vec![0u8; 4096];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(8, 4096), "write after the peer died");
@@ -136,7 +174,13 @@ async fn dropping_the_sending_engine_resolves_its_transfers() {
     let peer = prefill.connect(decode.name()).await.unwrap();
     let mut transfers = Vec::new();
     for _ in 0..8 {
-        transfers.push(prefill.batch(&peer).write(&source, 0, pool.addr(), 64 << 20).submit().unwrap());
+        transfers.push(
+            prefill
+                .batch(&peer)
+                .write(&source, 0, pool.addr(), 64 << 20)
+                .submit()
+                .unwrap(),
+        );
     }
     drop(prefill);
     for transfer in transfers {
@@ -169,7 +213,10 @@ async fn dropping_the_receiving_engine_fails_transfers_to_it() {
     let outcome = tokio::time::timeout(Duration::from_secs(15), transfer)
         .await
         .expect("the transfer must resolve, not hang");
-    assert!(outcome.is_err(), "2 GiB cannot all land after the receiver was dropped");
+    assert!(
+        outcome.is_err(),
+        "2 GiB cannot all land after the receiver was dropped"
+    );
     drop(pool);
 }
 
@@ -183,7 +230,10 @@ async fn a_peer_that_never_acknowledges_times_out() {
         name: address.clone(),
         host: ferry::HostIdentity::current(),
         generation: 1,
-        endpoints: vec![ferry::Endpoint { transport: "tcp".into(), address: address.clone() }],
+        endpoints: vec![ferry::Endpoint {
+            transport: "tcp".into(),
+            address: address.clone(),
+        }],
         buffers: vec![ferry::BufferDescriptor {
             addr: 0x10000,
             len: 1 << 20,
@@ -202,9 +252,14 @@ async fn a_peer_that_never_acknowledges_times_out() {
                     if read == 0 {
                         return;
                     }
-                    if !answered && buffer[..read].windows(4).filter(|w| *w == b"FRRY").count() >= 2 {
+                    if !answered && buffer[..read].windows(4).filter(|w| *w == b"FRRY").count() >= 2
+                    {
                         answered = true;
-                        let header = Header { kind: Kind::DescriptorResponse, id: 1, len: json.len() as u32 };
+                        let header = Header {
+                            kind: Kind::DescriptorResponse,
+                            id: 1,
+                            len: json.len() as u32,
+                        };
                         let _ = stream.write_all(&header.encode());
                         let _ = stream.write_all(&json);
                     }
@@ -222,7 +277,11 @@ async fn a_peer_that_never_acknowledges_times_out() {
     let started = Instant::now();
     let outcome = tokio::time::timeout(
         Duration::from_secs(10),
-        prefill.batch(&peer).write(&source, 0, 0x10000, 4096).submit().unwrap(),
+        prefill
+            .batch(&peer)
+            .write(&source, 0, 0x10000, 4096)
+            .submit()
+            .unwrap(),
     )
     .await
     .expect("the transfer must resolve, not hang");

@@ -44,7 +44,10 @@ async fn reads_of_every_size_come_back_intact() {
     let target = prefill.allocate(32 << 20).unwrap();
     let peer = prefill.connect(decode.name()).await.unwrap();
     let remote = peer.buffers()[0].addr;
-    for (seed, size) in [1usize, 999, 4096, 1 << 20, 9 << 20].into_iter().enumerate() {
+    for (seed, size) in [1usize, 999, 4096, 1 << 20, 9 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let bytes = pattern(100 + seed as u64, size);
         pool.write_at(17, &bytes).unwrap();
         prefill
@@ -77,7 +80,12 @@ async fn thousands_of_scattered_blocks_land_in_their_slots() {
     let mut batch = prefill.batch(&peer);
     for block in 0..BLOCKS {
         let offset = (block * BLOCK) as u64;
-        batch = batch.write(&source, offset, remote + (slot(block) * BLOCK) as u64, BLOCK as u64);
+        batch = batch.write(
+            &source,
+            offset,
+            remote + (slot(block) * BLOCK) as u64,
+            BLOCK as u64,
+        );
     }
     assert_eq!(batch.len(), BLOCKS);
     batch.submit().unwrap().await.unwrap();
@@ -135,7 +143,10 @@ async fn standalone_notifications_keep_their_order() {
         let note = inbox.recv().await.unwrap();
         assert_eq!(note.payload, index.to_le_bytes());
     }
-    assert!(decode.notifications().is_err(), "the stream can be taken once");
+    assert!(
+        decode.notifications().is_err(),
+        "the stream can be taken once"
+    );
 }
 
 #[tokio::test]
@@ -155,7 +166,11 @@ async fn memory_registered_after_connect_is_found_by_refetching() {
         .unwrap()
         .await
         .unwrap();
-    assert_eq!(peer.buffers().len(), 2, "the cached descriptor was refreshed");
+    assert_eq!(
+        peer.buffers().len(),
+        2,
+        "the cached descriptor was refreshed"
+    );
     let mut landed = vec![0u8; 4096];
     second.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(9, 4096), "write into the new region");
@@ -164,7 +179,11 @@ async fn memory_registered_after_connect_is_found_by_refetching() {
 #[tokio::test]
 async fn engines_sharing_a_memory_store_find_each_other() {
     let store = MemoryStore::new();
-    let decode = Engine::builder().metadata(store.clone()).build().await.unwrap();
+    let decode = Engine::builder()
+        .metadata(store.clone())
+        .build()
+        .await
+        .unwrap();
     let pool = decode.allocate(8192).unwrap();
     decode.publish().await.unwrap();
     let prefill = Engine::builder().metadata(store).build().await.unwrap();
@@ -180,7 +199,11 @@ async fn engines_sharing_a_memory_store_find_each_other() {
         .unwrap();
     let mut landed = vec![0u8; 8192];
     pool.read_at(0, &mut landed).unwrap();
-    assert_bytes_eq(&landed, &pattern(3, 8192), "write found through the memory store");
+    assert_bytes_eq(
+        &landed,
+        &pattern(3, 8192),
+        "write found through the memory store",
+    );
 }
 
 #[test]

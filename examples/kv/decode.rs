@@ -43,13 +43,19 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     let mut all_good = true;
     let mut block = vec![0u8; shape.block_bytes as usize];
     for _ in 0..args.requests {
-        let note = inbox.recv_blocking().ok_or("the engine stopped before a request arrived")?;
+        let note = inbox
+            .recv_blocking()
+            .ok_or("the engine stopped before a request arrived")?;
         let (request, blocks) = decode_notification(&note.payload)?;
         let mut bad = None;
         'verify: for (tensor, pool) in pools.iter().enumerate() {
             for (logical, &slot) in blocks.iter().enumerate() {
                 if slot >= shape.pool_blocks {
-                    return Err(format!("block id {slot} is outside the {}-block pool", shape.pool_blocks).into());
+                    return Err(format!(
+                        "block id {slot} is outside the {}-block pool",
+                        shape.pool_blocks
+                    )
+                    .into());
                 }
                 pool.read_at(u64::from(slot) * shape.block_bytes, &mut block)?;
                 if let Some(byte) = first_mismatch(&block, request, tensor as u32, logical as u32) {

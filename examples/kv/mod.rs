@@ -55,7 +55,9 @@ impl Shape {
             ));
         }
         if self.block_bytes == 0 || self.block_bytes % 8 != 0 || self.layers == 0 {
-            return Err("--block-bytes must be a non-zero multiple of 8 and --layers non-zero".into());
+            return Err(
+                "--block-bytes must be a non-zero multiple of 8 and --layers non-zero".into(),
+            );
         }
         Ok(())
     }
@@ -79,21 +81,32 @@ impl Shape {
 pub(crate) fn fill_block(block: &mut [u8], request: u64, tensor: u32, block_index: u32) {
     let base = word_seed(request, tensor, block_index);
     for (index, chunk) in block.chunks_exact_mut(8).enumerate() {
-        chunk.copy_from_slice(&(base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+        chunk.copy_from_slice(
+            &(base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
     }
 }
 
 /// The first byte offset where `block` differs from what [`fill_block`] writes.
-pub(crate) fn first_mismatch(block: &[u8], request: u64, tensor: u32, block_index: u32) -> Option<usize> {
+pub(crate) fn first_mismatch(
+    block: &[u8],
+    request: u64,
+    tensor: u32,
+    block_index: u32,
+) -> Option<usize> {
     let base = word_seed(request, tensor, block_index);
-    block.chunks_exact(8).enumerate().find_map(|(index, chunk)| {
-        let expected = (base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes();
-        chunk
-            .iter()
-            .zip(expected)
-            .position(|(found, expected)| *found != expected)
-            .map(|byte| index * 8 + byte)
-    })
+    block
+        .chunks_exact(8)
+        .enumerate()
+        .find_map(|(index, chunk)| {
+            let expected =
+                (base ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes();
+            chunk
+                .iter()
+                .zip(expected)
+                .position(|(found, expected)| *found != expected)
+                .map(|byte| index * 8 + byte)
+        })
 }
 
 fn word_seed(request: u64, tensor: u32, block_index: u32) -> u64 {
@@ -113,9 +126,15 @@ pub(crate) fn encode_notification(request: u64, blocks: &[u32]) -> Vec<u8> {
 /// Parses [`encode_notification`]'s format.
 pub(crate) fn decode_notification(payload: &[u8]) -> Result<(u64, Vec<u32>), String> {
     let text = std::str::from_utf8(payload).map_err(|_| "notification is not UTF-8".to_owned())?;
-    let rest = text.strip_prefix("kv request=").ok_or("notification is not a kv announcement")?;
-    let (request, blocks) = rest.split_once(" blocks=").ok_or("notification lists no blocks")?;
-    let request = request.parse().map_err(|_| format!("bad request id {request:?}"))?;
+    let rest = text
+        .strip_prefix("kv request=")
+        .ok_or("notification is not a kv announcement")?;
+    let (request, blocks) = rest
+        .split_once(" blocks=")
+        .ok_or("notification lists no blocks")?;
+    let request = request
+        .parse()
+        .map_err(|_| format!("bad request id {request:?}"))?;
     let blocks = blocks
         .split(',')
         .map(|id| id.parse().map_err(|_| format!("bad block id {id:?}")))

@@ -49,7 +49,10 @@ pub(crate) struct ServeProcess {
 
 impl ServeProcess {
     pub(crate) fn start(bytes: usize) -> ServeProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        // FERRY_BIN lets the GPU runner point at the CLI where it copied it.
+        let binary =
+            std::env::var("FERRY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferry").into());
+        let mut child = Command::new(binary)
             .args(["serve", "--bytes", &bytes.to_string()])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -58,14 +61,34 @@ impl ServeProcess {
             .expect("ferry serve starts");
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
-        let mut next = || lines.next().expect("ferry serve prints its name").expect("utf-8 line");
-        let name = next().strip_prefix("segment: ").expect("segment line").to_owned();
+        let mut next = || {
+            lines
+                .next()
+                .expect("ferry serve prints its name")
+                .expect("utf-8 line")
+        };
+        let name = next()
+            .strip_prefix("segment: ")
+            .expect("segment line")
+            .to_owned();
         let buffer = next();
-        let mut fields = buffer.strip_prefix("buffer: ").expect("buffer line").split(' ');
+        let mut fields = buffer
+            .strip_prefix("buffer: ")
+            .expect("buffer line")
+            .split(' ');
         let addr = fields.next().expect("address").trim_start_matches("0x");
         let buffer_addr = u64::from_str_radix(addr, 16).expect("hex address");
-        let buffer_len = fields.next().expect("length").parse().expect("decimal length");
-        ServeProcess { child, name, buffer_addr, buffer_len }
+        let buffer_len = fields
+            .next()
+            .expect("length")
+            .parse()
+            .expect("decimal length");
+        ServeProcess {
+            child,
+            name,
+            buffer_addr,
+            buffer_len,
+        }
     }
 }
 

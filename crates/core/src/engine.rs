@@ -215,7 +215,9 @@ async fn republish_on_change(engine: std::sync::Weak<EngineInner>) {
             return;
         };
         table.changed().await;
-        let Some(engine) = engine.upgrade() else { return };
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
         if let Err(error) = engine.publish().await {
             tracing::warn!(%error, "republishing the descriptor failed; peers may see stale buffers");
         }

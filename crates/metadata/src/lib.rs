@@ -44,7 +44,8 @@ pub fn from_url(url: &str) -> Result<Arc<dyn MetadataStore>, Error> {
         "memory" => Ok(MemoryStore::global()),
         other => Err(Error::UnsupportedUrl {
             url: other.to_owned(),
-            reason: "use `p2p` (peers find each other by host:port) or `memory` (one process)".into(),
+            reason: "use `p2p` (peers find each other by host:port) or `memory` (one process)"
+                .into(),
         }),
     }
 }
@@ -57,7 +58,10 @@ mod tests {
     fn unknown_url_names_the_supported_ones() {
         let error = from_url("zookeeper://x").err().unwrap();
         let text = error.to_string();
-        assert!(text.contains("zookeeper://x") && text.contains("p2p"), "{text}");
+        assert!(
+            text.contains("zookeeper://x") && text.contains("p2p"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -24,14 +24,17 @@ impl MemoryStore {
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentDescriptor>> {
         // Each update is a single insert or remove, so a poisoned map is still consistent.
-        self.descriptors.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.descriptors
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 }
 
 #[async_trait]
 impl MetadataStore for MemoryStore {
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
-        self.map().insert(descriptor.name.clone(), descriptor.clone());
+        self.map()
+            .insert(descriptor.name.clone(), descriptor.clone());
         Ok(())
     }
 
