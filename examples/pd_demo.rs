@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     kv::init_logging();
     let cli = Cli::parse();
     let outcome = match cli.role {
-        Some(Role::Decode(args)) => kv::decode::run(args).map(|verified| verified),
+        Some(Role::Decode(args)) => kv::decode::run(args),
         Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
         None => orchestrate(&cli.shape),
     };

@@ -52,6 +52,10 @@ pub use ferry_core::{
     MAX_NOTIFICATION_BYTES, TCP,
 };
 
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 /// Metadata stores, selected by URL.
 pub mod metadata {
     pub use ferry_metadata::{from_url, Error, MemoryStore, MetadataStore, PeerToPeer};
