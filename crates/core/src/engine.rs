@@ -424,7 +424,9 @@ impl Engine {
         Batch::new(Arc::clone(&self.inner), peer)
     }
 
-    /// Sends `payload` to `peer` on its own, after everything this engine sent it before.
+    /// Sends `payload` to `peer` on its own. Notifications from one engine arrive in the order
+    /// they were sent; to announce data, attach the notification to its batch instead
+    /// ([`Batch::notify`]), which delivers it only after the data is visible.
     ///
     /// # Errors
     /// [`Error::ApiMisuse`] for a payload over 64 KiB, [`Error::PeerGone`] when the peer is gone.

@@ -7,10 +7,11 @@ use crate::error::{Error, ProtocolViolation, Result};
 use crate::memory::HostSpan;
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -72,8 +73,7 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
-        let (read_half, write_half) = stream.into_split();
-        let mut writer = BufWriter::with_capacity(64 << 10, write_half);
+        let (read_half, mut writer) = stream.into_split();
         let hello = wire::encode_hello(&Hello {
             name: local_name.to_owned(),
         });
@@ -82,12 +82,7 @@ impl Connection {
             id: 0,
             len: hello.len() as u32,
         };
-        let greeting = async {
-            writer.write_all(&header.encode()).await?;
-            writer.write_all(&hello).await?;
-            writer.flush().await
-        };
-        greeting
+        write_frame(&mut writer, &header, &hello, &[])
             .await
             .map_err(|error| unreachable(format!("sending hello failed: {error}")))?;
 
@@ -102,7 +97,7 @@ impl Connection {
             io_timeout,
         ));
         let reader_task = tokio::spawn(read_loop(
-            BufReader::with_capacity(64 << 10, read_half),
+            BufReader::with_capacity(READ_BUFFER, read_half),
             awaiting,
             Arc::clone(&alive),
             limits,
@@ -150,8 +145,38 @@ fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, reason: &str) {
     }
 }
 
+/// Buffer for reading headers and small bodies. Reads of at least this size that find it empty
+/// go straight into their destination, so block data is not copied twice.
+const READ_BUFFER: usize = 16 << 10;
+
+/// Sends header, prefix and data as one gathered write (several when the kernel takes less),
+/// so block data goes from registered memory to the socket without a copy.
+async fn write_frame(
+    writer: &mut OwnedWriteHalf,
+    header: &Header,
+    prefix: &[u8],
+    data: &[HostSpan],
+) -> std::io::Result<()> {
+    let header = header.encode();
+    let mut slices = Vec::with_capacity(2 + data.len());
+    slices.push(IoSlice::new(&header));
+    if !prefix.is_empty() {
+        slices.push(IoSlice::new(prefix));
+    }
+    slices.extend(data.iter().map(|span| IoSlice::new(span.as_slice())));
+    let mut remaining: &mut [IoSlice<'_>] = &mut slices;
+    while !remaining.is_empty() {
+        let written = writer.write_vectored(remaining).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut remaining, written);
+    }
+    Ok(())
+}
+
 async fn write_loop(
-    mut writer: BufWriter<OwnedWriteHalf>,
+    mut writer: OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
@@ -173,18 +198,7 @@ async fn write_loop(
         } = frame;
         // Registered before the first byte goes out, so the fastest ack still finds it.
         lock(&awaiting).insert(header.id, Awaiting { read_into, ticket });
-        let last_queued = queue.is_empty();
-        let send = async {
-            writer.write_all(&header.encode()).await?;
-            writer.write_all(&prefix).await?;
-            for span in &data {
-                writer.write_all(span.as_slice()).await?;
-            }
-            if last_queued {
-                writer.flush().await?;
-            }
-            Ok::<(), std::io::Error>(())
-        };
+        let send = write_frame(&mut writer, &header, &prefix, &data);
         match tokio::time::timeout(io_timeout, send).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => break format!("sending failed: {error}"),

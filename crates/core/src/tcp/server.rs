@@ -44,7 +44,8 @@ async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<S
     let _ = stream.set_nodelay(true);
     let (read_half, write_half) = stream.into_split();
     let mut session = Session {
-        reader: BufReader::with_capacity(64 << 10, read_half),
+        // Small enough that block-sized reads bypass it and land straight in registered memory.
+        reader: BufReader::with_capacity(16 << 10, read_half),
         writer: BufWriter::with_capacity(64 << 10, write_half),
         peer: None,
         context,

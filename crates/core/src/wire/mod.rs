@@ -12,6 +12,8 @@
 //! frame is refused at the header.
 
 mod body;
+#[cfg(test)]
+mod garbage;
 mod header;
 mod reader;
 
