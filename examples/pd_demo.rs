@@ -24,6 +24,10 @@ struct Cli {
     role: Option<Role>,
     #[command(flatten)]
     shape: kv::Shape,
+    /// Requests to move, one after another into the same decode blocks. The first pays for
+    /// first-touch page faults in the freshly allocated pool; the last shows the steady state.
+    #[arg(long, default_value_t = 2)]
+    requests: u32,
 }
 
 /// The roles the demo starts itself in; not meant to be typed by hand.
@@ -41,7 +45,7 @@ fn main() -> ExitCode {
     let outcome = match cli.role {
         Some(Role::Decode(args)) => kv::decode::run(args),
         Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
-        None => orchestrate(&cli.shape),
+        None => orchestrate(&cli.shape, cli.requests),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -98,8 +102,9 @@ fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
         .find_map(|line| line.strip_prefix(key).map(str::trim))
 }
 
-fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
+fn orchestrate(shape: &kv::Shape, requests: u32) -> Result<bool, Box<dyn std::error::Error>> {
     shape.validate()?;
+    let requests = requests.max(1);
     println!(
         "pd_demo: {} layers x {{K,V}} x {} blocks of {} KiB from pools of {} blocks = {:.2} GiB in {} blocks",
         shape.layers,
@@ -109,7 +114,9 @@ fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
         shape.request_bytes() as f64 / f64::from(1u32 << 30),
         shape.tensors() * shape.request_blocks
     );
-    let (mut decode, mut decode_lines) = start("decode", shape_args(shape))?;
+    let mut decode_args = shape_args(shape);
+    decode_args.extend(["--requests".to_owned(), requests.to_string()]);
+    let (mut decode, mut decode_lines) = start("decode", decode_args)?;
     let segment = decode_lines
         .next()
         .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
@@ -117,7 +124,12 @@ fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
     println!("decode  (pid {}): listening as {segment}", decode.0.id());
 
     let mut prefill_args = shape_args(shape);
-    prefill_args.extend(["--peer".to_owned(), segment]);
+    prefill_args.extend([
+        "--peer".to_owned(),
+        segment,
+        "--requests".to_owned(),
+        requests.to_string(),
+    ]);
     let (mut prefill, prefill_lines) = start("prefill", prefill_args)?;
     let prefill_pid = prefill.0.id();
     let prefill_lines: Vec<String> = prefill_lines.collect();
@@ -142,10 +154,22 @@ fn orchestrate(shape: &kv::Shape) -> Result<bool, Box<dyn std::error::Error>> {
     {
         println!("decode: {line}");
     }
-    let gbps = value(&prefill_lines, "gbps:").unwrap_or("?");
-    let seconds = value(&prefill_lines, "seconds:").unwrap_or("?");
-    let bytes = value(&prefill_lines, "bytes:").unwrap_or("?");
-    println!("moved {bytes} bytes in {seconds} s: {gbps} GB/s");
+    let measured: Vec<&String> = prefill_lines
+        .iter()
+        .filter(|line| line.starts_with("request "))
+        .collect();
+    for (index, line) in measured.iter().enumerate() {
+        let note = match (index, measured.len()) {
+            (0, 1) => "",
+            (0, _) => " (first touch of the decode pool's pages)",
+            _ => " (pool pages already mapped)",
+        };
+        println!("prefill: {line}{note}");
+    }
+    if let Some(last) = measured.last() {
+        let gbps = last.rsplit(' ').next().unwrap_or("?");
+        println!("{gbps} GB/s over {transport}");
+    }
     let verified = decode_ok && value(&decode_lines, "verified:") == Some("true");
     println!("verified: {verified}");
     Ok(verified)

@@ -226,6 +226,20 @@ fn blocking_callers_need_no_runtime() {
         .unwrap();
     assert_eq!(done.bytes, 1 << 20);
     assert_eq!(inbox.recv_blocking().unwrap().payload, b"blocking");
+    prefill
+        .batch(&peer)
+        .notify("second")
+        .submit_blocking()
+        .unwrap();
+    let note = inbox
+        .recv_timeout_blocking(Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(note.unwrap().payload, b"second");
+    let nothing = inbox.recv_timeout_blocking(Duration::from_millis(50));
+    assert!(
+        matches!(nothing, Err(ferry::Error::Timeout { .. })),
+        "{nothing:?}"
+    );
     let mut landed = vec![0u8; 1 << 20];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(11, 1 << 20), "blocking write");

@@ -1,6 +1,7 @@
-//! The decode role: owns the KV pool, waits for announcements, verifies every block.
+//! The decode role: owns the KV pool, waits for announcements, verifies every block and tells
+//! the sender the outcome, so it does not reuse the blocks before they were checked.
 
-use super::{decode_notification, first_mismatch, Shape};
+use super::{decode_notification, encode_verdict, first_mismatch, Shape};
 use clap::Args;
 use std::io::Write;
 
@@ -41,6 +42,8 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     stdout.flush()?;
 
     let mut all_good = true;
+    let mut senders: std::collections::HashMap<String, ferry::Peer> =
+        std::collections::HashMap::new();
     let mut block = vec![0u8; shape.block_bytes as usize];
     for _ in 0..args.requests {
         let note = inbox
@@ -64,6 +67,16 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
                 }
             }
         }
+        let peer = match senders.get(&note.from) {
+            Some(peer) => peer.clone(),
+            None => {
+                let peer = engine.connect_blocking(&note.from)?;
+                senders.insert(note.from.clone(), peer.clone());
+                peer
+            }
+        };
+        let verdict = if bad.is_none() { "ok" } else { "bad" };
+        futures::executor::block_on(engine.notify(&peer, encode_verdict(request, verdict)))?;
         match bad {
             None => writeln!(
                 stdout,

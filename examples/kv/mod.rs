@@ -142,6 +142,11 @@ pub(crate) fn decode_notification(payload: &[u8]) -> Result<(u64, Vec<u32>), Str
     Ok((request, blocks))
 }
 
+/// The decode side's answer once it has checked a request: `kv verified request=ID ok|bad`.
+pub(crate) fn encode_verdict(request: u64, verdict: &str) -> Vec<u8> {
+    format!("kv verified request={request} {verdict}").into_bytes()
+}
+
 /// Logs to stderr at `RUST_LOG` (default `info`).
 pub(crate) fn init_logging() {
     tracing_subscriber::fmt()

@@ -1,9 +1,10 @@
-//! The prefill role: fills one request's blocks, writes them into the decode pool, notifies.
+//! The prefill role: for each request, fills its blocks, writes them into the decode pool in
+//! one batch and notifies.
 
-use super::{encode_notification, fill_block, Shape};
+use super::{encode_notification, encode_verdict, fill_block, Shape};
 use clap::Args;
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Options of the prefill role.
 #[derive(Args, Debug, Clone)]
@@ -13,9 +14,10 @@ pub(crate) struct PrefillArgs {
     /// Segment name of the decode engine (printed by `decode`).
     #[arg(long)]
     pub(crate) peer: String,
-    /// Request id to send.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) request: u64,
+    /// Requests to send, one after another (ids 0, 1, ...) into the same destination blocks:
+    /// the first pays for first-touch page faults in the decode pool, later ones do not.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) requests: u32,
 }
 
 /// Salts that make source and destination block ids different permutations.
@@ -23,7 +25,8 @@ pub(crate) const SOURCE_SALT: u64 = 1;
 /// See [`SOURCE_SALT`].
 pub(crate) const DESTINATION_SALT: u64 = 2;
 
-/// Runs the prefill role and prints `transport:`, `bytes:`, `seconds:` and `gbps:` lines.
+/// Runs the prefill role; prints `transport:` and one `request ID: bytes B seconds S gbps G`
+/// line per request.
 pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let shape = &args.shape;
     shape.validate()?;
@@ -35,14 +38,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let pools = (0..shape.tensors())
         .map(|_| engine.allocate(shape.pool_bytes() as usize))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut block = vec![0u8; shape.block_bytes as usize];
-    for (tensor, pool) in pools.iter().enumerate() {
-        for (logical, &slot) in sources.iter().enumerate() {
-            fill_block(&mut block, args.request, tensor as u32, logical as u32);
-            pool.write_at(u64::from(slot) * shape.block_bytes, &block)?;
-        }
-    }
-
+    let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
     let remote = peer.buffers();
     if remote.len() != pools.len() {
@@ -53,28 +49,53 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let started = Instant::now();
-    let mut batch = engine.batch(&peer);
-    for (pool, target) in pools.iter().zip(&remote) {
-        for (&source, &destination) in sources.iter().zip(&destinations) {
-            batch = batch.write(
-                pool,
-                u64::from(source) * shape.block_bytes,
-                target.addr + u64::from(destination) * shape.block_bytes,
-                shape.block_bytes,
-            );
+    let mut stdout = std::io::stdout().lock();
+    let mut block = vec![0u8; shape.block_bytes as usize];
+    for request in 0..u64::from(args.requests) {
+        for (tensor, pool) in pools.iter().enumerate() {
+            for (logical, &slot) in sources.iter().enumerate() {
+                fill_block(&mut block, request, tensor as u32, logical as u32);
+                pool.write_at(u64::from(slot) * shape.block_bytes, &block)?;
+            }
+        }
+        let started = Instant::now();
+        let mut batch = engine.batch(&peer);
+        for (pool, target) in pools.iter().zip(&remote) {
+            for (&source, &destination) in sources.iter().zip(&destinations) {
+                batch = batch.write(
+                    pool,
+                    u64::from(source) * shape.block_bytes,
+                    target.addr + u64::from(destination) * shape.block_bytes,
+                    shape.block_bytes,
+                );
+            }
+        }
+        let done = batch
+            .notify(encode_notification(request, &destinations))
+            .submit_blocking()?;
+        let seconds = started.elapsed().as_secs_f64();
+        if request == 0 {
+            writeln!(stdout, "transport: {}", done.transports.join(","))?;
+        }
+        writeln!(
+            stdout,
+            "request {request}: bytes {} blocks {} seconds {seconds:.6} gbps {:.3}",
+            done.bytes,
+            pools.len() * sources.len(),
+            done.bytes as f64 / seconds / 1e9
+        )?;
+        stdout.flush()?;
+        // The decode side checks the blocks before this side may fill and send them again.
+        let verdict = inbox
+            .recv_timeout_blocking(Duration::from_secs(120))?
+            .ok_or("the engine stopped before the decode side answered")?;
+        if verdict.payload != encode_verdict(request, "ok") {
+            return Err(format!(
+                "the decode side reported: {}",
+                String::from_utf8_lossy(&verdict.payload)
+            )
+            .into());
         }
     }
-    let done = batch
-        .notify(encode_notification(args.request, &destinations))
-        .submit_blocking()?;
-    let seconds = started.elapsed().as_secs_f64();
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "transport: {}", done.transports.join(","))?;
-    writeln!(stdout, "bytes: {}", done.bytes)?;
-    writeln!(stdout, "blocks: {}", pools.len() * sources.len())?;
-    writeln!(stdout, "seconds: {seconds:.6}")?;
-    writeln!(stdout, "gbps: {:.3}", done.bytes as f64 / seconds / 1e9)?;
-    stdout.flush()?;
     Ok(())
 }

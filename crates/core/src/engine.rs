@@ -458,7 +458,10 @@ impl Engine {
                     "notifications() was already called; keep the stream it returned".into(),
                 )
             })?;
-        Ok(Notifications { receiver })
+        Ok(Notifications {
+            receiver,
+            handle: self.inner.handle.clone(),
+        })
     }
 
     /// Runs `work` on the engine's runtime and waits for it from any executor.

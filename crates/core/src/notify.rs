@@ -1,8 +1,10 @@
 //! Notifications: small messages that arrive after the data they announce.
 
+use crate::error::{Error, Result};
 use futures::Stream;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Largest notification payload, in bytes.
@@ -23,6 +25,8 @@ pub struct Notification {
 #[derive(Debug)]
 pub struct Notifications {
     pub(crate) receiver: mpsc::Receiver<Notification>,
+    /// The engine's runtime, whose timer bounds [`Notifications::recv_timeout_blocking`].
+    pub(crate) handle: tokio::runtime::Handle,
 }
 
 impl Notifications {
@@ -38,6 +42,22 @@ impl Notifications {
     /// async runtime. Never call it from inside one.
     pub fn recv_blocking(&mut self) -> Option<Notification> {
         self.receiver.blocking_recv()
+    }
+
+    /// Like [`Self::recv_blocking`], but gives up after `timeout`. Never call it from inside
+    /// an async runtime.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing arrived in time.
+    pub fn recv_timeout_blocking(&mut self, timeout: Duration) -> Result<Option<Notification>> {
+        let handle = self.handle.clone();
+        // The timer is created inside `block_on`, where the engine's runtime is entered.
+        handle
+            .block_on(async { tokio::time::timeout(timeout, self.receiver.recv()).await })
+            .map_err(|_| Error::Timeout {
+                what: "waiting for a notification".into(),
+                after: timeout,
+            })
     }
 }
 
