@@ -14,45 +14,45 @@ pub enum MemoryKind {
     Managed,
 }
 
+/// Reads one 32-bit pointer attribute; `None` when CUDA does not know the address.
+fn attribute(
+    attribute: CUpointer_attribute,
+    call: &'static str,
+    addr: u64,
+) -> Result<Option<u32>, CudaError> {
+    let mut value: u32 = 0;
+    // SAFETY: the driver is initialised (memory_kind's contract); the attributes queried here
+    // (IS_MANAGED, MEMORY_TYPE) each write one 32-bit value into `value`, and any address is
+    // a valid query.
+    let result =
+        unsafe { sys::cuPointerGetAttribute((&mut value as *mut u32).cast(), attribute, addr) };
+    if result == CUresult::CUDA_ERROR_INVALID_VALUE {
+        return Ok(None);
+    }
+    CudaError::check(call, result)?;
+    Ok(Some(value))
+}
+
 /// Asks the driver what `addr` is.
 ///
 /// Only called once the driver is initialised ([`super::Driver`] checks).
 pub(super) fn memory_kind(addr: u64) -> Result<MemoryKind, CudaError> {
-    let mut is_managed: u32 = 0;
-    // SAFETY: the driver is initialised (caller's contract); IS_MANAGED writes one 32-bit
-    // boolean into `is_managed`, and any address value is a valid query.
-    let managed = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut is_managed as *mut u32).cast(),
-            CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-            addr,
-        )
-    };
-    if managed == CUresult::CUDA_ERROR_INVALID_VALUE {
-        return Ok(MemoryKind::PageableHost);
-    }
-    CudaError::check("cuPointerGetAttribute(IS_MANAGED)", managed)?;
-    if is_managed != 0 {
+    let managed = attribute(
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        "cuPointerGetAttribute(IS_MANAGED)",
+        addr,
+    )?;
+    if managed.is_some_and(|flag| flag != 0) {
         return Ok(MemoryKind::Managed);
     }
-    let mut memory_type: u32 = 0;
-    // SAFETY: as above; MEMORY_TYPE writes one CUmemorytype (32 bits) into `memory_type`.
-    let result = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut memory_type as *mut u32).cast(),
-            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            addr,
-        )
-    };
-    if result == CUresult::CUDA_ERROR_INVALID_VALUE {
-        return Ok(MemoryKind::PageableHost);
-    }
-    CudaError::check("cuPointerGetAttribute(MEMORY_TYPE)", result)?;
-    Ok(
-        if memory_type == CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            MemoryKind::Device
-        } else {
-            MemoryKind::PinnedHost
-        },
-    )
+    let memory_type = attribute(
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        "cuPointerGetAttribute(MEMORY_TYPE)",
+        addr,
+    )?;
+    Ok(match memory_type {
+        None => MemoryKind::PageableHost,
+        Some(kind) if kind == CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 => MemoryKind::Device,
+        Some(_) => MemoryKind::PinnedHost,
+    })
 }
