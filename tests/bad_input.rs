@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{engine, pattern};
+use common::{engine, pattern, Pair};
 use ferry::{Error, RangeError, Side};
 use std::io::Write;
 
@@ -15,19 +15,15 @@ fn range_error(outcome: Result<impl std::fmt::Debug, Error>) -> RangeError {
 
 #[tokio::test]
 async fn remote_range_outside_the_registration_is_refused_and_nothing_lands() {
-    let decode = engine().await;
-    let pool = decode.allocate(64 << 10).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(64 << 10).unwrap();
-    source.write_at(0, &pattern(1, 64 << 10)).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(64 << 10, 64 << 10).await;
+    pair.source.write_at(0, &pattern(1, 64 << 10)).unwrap();
 
     // One good entry, then one that runs 1 byte past the end: the whole batch is refused.
-    let outcome = prefill
-        .batch(&peer)
-        .write(&source, 0, remote, 4096)
-        .write(&source, 0, remote + (64 << 10) - 4095, 4096)
+    let outcome = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, pair.remote, 4096)
+        .write(&pair.source, 0, pair.remote + (64 << 10) - 4095, 4096)
         .submit()
         .unwrap()
         .await;
@@ -37,22 +33,23 @@ async fn remote_range_outside_the_registration_is_refused_and_nothing_lands() {
         RangeError::NotRegistered {
             index: 1,
             side: Side::Remote,
-            addr: remote + (64 << 10) - 4095,
+            addr: pair.remote + (64 << 10) - 4095,
             len: 4096
         }
     );
     assert!(error.to_string().contains("entry 1"), "{error}");
     let mut landed = vec![0xffu8; 64 << 10];
-    pool.read_at(0, &mut landed).unwrap();
+    pair.pool.read_at(0, &mut landed).unwrap();
     assert!(
         landed.iter().all(|&byte| byte == 0),
         "nothing may be written"
     );
 
     // A read from outside is refused the same way.
-    let outcome = prefill
-        .batch(&peer)
-        .read(&source, 0, remote - 1, 10)
+    let outcome = pair
+        .prefill
+        .batch(&pair.peer)
+        .read(&pair.source, 0, pair.remote - 1, 10)
         .submit()
         .unwrap()
         .await;
@@ -115,16 +112,11 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
 
 #[tokio::test]
 async fn local_range_past_its_region_is_refused_at_submit() {
-    let decode = engine().await;
-    let _pool = decode.allocate(8192).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(4096).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(8192, 4096).await;
     let error = range_error(
-        prefill
-            .batch(&peer)
-            .write(&source, 4000, remote, 97)
+        pair.prefill
+            .batch(&pair.peer)
+            .write(&pair.source, 4000, pair.remote, 97)
             .submit(),
     );
     assert_eq!(
@@ -137,9 +129,9 @@ async fn local_range_past_its_region_is_refused_at_submit() {
         }
     );
     let error = range_error(
-        prefill
-            .batch(&peer)
-            .read(&source, u64::MAX, remote, 2)
+        pair.prefill
+            .batch(&pair.peer)
+            .read(&pair.source, u64::MAX, pair.remote, 2)
             .submit(),
     );
     assert!(matches!(error, RangeError::PastRegionEnd { .. }));
@@ -147,14 +139,12 @@ async fn local_range_past_its_region_is_refused_at_submit() {
 
 #[tokio::test]
 async fn a_region_dropped_before_submit_is_refused() {
-    let decode = engine().await;
-    let _pool = decode.allocate(8192).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(4096).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
-    let batch = prefill.batch(&peer).write(&source, 0, remote, 10);
-    drop(source);
+    let pair = Pair::new(8192, 4096).await;
+    let batch = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, pair.remote, 10);
+    drop(pair.source);
     let error = range_error(batch.submit());
     assert!(
         matches!(
@@ -184,31 +174,26 @@ async fn a_region_of_another_engine_is_refused() {
 
 #[tokio::test]
 async fn zero_lengths_and_empty_batches_are_refused() {
-    let decode = engine().await;
-    let _pool = decode.allocate(8192).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(4096).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(8192, 4096).await;
     let error = range_error(
-        prefill
-            .batch(&peer)
-            .write(&source, 0, remote, 8)
-            .write(&source, 0, remote, 0)
+        pair.prefill
+            .batch(&pair.peer)
+            .write(&pair.source, 0, pair.remote, 8)
+            .write(&pair.source, 0, pair.remote, 0)
             .submit(),
     );
     assert_eq!(error, RangeError::ZeroLength { index: 1 });
     assert!(matches!(
-        prefill.batch(&peer).submit(),
+        pair.prefill.batch(&pair.peer).submit(),
         Err(Error::ApiMisuse(_))
     ));
     assert!(matches!(
-        prefill.allocate(0),
+        pair.prefill.allocate(0),
         Err(Error::Range(RangeError::ZeroLength { .. }))
     ));
     let mut byte = 0u8;
     // SAFETY: zero bytes are registered; the call must refuse before touching anything.
-    let outcome = unsafe { prefill.register(&mut byte, 0) };
+    let outcome = unsafe { pair.prefill.register(&mut byte, 0) };
     assert!(matches!(
         outcome,
         Err(Error::Range(RangeError::ZeroLength { .. }))

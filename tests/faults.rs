@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_bytes_eq, engine, pattern, ServeProcess};
+use common::{assert_bytes_eq, engine, pattern, Pair, ServeProcess};
 use ferry::wire::{Header, Kind};
 use ferry::Error;
 use std::io::{Read, Write};
@@ -167,22 +167,18 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
 
 #[tokio::test]
 async fn dropping_the_sending_engine_resolves_its_transfers() {
-    let decode = engine().await;
-    let pool = decode.allocate(64 << 20).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(64 << 20).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
+    let pair = Pair::new(64 << 20, 64 << 20).await;
     let mut transfers = Vec::new();
     for _ in 0..8 {
         transfers.push(
-            prefill
-                .batch(&peer)
-                .write(&source, 0, pool.addr(), 64 << 20)
+            pair.prefill
+                .batch(&pair.peer)
+                .write(&pair.source, 0, pair.pool.addr(), 64 << 20)
                 .submit()
                 .unwrap(),
         );
     }
-    drop(prefill);
+    drop(pair.prefill);
     for transfer in transfers {
         let outcome = tokio::time::timeout(Duration::from_secs(10), transfer)
             .await
@@ -192,24 +188,19 @@ async fn dropping_the_sending_engine_resolves_its_transfers() {
         }
     }
     // The source region outlived its engine; dropping it now must not hang either.
-    drop(source);
+    drop(pair.source);
 }
 
 #[tokio::test]
 async fn dropping_the_receiving_engine_fails_transfers_to_it() {
-    let decode = engine().await;
-    let pool = decode.allocate(128 << 20).unwrap();
-    let remote = pool.addr();
-    let prefill = engine().await;
-    let source = prefill.allocate(128 << 20).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let mut batch = prefill.batch(&peer);
+    let pair = Pair::new(128 << 20, 128 << 20).await;
+    let mut batch = pair.prefill.batch(&pair.peer);
     for _ in 0..16 {
-        batch = batch.write(&source, 0, remote, 128 << 20);
+        batch = batch.write(&pair.source, 0, pair.remote, 128 << 20);
     }
     let transfer = batch.submit().unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    drop(decode);
+    drop(pair.decode);
     let outcome = tokio::time::timeout(Duration::from_secs(15), transfer)
         .await
         .expect("the transfer must resolve, not hang");
@@ -217,7 +208,7 @@ async fn dropping_the_receiving_engine_fails_transfers_to_it() {
         outcome.is_err(),
         "2 GiB cannot all land after the receiver was dropped"
     );
-    drop(pool);
+    drop(pair.pool);
 }
 
 #[tokio::test]

@@ -2,27 +2,23 @@
 
 mod common;
 
-use common::{assert_bytes_eq, engine, pattern};
+use common::{assert_bytes_eq, engine, pattern, Pair};
 use ferry::metadata::MemoryStore;
 use ferry::Engine;
 use std::time::Duration;
 
 #[tokio::test]
 async fn writes_of_every_size_land_intact() {
-    let decode = engine().await;
-    let pool = decode.allocate(64 << 20).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(64 << 20).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(64 << 20, 64 << 20).await;
     let sizes = [1usize, 999, 4096, 32 << 10, 1 << 20, 20 << 20];
     let mut offset = 0u64;
     for (seed, &size) in sizes.iter().enumerate() {
         let bytes = pattern(seed as u64, size);
-        source.write_at(offset, &bytes).unwrap();
-        let done = prefill
-            .batch(&peer)
-            .write(&source, offset, remote + offset + 3, size as u64)
+        pair.source.write_at(offset, &bytes).unwrap();
+        let done = pair
+            .prefill
+            .batch(&pair.peer)
+            .write(&pair.source, offset, pair.remote + offset + 3, size as u64)
             .submit()
             .unwrap()
             .await
@@ -30,7 +26,7 @@ async fn writes_of_every_size_land_intact() {
         assert_eq!(done.bytes, size as u64);
         assert_eq!(done.transports, vec!["tcp"]);
         let mut landed = vec![0u8; size];
-        pool.read_at(offset + 3, &mut landed).unwrap();
+        pair.pool.read_at(offset + 3, &mut landed).unwrap();
         assert_bytes_eq(&landed, &bytes, &format!("{size}-byte write"));
         offset += size as u64 + 4096;
     }
@@ -38,27 +34,22 @@ async fn writes_of_every_size_land_intact() {
 
 #[tokio::test]
 async fn reads_of_every_size_come_back_intact() {
-    let decode = engine().await;
-    let pool = decode.allocate(32 << 20).unwrap();
-    let prefill = engine().await;
-    let target = prefill.allocate(32 << 20).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(32 << 20, 32 << 20).await;
     for (seed, size) in [1usize, 999, 4096, 1 << 20, 9 << 20]
         .into_iter()
         .enumerate()
     {
         let bytes = pattern(100 + seed as u64, size);
-        pool.write_at(17, &bytes).unwrap();
-        prefill
-            .batch(&peer)
-            .read(&target, 5, remote + 17, size as u64)
+        pair.pool.write_at(17, &bytes).unwrap();
+        pair.prefill
+            .batch(&pair.peer)
+            .read(&pair.source, 5, pair.remote + 17, size as u64)
             .submit()
             .unwrap()
             .await
             .unwrap();
         let mut arrived = vec![0u8; size];
-        target.read_at(5, &mut arrived).unwrap();
+        pair.source.read_at(5, &mut arrived).unwrap();
         assert_bytes_eq(&arrived, &bytes, &format!("{size}-byte read"));
     }
 }
@@ -67,30 +58,25 @@ async fn reads_of_every_size_come_back_intact() {
 async fn thousands_of_scattered_blocks_land_in_their_slots() {
     const BLOCK: usize = 4096;
     const BLOCKS: usize = 3000;
-    let decode = engine().await;
-    let pool = decode.allocate(BLOCK * BLOCKS).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(BLOCK * BLOCKS).unwrap();
+    let pair = Pair::new(BLOCK * BLOCKS, BLOCK * BLOCKS).await;
     let bytes = pattern(7, BLOCK * BLOCKS);
-    source.write_at(0, &bytes).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    pair.source.write_at(0, &bytes).unwrap();
     // Block i goes to slot (i * 7 + 3) % BLOCKS: a permutation, so nothing is adjacent.
     let slot = |block: usize| (block * 7 + 3) % BLOCKS;
-    let mut batch = prefill.batch(&peer);
+    let mut batch = pair.prefill.batch(&pair.peer);
     for block in 0..BLOCKS {
         let offset = (block * BLOCK) as u64;
         batch = batch.write(
-            &source,
+            &pair.source,
             offset,
-            remote + (slot(block) * BLOCK) as u64,
+            pair.remote + (slot(block) * BLOCK) as u64,
             BLOCK as u64,
         );
     }
     assert_eq!(batch.len(), BLOCKS);
     batch.submit().unwrap().await.unwrap();
     let mut landed = vec![0u8; BLOCK * BLOCKS];
-    pool.read_at(0, &mut landed).unwrap();
+    pair.pool.read_at(0, &mut landed).unwrap();
     for block in 0..BLOCKS {
         let at = slot(block) * BLOCK;
         assert_bytes_eq(
@@ -103,29 +89,25 @@ async fn thousands_of_scattered_blocks_land_in_their_slots() {
 
 #[tokio::test]
 async fn notification_arrives_only_after_its_data() {
-    let decode = engine().await;
-    let pool = decode.allocate(16 << 20).unwrap();
-    let mut inbox = decode.notifications().unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(16 << 20).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    let remote = peer.buffers()[0].addr;
+    let pair = Pair::new(16 << 20, 16 << 20).await;
+    let mut inbox = pair.decode.notifications().unwrap();
     for round in 0..4u64 {
         let bytes = pattern(round, 16 << 20);
-        source.write_at(0, &bytes).unwrap();
-        let transfer = prefill
-            .batch(&peer)
-            .write(&source, 0, remote, 16 << 20)
+        pair.source.write_at(0, &bytes).unwrap();
+        let transfer = pair
+            .prefill
+            .batch(&pair.peer)
+            .write(&pair.source, 0, pair.remote, 16 << 20)
             .notify(format!("req-{round}"))
             .submit()
             .unwrap();
         let note = inbox.recv().await.unwrap();
         // The data must already be there when the notification is in hand.
         let mut landed = vec![0u8; 16 << 20];
-        pool.read_at(0, &mut landed).unwrap();
+        pair.pool.read_at(0, &mut landed).unwrap();
         assert_bytes_eq(&landed, &bytes, &format!("round {round}"));
         assert_eq!(note.payload, format!("req-{round}").into_bytes());
-        assert_eq!(note.from, prefill.name());
+        assert_eq!(note.from, pair.prefill.name());
         transfer.await.unwrap();
     }
 }
@@ -151,23 +133,19 @@ async fn standalone_notifications_keep_their_order() {
 
 #[tokio::test]
 async fn memory_registered_after_connect_is_found_by_refetching() {
-    let decode = engine().await;
-    let _first = decode.allocate(4096).unwrap();
-    let prefill = engine().await;
-    let source = prefill.allocate(4096).unwrap();
-    source.write_at(0, &pattern(9, 4096)).unwrap();
-    let peer = prefill.connect(decode.name()).await.unwrap();
-    assert_eq!(peer.buffers().len(), 1);
-    let second = decode.allocate(4096).unwrap();
-    prefill
-        .batch(&peer)
-        .write(&source, 0, second.addr(), 4096)
+    let pair = Pair::new(4096, 4096).await;
+    pair.source.write_at(0, &pattern(9, 4096)).unwrap();
+    assert_eq!(pair.peer.buffers().len(), 1);
+    let second = pair.decode.allocate(4096).unwrap();
+    pair.prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, second.addr(), 4096)
         .submit()
         .unwrap()
         .await
         .unwrap();
     assert_eq!(
-        peer.buffers().len(),
+        pair.peer.buffers().len(),
         2,
         "the cached descriptor was refreshed"
     );

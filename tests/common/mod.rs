@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use ferry::Engine;
+use ferry::{Engine, Peer, Region};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,6 +13,50 @@ pub(crate) async fn engine() -> Engine {
         .build()
         .await
         .expect("engine starts on loopback")
+}
+
+/// A decode engine with a pool region and a prefill engine with a source region, connected.
+// Fields are declared in reverse order of creation so they drop like the locals they replace.
+pub(crate) struct Pair {
+    /// The pool's address as the prefill side sees it: `peer.buffers()[0].addr`.
+    pub(crate) remote: u64,
+    /// The prefill engine's connection to the decode engine.
+    pub(crate) peer: Peer,
+    /// The region on the prefill engine that is the local side of transfers.
+    pub(crate) source: Region,
+    /// The engine that connects and submits.
+    pub(crate) prefill: Engine,
+    /// The decode engine's only registered region.
+    pub(crate) pool: Region,
+    /// The engine that listens and receives.
+    pub(crate) decode: Engine,
+}
+
+impl Pair {
+    /// Builds both engines, allocates `pool_len` on decode and `source_len` on prefill, connects.
+    pub(crate) async fn new(pool_len: usize, source_len: usize) -> Pair {
+        let decode = engine().await;
+        let pool = decode
+            .allocate(pool_len)
+            .expect("decode allocates its pool");
+        let prefill = engine().await;
+        let source = prefill
+            .allocate(source_len)
+            .expect("prefill allocates its source");
+        let peer = prefill
+            .connect(decode.name())
+            .await
+            .expect("prefill connects to decode");
+        let remote = peer.buffers()[0].addr;
+        Pair {
+            remote,
+            peer,
+            source,
+            prefill,
+            pool,
+            decode,
+        }
+    }
 }
 
 /// Deterministic bytes that differ for every seed and position.
