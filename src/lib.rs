@@ -46,7 +46,7 @@
 
 pub use ferry_core::{
     cuda, wire, Batch, BufferDescriptor, Completion, Direction, Endpoint, Engine, EngineBuilder,
-    Error, HostIdentity, Link, Location, MetadataStore, Notification, Notifications, Peer,
+    Error, Export, HostIdentity, Link, Location, MetadataStore, Notification, Notifications, Peer,
     PeerToPeer, ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result,
     SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION,
     MAX_NOTIFICATION_BYTES, TCP,

@@ -221,6 +221,8 @@ async fn a_peer_that_never_acknowledges_times_out() {
         name: address.clone(),
         host: ferry::HostIdentity::current(),
         generation: 1,
+        process: 0,
+        gpus: Vec::new(),
         endpoints: vec![ferry::Endpoint {
             transport: "tcp".into(),
             address: address.clone(),
@@ -229,6 +231,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
             addr: 0x10000,
             len: 1 << 20,
             location: ferry::Location::Host { pinned: false },
+            export: None,
         }],
     };
     std::thread::spawn(move || {

@@ -322,7 +322,7 @@ fn route(
         let local = region.entry.info;
         let remote = view
             .covering(entry.remote_addr, entry.len)
-            .copied()
+            .cloned()
             .ok_or_else(|| {
                 Error::ApiMisuse("remote range vanished from the descriptor while routing".into())
             })?;
@@ -339,6 +339,7 @@ fn route(
         if let Some(last) = ops.last_mut() {
             if last.direction == entry.direction
                 && Arc::ptr_eq(&last.region, region)
+                && Arc::ptr_eq(&last.remote, &remote)
                 && last.local_addr + last.len == local_addr
                 && last.remote_addr + last.len == entry.remote_addr
             {
@@ -351,6 +352,7 @@ fn route(
             region: Arc::clone(region),
             local_addr,
             remote_addr: entry.remote_addr,
+            remote,
             len: entry.len,
         });
     }

@@ -1,7 +1,7 @@
 //! The segment descriptor: what a peer needs to know to reach this engine's memory.
 
 use crate::error::{Error, Result};
-use crate::memory::{Location, RegionInfo};
+use crate::memory::Location;
 use serde::{Deserialize, Serialize};
 
 /// The descriptor format this build writes and reads.
@@ -20,8 +20,14 @@ pub struct SegmentDescriptor {
     pub host: HostIdentity,
     /// Bumped whenever the engine's registrations change.
     pub generation: u64,
+    /// The engine's process id; peers in the same process use addresses directly.
+    #[serde(default)]
+    pub process: u32,
     /// Where each transport can reach the engine.
     pub endpoints: Vec<Endpoint>,
+    /// The GPUs the engine's process sees.
+    #[serde(default)]
+    pub gpus: Vec<crate::cuda::DeviceInfo>,
     /// Registered buffers, in registration order.
     pub buffers: Vec<BufferDescriptor>,
 }
@@ -60,7 +66,7 @@ pub struct Endpoint {
 }
 
 /// One registered buffer as peers see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDescriptor {
     /// First byte, in the owning process's address space.
     pub addr: u64,
@@ -68,16 +74,23 @@ pub struct BufferDescriptor {
     pub len: u64,
     /// Where the memory lives.
     pub location: Location,
+    /// How another process on the same host maps it, for GPU memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<Export>,
 }
 
-impl From<RegionInfo> for BufferDescriptor {
-    fn from(info: RegionInfo) -> Self {
-        BufferDescriptor {
-            addr: info.addr,
-            len: info.len,
-            location: info.location,
-        }
-    }
+/// How a GPU buffer is shared with other processes of its host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Export {
+    /// A legacy CUDA IPC handle of the `cudaMalloc` allocation holding the buffer.
+    CudaIpc {
+        /// The 64-byte handle as hex.
+        handle: String,
+        /// Offset of the buffer's first byte from the allocation's first byte.
+        offset: u64,
+    },
 }
 
 impl SegmentDescriptor {
@@ -136,6 +149,8 @@ mod tests {
             name: "127.0.0.1:7000".into(),
             host: HostIdentity::current(),
             generation: 3,
+            process: 7,
+            gpus: Vec::new(),
             endpoints: vec![Endpoint {
                 transport: "tcp".into(),
                 address: "127.0.0.1:7000".into(),
@@ -144,6 +159,7 @@ mod tests {
                 addr: 0x1000,
                 len: 0x1000,
                 location: Location::Host { pinned: false },
+                export: None,
             }],
         }
     }

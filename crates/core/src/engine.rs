@@ -6,7 +6,7 @@ use crate::batch::Batch;
 use crate::cuda::{Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, RangeError, Result};
-use crate::memory::{Location, OwnedBuffer, Region, RegionInfo, RegionTable};
+use crate::memory::{export_device, Location, OwnedBuffer, Region, RegionInfo, RegionTable};
 use crate::metadata::{MetadataStore, PeerToPeer};
 use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
 use crate::peer::Peer;
@@ -179,6 +179,10 @@ impl EngineBuilder {
             inbox: Mutex::new(Some(receiver)),
             peers: Mutex::new(HashMap::new()),
             transfer_timeout: self.transfer_timeout,
+            gpus: Driver::get().devices().unwrap_or_else(|error| {
+                tracing::warn!(%error, "listing GPUs failed; GPU memory cannot be registered");
+                Vec::new()
+            }),
         });
         let describer = Arc::downgrade(&inner);
         let context = Arc::new(ServerContext {
@@ -230,7 +234,9 @@ fn empty_descriptor() -> SegmentDescriptor {
         name: String::new(),
         host: HostIdentity::current(),
         generation: 0,
+        process: std::process::id(),
         endpoints: Vec::new(),
+        gpus: Vec::new(),
         buffers: Vec::new(),
     }
 }
@@ -268,6 +274,8 @@ pub(crate) struct EngineInner {
     inbox: Mutex<Option<mpsc::Receiver<Notification>>>,
     peers: Mutex<HashMap<String, Peer>>,
     pub(crate) transfer_timeout: Duration,
+    /// The GPUs this process sees, listed in the descriptor.
+    gpus: Vec<crate::cuda::DeviceInfo>,
 }
 
 impl EngineInner {
@@ -281,12 +289,14 @@ impl EngineInner {
             name: self.name.clone(),
             host: self.host.clone(),
             generation: self.table.generation(),
+            process: std::process::id(),
+            gpus: self.gpus.clone(),
             endpoints: self
                 .transports
                 .iter()
                 .filter_map(|transport| transport.endpoint())
                 .collect(),
-            buffers: self.table.snapshot().into_iter().map(Into::into).collect(),
+            buffers: self.table.snapshot(),
         }
     }
 }
@@ -333,8 +343,9 @@ impl Engine {
     ///
     /// # Errors
     /// [`RangeError::ZeroLength`] for `len == 0`, [`RangeError::Overlap`] when the range
-    /// overlaps a registered region, [`Error::Unsupported`] for GPU or managed memory (the
-    /// `nvlink` transport will take it), [`Error::ApiMisuse`] for a null or wrapping range.
+    /// overlaps a registered region, [`Error::Unsupported`] for managed memory, VMM memory and
+    /// GPU ranges spanning several allocations, [`Error::Cuda`] when exporting fails,
+    /// [`Error::ApiMisuse`] for a null or wrapping range.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
         let addr = ptr as u64;
         if ptr.is_null() || addr.checked_add(len as u64).is_none() {
@@ -345,25 +356,27 @@ impl Engine {
         if len == 0 {
             return Err(RangeError::ZeroLength { index: 0 }.into());
         }
-        let location = match Driver::get().memory_kind(addr)? {
-            MemoryKind::PageableHost => Location::Host { pinned: false },
-            MemoryKind::PinnedHost => Location::Host { pinned: true },
-            kind @ (MemoryKind::Device | MemoryKind::Managed) => {
+        let (location, export) = match Driver::get().memory_kind(addr)? {
+            MemoryKind::PageableHost => (Location::Host { pinned: false }, None),
+            MemoryKind::PinnedHost => (Location::Host { pinned: true }, None),
+            MemoryKind::Device => {
+                let (location, export) = export_device(addr, len as u64, &self.inner.gpus)?;
+                (location, Some(export))
+            }
+            MemoryKind::Managed => {
                 return Err(Error::Unsupported {
-                    memory: if kind == MemoryKind::Device { "GPU memory" } else { "CUDA managed memory" }.into(),
+                    memory: "CUDA managed memory".into(),
                     addr,
-                    remedy: "this build registers host memory only; the nvlink transport (CUDA IPC) will take GPU memory. Until then, copy it to host memory and register that".into(),
+                    remedy: "managed memory cannot be shared between processes; register cudaMalloc or host memory instead".into(),
                 })
             }
         };
-        Ok(self.inner.table.insert(
-            RegionInfo {
-                addr,
-                len: len as u64,
-                location,
-            },
-            None,
-        )?)
+        let info = RegionInfo {
+            addr,
+            len: len as u64,
+            location,
+        };
+        Ok(self.inner.table.insert(info, export, None)?)
     }
 
     /// Allocates `len` zeroed bytes of host memory and registers them. The memory is freed when
@@ -383,7 +396,7 @@ impl Engine {
             len: len as u64,
             location: Location::Host { pinned: false },
         };
-        Ok(self.inner.table.insert(info, Some(buffer))?)
+        Ok(self.inner.table.insert(info, None, Some(buffer))?)
     }
 
     /// Opens the peer named `name` (`host:port` with the default metadata): fetches its

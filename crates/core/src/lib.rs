@@ -51,7 +51,7 @@ pub mod wire;
 
 pub use batch::{Batch, Completion, Transfer};
 pub use descriptor::{
-    BufferDescriptor, Endpoint, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
+    BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Error, ProtocolViolation, RangeError, Result, Side};

@@ -24,18 +24,19 @@ pub(crate) struct PeerInner {
 /// A descriptor with its buffers sorted by address, for quick lookups.
 pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
-    sorted: Vec<BufferDescriptor>,
+    sorted: Vec<Arc<BufferDescriptor>>,
 }
 
 impl PeerView {
     fn new(descriptor: SegmentDescriptor) -> Self {
-        let mut sorted = descriptor.buffers.clone();
+        let mut sorted: Vec<Arc<BufferDescriptor>> =
+            descriptor.buffers.iter().cloned().map(Arc::new).collect();
         sorted.sort_by_key(|buffer| buffer.addr);
         PeerView { descriptor, sorted }
     }
 
     /// The buffer holding all of `addr..addr+len`.
-    pub(crate) fn covering(&self, addr: u64, len: u64) -> Option<&BufferDescriptor> {
+    pub(crate) fn covering(&self, addr: u64, len: u64) -> Option<&Arc<BufferDescriptor>> {
         let end = addr.checked_add(len)?;
         let index = self.sorted.partition_point(|buffer| buffer.addr <= addr);
         let buffer = self.sorted.get(index.checked_sub(1)?)?;

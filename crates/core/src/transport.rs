@@ -43,6 +43,8 @@ pub struct TransferOp {
     pub local_addr: u64,
     /// First remote byte.
     pub remote_addr: u64,
+    /// The peer's buffer holding the remote range, with how to map it.
+    pub remote: Arc<BufferDescriptor>,
     /// Bytes to move.
     pub len: u64,
 }

@@ -1,5 +1,6 @@
+use super::device::{self, DeviceInfo};
 use super::error::CudaError;
-use super::pointer::{self, MemoryKind};
+use super::pointer::{self, DevicePointer, MemoryKind};
 use cudarc::driver::sys;
 use std::sync::OnceLock;
 
@@ -60,6 +61,40 @@ impl Driver {
             return Ok(MemoryKind::PageableHost);
         }
         pointer::memory_kind(addr)
+    }
+}
+
+impl Driver {
+    /// Describes device memory at `addr`: owning GPU, export kind, allocation bounds.
+    pub fn device_pointer(&self, addr: u64) -> Result<DevicePointer, CudaError> {
+        self.ready()?;
+        pointer::device_pointer(addr)
+    }
+
+    /// Every GPU this process sees; empty without a usable driver.
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>, CudaError> {
+        match self.status {
+            DriverStatus::Ready { devices } => (0..devices).map(device::info).collect(),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether GPU `from` can map memory of GPU `to` (ordinals of this process).
+    pub fn can_access_peer(&self, from: u32, to: u32) -> Result<bool, CudaError> {
+        self.ready()?;
+        device::can_access_peer(from, to)
+    }
+
+    fn ready(&self) -> Result<(), CudaError> {
+        match &self.status {
+            DriverStatus::Ready { .. } => Ok(()),
+            DriverStatus::InitFailed(error) => Err(error.clone()),
+            DriverStatus::NoLibrary => Err(CudaError {
+                call: "cuInit",
+                code: 3,
+                name: "CUDA_ERROR_NOT_INITIALIZED: no CUDA driver library (libcuda) found".into(),
+            }),
+        }
     }
 }
 

@@ -1,13 +1,30 @@
 //! The CUDA layer: loads the driver at run time, so one binary serves machines with and without
-//! GPUs. Every `unsafe` driver call of ferry-core lives below this module, wrapped once.
+//! GPUs. Every `unsafe` driver call of ferry lives below this module, wrapped once.
 //!
 //! The ladder is `cudarc::driver::sys` (raw symbols) -> one thin function per driver call here
-//! (returning [`CudaError`]) -> safe types above.
+//! (returning [`CudaError`]) -> the safe RAII types exported below ([`Context`], [`Stream`],
+//! [`Event`], [`IpcMapping`]) and the [`Poller`] that turns finished events into futures.
 
+mod buffer;
+mod context;
+mod device;
 mod driver;
 mod error;
+mod event;
+mod ipc;
 mod pointer;
+mod poller;
+mod stream;
+mod transfer;
 
+pub use buffer::DeviceBuffer;
+pub use context::Context;
+pub use device::{DeviceInfo, GpuId};
 pub use driver::{Driver, DriverStatus};
 pub use error::CudaError;
-pub use pointer::MemoryKind;
+pub use event::Event;
+pub use ipc::{IpcHandle, IpcMapping, IPC_HANDLE_LEN};
+pub use pointer::{DevicePointer, MemoryKind};
+pub use poller::{Completed, Pollable, Poller};
+pub use stream::Stream;
+pub use transfer::{download, upload};

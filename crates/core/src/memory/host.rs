@@ -17,8 +17,9 @@ impl HostSpan {
     /// A span of `len` bytes at `addr`, or `None` when that is not inside the used region or
     /// the region is not host memory.
     pub(crate) fn new(region: Arc<RegionUse>, addr: u64, len: u64) -> Option<Self> {
-        let Location::Host { .. } = region.entry.info.location;
-        if !region.entry.contains(addr, len) {
+        if !matches!(region.entry.info.location, Location::Host { .. })
+            || !region.entry.contains(addr, len)
+        {
             return None;
         }
         Some(HostSpan {

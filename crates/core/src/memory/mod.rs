@@ -5,10 +5,12 @@
 //! they touch; dropping a [`Region`] first unpublishes it (new transfers are refused) and then
 //! waits until every use has ended, so memory is never written after `drop` returns.
 
+mod export;
 mod host;
 mod region;
 mod table;
 
+pub(crate) use export::export_device;
 pub(crate) use host::{HostSpan, OwnedBuffer};
 pub(crate) use region::RegionEntry;
 pub use region::RegionUse;

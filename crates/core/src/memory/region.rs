@@ -1,6 +1,7 @@
 use super::host::{HostSpan, OwnedBuffer};
 use super::table::RegionTable;
-use crate::error::RangeError;
+use crate::descriptor::Export;
+use crate::error::{Error, RangeError};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,13 @@ pub enum Location {
         /// Whether the pages are pinned through CUDA.
         pinned: bool,
     },
+    /// Memory on a GPU.
+    Device {
+        /// The GPU, by UUID (the same in every process).
+        gpu: crate::cuda::GpuId,
+        /// The GPU's ordinal in the owning process.
+        ordinal: u32,
+    },
 }
 
 impl std::fmt::Display for Location {
@@ -23,6 +31,7 @@ impl std::fmt::Display for Location {
         match self {
             Location::Host { pinned: true } => f.write_str("pinned host memory"),
             Location::Host { pinned: false } => f.write_str("pageable host memory"),
+            Location::Device { gpu, ordinal } => write!(f, "memory of GPU {ordinal} ({gpu})"),
         }
     }
 }
@@ -47,6 +56,8 @@ pub(crate) struct RegionEntry {
     pub(crate) table_id: u64,
     in_use: AtomicUsize,
     closed: AtomicBool,
+    /// How peers on the same host can map it (GPU memory).
+    pub(crate) export: Option<Export>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
     _owned: Option<OwnedBuffer>,
 }
@@ -56,6 +67,7 @@ impl RegionEntry {
         info: RegionInfo,
         sequence: u64,
         table_id: u64,
+        export: Option<Export>,
         owned: Option<OwnedBuffer>,
     ) -> Self {
         RegionEntry {
@@ -64,6 +76,7 @@ impl RegionEntry {
             table_id,
             in_use: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            export,
             _owned: owned,
         }
     }
@@ -186,35 +199,71 @@ impl Drop for Region {
 }
 
 impl Region {
-    /// Copies `buf.len()` bytes starting at `offset` into the region.
+    /// Copies `buf.len()` bytes starting at `offset` into the region (host or GPU memory),
+    /// returning once they are there.
     ///
     /// # Errors
-    /// [`RangeError::PastRegionEnd`] when the range runs past the region.
-    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), RangeError> {
-        let mut span = self.span(offset, buf.len() as u64)?;
-        span.as_mut_slice().copy_from_slice(buf);
+    /// [`RangeError::PastRegionEnd`] when the range runs past the region; [`Error::Cuda`] when
+    /// a GPU copy fails.
+    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), Error> {
+        let (guard, addr) = self.checked(offset, buf.len() as u64)?;
+        match self.entry.info.location {
+            Location::Host { .. } => {
+                let mut span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
+                    .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
+                span.as_mut_slice().copy_from_slice(buf);
+            }
+            Location::Device { ordinal, .. } => {
+                let context = crate::cuda::Context::get(ordinal)?;
+                // SAFETY: the range lies inside this registered GPU region (checked), which the
+                // guard keeps registered and `register`'s contract keeps allocated.
+                unsafe { crate::cuda::upload(&context, addr, buf)? };
+            }
+        }
         Ok(())
     }
 
-    /// Copies `buf.len()` bytes starting at `offset` out of the region.
+    /// Copies `buf.len()` bytes starting at `offset` out of the region (host or GPU memory).
     ///
     /// # Errors
-    /// [`RangeError::PastRegionEnd`] when the range runs past the region.
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), RangeError> {
-        let span = self.span(offset, buf.len() as u64)?;
-        buf.copy_from_slice(span.as_slice());
+    /// As [`Region::write_at`].
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let (guard, addr) = self.checked(offset, buf.len() as u64)?;
+        match self.entry.info.location {
+            Location::Host { .. } => {
+                let span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
+                    .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
+                buf.copy_from_slice(span.as_slice());
+            }
+            Location::Device { ordinal, .. } => {
+                let context = crate::cuda::Context::get(ordinal)?;
+                // SAFETY: as in `write_at`.
+                unsafe { crate::cuda::download(&context, addr, buf)? };
+            }
+        }
         Ok(())
     }
 
-    fn span(&self, offset: u64, len: u64) -> Result<HostSpan, RangeError> {
-        let past_end = RangeError::PastRegionEnd {
+    fn past_end(&self, offset: u64, len: u64) -> RangeError {
+        RangeError::PastRegionEnd {
             index: 0,
             offset,
             len,
             region_len: self.len(),
-        };
-        let addr = self.addr().checked_add(offset).ok_or(past_end.clone())?;
-        let guard = self.entry.acquire().ok_or(past_end.clone())?;
-        HostSpan::new(Arc::new(guard), addr, len).ok_or(past_end)
+        }
+    }
+
+    /// Checks `offset..+len` against the region and marks it in use.
+    fn checked(&self, offset: u64, len: u64) -> Result<(RegionUse, u64), RangeError> {
+        let addr = self
+            .addr()
+            .checked_add(offset)
+            .filter(|&addr| self.entry.contains(addr, len))
+            .ok_or_else(|| self.past_end(offset, len))?;
+        let guard = self
+            .entry
+            .acquire()
+            .ok_or_else(|| self.past_end(offset, len))?;
+        Ok((guard, addr))
     }
 }

@@ -1,5 +1,6 @@
 use super::host::OwnedBuffer;
 use super::region::{Region, RegionEntry, RegionInfo, RegionUse};
+use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,7 @@ impl RegionTable {
     pub(crate) fn insert(
         self: &Arc<Self>,
         info: RegionInfo,
+        export: Option<Export>,
         owned: Option<OwnedBuffer>,
     ) -> Result<Region, RangeError> {
         let mut regions = self.lock();
@@ -69,7 +71,7 @@ impl RegionTable {
             }
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegionEntry::new(info, sequence, self.id, owned));
+        let entry = Arc::new(RegionEntry::new(info, sequence, self.id, export, owned));
         regions.insert(info.addr, Arc::clone(&entry));
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_one();
@@ -101,11 +103,19 @@ impl RegionTable {
         entry.acquire()
     }
 
-    /// Every live registration, in registration order.
-    pub(crate) fn snapshot(&self) -> Vec<RegionInfo> {
+    /// Every live registration as peers see it, in registration order.
+    pub(crate) fn snapshot(&self) -> Vec<BufferDescriptor> {
         let regions = self.lock();
         let mut entries: Vec<&Arc<RegionEntry>> = regions.values().collect();
         entries.sort_by_key(|entry| entry.sequence);
-        entries.iter().map(|entry| entry.info).collect()
+        entries
+            .iter()
+            .map(|entry| BufferDescriptor {
+                addr: entry.info.addr,
+                len: entry.info.len,
+                location: entry.info.location,
+                export: entry.export.clone(),
+            })
+            .collect()
     }
 }

@@ -92,8 +92,13 @@ impl Transport for TcpTransport {
         peer: &SegmentDescriptor,
         remote: &BufferDescriptor,
     ) -> Reach {
-        let Location::Host { .. } = local.location;
-        let Location::Host { .. } = remote.location;
+        if !matches!(local.location, Location::Host { .. })
+            || !matches!(remote.location, Location::Host { .. })
+        {
+            return Reach::No {
+                reason: "GPU memory over tcp needs staging through pinned host buffers, which this build does not have yet".into(),
+            };
+        }
         if peer.endpoint(TCP).is_none() {
             return Reach::No {
                 reason: "the peer publishes no tcp endpoint".into(),

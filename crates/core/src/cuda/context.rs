@@ -1,0 +1,53 @@
+use super::device;
+use super::error::CudaError;
+use cudarc::driver::sys::{self, CUcontext};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The primary context of one GPU, retained for the life of the process and made current on
+/// whichever thread is about to call the driver.
+#[derive(Debug)]
+pub struct Context {
+    raw: CUcontext,
+    ordinal: u32,
+}
+
+// SAFETY: a CUcontext is a driver handle usable from any thread once made current there
+// (`bind`); the primary context is never destroyed while the process runs.
+unsafe impl Send for Context {}
+// SAFETY: as above; `&Context` only ever passes the handle to thread-safe driver calls.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// The primary context of GPU `ordinal`, retained once per process.
+    pub fn get(ordinal: u32) -> Result<Arc<Context>, CudaError> {
+        static CONTEXTS: OnceLock<Mutex<Vec<Arc<Context>>>> = OnceLock::new();
+        let mut contexts = CONTEXTS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(context) = contexts.iter().find(|context| context.ordinal == ordinal) {
+            return Ok(Arc::clone(context));
+        }
+        let device = device::handle(ordinal)?;
+        let mut raw: CUcontext = std::ptr::null_mut();
+        // SAFETY: `device` is valid and `raw` is a valid place for the context handle; the
+        // retain is never released, so the context lives as long as the process.
+        CudaError::check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut raw, device)
+        })?;
+        let context = Arc::new(Context { raw, ordinal });
+        contexts.push(Arc::clone(&context));
+        Ok(context)
+    }
+
+    /// Makes this context current on the calling thread. Cheap; call it before driver work.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: `raw` is a retained primary context, valid for the process's life.
+        CudaError::check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.raw) })
+    }
+
+    /// The GPU ordinal this context belongs to.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}

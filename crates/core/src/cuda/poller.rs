@@ -1,0 +1,220 @@
+//! One thread that turns finished CUDA events into woken futures, so no async worker ever
+//! blocks on the GPU. It spins briefly after new work (completions are often microseconds
+//! away), then backs off to short sleeps, and parks when nothing is outstanding.
+
+use super::error::CudaError;
+use super::event::Event;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Something the poller can ask "are you done?": a CUDA event, or a fake in tests.
+pub trait Pollable: Send + 'static {
+    /// `Ok(true)` when done, `Ok(false)` while pending, the error when the work failed.
+    fn query(&self) -> Result<bool, CudaError>;
+}
+
+impl Pollable for Event {
+    fn query(&self) -> Result<bool, CudaError> {
+        Event::query(self)
+    }
+}
+
+struct Job {
+    source: Box<dyn Pollable>,
+    done: oneshot::Sender<Result<(), CudaError>>,
+}
+
+/// The poller thread's inbox.
+#[derive(Debug)]
+pub struct Poller {
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+/// How long the poller spins after the last new job before it starts sleeping.
+const SPIN: Duration = Duration::from_micros(50);
+/// The longest sleep between two rounds of queries while work is outstanding.
+const MAX_NAP: Duration = Duration::from_micros(200);
+
+impl Poller {
+    /// The process-wide poller, started on first use.
+    pub fn global() -> &'static Poller {
+        static POLLER: OnceLock<Poller> = OnceLock::new();
+        POLLER.get_or_init(Poller::start)
+    }
+
+    /// Starts a poller thread of its own (tests use one each).
+    pub fn start() -> Poller {
+        let (jobs, inbox) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("ferry-cuda-poller".into())
+            .spawn(move || run(inbox));
+        if let Err(error) = spawned {
+            tracing::error!(%error, "starting the CUDA event poller failed; GPU transfers will fail");
+        }
+        Poller {
+            jobs: Mutex::new(jobs),
+        }
+    }
+
+    /// A future that resolves when `source` reports done (or failed).
+    pub fn wait(&self, source: impl Pollable) -> Completed {
+        let (done, receiver) = oneshot::channel();
+        let job = Job {
+            source: Box::new(source),
+            done,
+        };
+        // A send error drops the job and its sender, so the future reports the poller gone.
+        let _ = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .send(job);
+        Completed { receiver }
+    }
+}
+
+fn run(inbox: mpsc::Receiver<Job>) {
+    let mut pending: Vec<Job> = Vec::new();
+    let mut last_news = Instant::now();
+    let mut nap = Duration::from_micros(5);
+    loop {
+        if pending.is_empty() {
+            match inbox.recv() {
+                Ok(job) => pending.push(job),
+                Err(_) => return,
+            }
+            last_news = Instant::now();
+        }
+        while let Ok(job) = inbox.try_recv() {
+            pending.push(job);
+            last_news = Instant::now();
+        }
+        pending.retain_mut(|job| match job.source.query() {
+            Ok(false) => !job.done.is_closed(),
+            Ok(true) => {
+                finish(job, Ok(()));
+                false
+            }
+            Err(error) => {
+                finish(job, Err(error));
+                false
+            }
+        });
+        if pending.is_empty() {
+            nap = Duration::from_micros(5);
+        } else if last_news.elapsed() < SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(MAX_NAP);
+        }
+    }
+}
+
+fn finish(job: &mut Job, outcome: Result<(), CudaError>) {
+    let (sender, _) = oneshot::channel();
+    let done = std::mem::replace(&mut job.done, sender);
+    let _ = done.send(outcome);
+}
+
+/// Resolves when the polled work is done; its error when the work failed.
+#[derive(Debug)]
+pub struct Completed {
+    receiver: oneshot::Receiver<Result<(), CudaError>>,
+}
+
+impl Future for Completed {
+    type Output = Result<(), CudaError>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.receiver).poll(context).map(|outcome| {
+            outcome.unwrap_or_else(|_| {
+                Err(CudaError {
+                    call: "event poller",
+                    code: 999,
+                    name: "the CUDA event poller thread is not running".into(),
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::task::{waker, ArcWake};
+    use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// 0 pending, 1 done, 2 failed.
+    struct FakeEvent(Arc<AtomicU8>);
+
+    impl Pollable for FakeEvent {
+        fn query(&self) -> Result<bool, CudaError> {
+            match self.0.load(Ordering::SeqCst) {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(CudaError {
+                    call: "cuEventQuery",
+                    code: 700,
+                    name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+                }),
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl ArcWake for CountingWaker {
+        fn wake_by_ref(this: &Arc<Self>) {
+            this.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn drive(state: u8) -> (Result<(), CudaError>, usize) {
+        let poller = Poller::start();
+        let flag = Arc::new(AtomicU8::new(0));
+        let mut future = poller.wait(FakeEvent(Arc::clone(&flag)));
+        let counter = Arc::new(CountingWaker::default());
+        let waker = waker(Arc::clone(&counter));
+        let mut context = Context::from_waker(&waker);
+        assert!(Pin::new(&mut future).poll(&mut context).is_pending());
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            0,
+            "not woken while pending"
+        );
+        flag.store(state, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counter.0.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the poller never woke the future"
+            );
+            std::thread::yield_now();
+        }
+        match Pin::new(&mut future).poll(&mut context) {
+            Poll::Ready(outcome) => (outcome, counter.0.load(Ordering::SeqCst)),
+            Poll::Pending => panic!("woken but not ready"),
+        }
+    }
+
+    #[test]
+    fn a_finished_event_wakes_its_future_once() {
+        let (outcome, wakes) = drive(1);
+        assert_eq!(outcome, Ok(()));
+        assert_eq!(wakes, 1);
+    }
+
+    #[test]
+    fn a_failed_event_is_an_error_not_a_hang() {
+        let (outcome, _) = drive(2);
+        assert_eq!(outcome.unwrap_err().code, 700);
+    }
+}

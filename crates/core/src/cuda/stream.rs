@@ -1,0 +1,78 @@
+use super::context::Context;
+use super::error::CudaError;
+use cudarc::driver::sys::{self, CUstream, CUstream_flags};
+use std::sync::Arc;
+
+/// A non-blocking CUDA stream on one GPU; destroyed on drop.
+#[derive(Debug)]
+pub struct Stream {
+    raw: CUstream,
+    context: Arc<Context>,
+}
+
+// SAFETY: a CUstream may be used from any thread that has its context current; every method
+// binds the context first.
+unsafe impl Send for Stream {}
+// SAFETY: the driver serialises work submitted to one stream from several threads.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// Creates a stream that does not synchronise with the legacy default stream.
+    pub fn new(context: Arc<Context>) -> Result<Stream, CudaError> {
+        context.bind()?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: the context is current and `raw` is a valid place for the handle.
+        CudaError::check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Stream { raw, context })
+    }
+
+    /// Queues a copy of `len` bytes from `src` to `dst` (any two addresses CUDA knows, on any
+    /// GPU or pinned host memory).
+    ///
+    /// # Safety
+    /// 1. `src..src+len` must be readable and `dst..dst+len` writable by this GPU until the
+    ///    copy completes (an event recorded after it has fired).
+    /// 2. The ranges must not overlap.
+    pub unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: the caller guarantees both ranges (1, 2); the stream is valid.
+        CudaError::check("cuMemcpyAsync", unsafe {
+            sys::cuMemcpyAsync(dst, src, len, self.raw)
+        })
+    }
+
+    /// Blocks until everything queued so far has finished. For set-up and tests, never on a
+    /// transfer's path.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: the stream is valid.
+        CudaError::check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.raw)
+        })
+    }
+
+    pub(super) fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// The context the stream belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.context
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let outcome = self.context.bind().and_then(|()| {
+            // SAFETY: the stream is valid and destroyed exactly once, here.
+            CudaError::check("cuStreamDestroy_v2", unsafe {
+                sys::cuStreamDestroy_v2(self.raw)
+            })
+        });
+        if let Err(error) = outcome {
+            tracing::warn!(%error, "destroying a CUDA stream failed");
+        }
+    }
+}
