@@ -44,12 +44,17 @@
 //! [`Batch::submit_blocking`] and [`Transfer::wait`].
 #![forbid(unsafe_code)]
 
+mod engine;
+
+pub use engine::{Engine, EngineBuilder};
+pub use ferry_nvlink::{NvlinkConfig, NVLINK};
+
 pub use ferry_core::{
-    cuda, wire, Batch, BufferDescriptor, Completion, Direction, Endpoint, Engine, EngineBuilder,
-    Error, Export, HostIdentity, Link, Location, MetadataStore, Notification, Notifications, Peer,
-    PeerToPeer, ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result,
-    SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION,
-    MAX_NOTIFICATION_BYTES, TCP,
+    cuda, wire, Batch, BufferDescriptor, Completion, Direction, Endpoint, Error, Export,
+    HostIdentity, Link, Location, MetadataStore, Notification, Notifications, Peer, PeerToPeer,
+    ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result, SegmentDescriptor,
+    Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES,
+    TCP,
 };
 
 #[doc = include_str!("../README.md")]

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
+use ferry::cuda::Driver;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -38,6 +39,9 @@ enum Command {
         /// Exit after this many notifications (run until killed when absent).
         #[arg(long)]
         notifications: Option<u64>,
+        /// Put the buffer on this GPU (`cudaMalloc` memory) instead of in host memory.
+        #[arg(long)]
+        gpu: Option<u32>,
     },
 }
 
@@ -57,7 +61,8 @@ fn main() -> ExitCode {
             bytes,
             metadata,
             notifications,
-        } => serve(listen, advertise, bytes, &metadata, notifications),
+            gpu,
+        } => serve(listen, advertise, bytes, &metadata, notifications, gpu),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -69,16 +74,40 @@ fn main() -> ExitCode {
 }
 
 fn probe() -> Result<(), Box<dyn std::error::Error>> {
-    let driver = ferry::cuda::Driver::get();
+    let driver = Driver::get();
     println!("cuda: {}", driver.status());
+    let gpus = driver.devices()?;
+    for gpu in &gpus {
+        println!(
+            "gpu {}: {} {} pci {}",
+            gpu.ordinal, gpu.name, gpu.uuid, gpu.pci_bus_id
+        );
+    }
+    if gpus.len() > 1 {
+        println!("peer access (row reads/writes column):");
+        for from in &gpus {
+            let row: Vec<String> = gpus
+                .iter()
+                .map(|to| match from.ordinal == to.ordinal {
+                    true => "  -".to_owned(),
+                    false => match driver.can_access_peer(from.ordinal, to.ordinal) {
+                        Ok(true) => "yes".to_owned(),
+                        Ok(false) => " no".to_owned(),
+                        Err(error) => format!("error: {error}"),
+                    },
+                })
+                .collect();
+            println!("  gpu {}: {}", from.ordinal, row.join(" "));
+        }
+    }
     println!("transports:");
     println!("  tcp: available (host memory, any host)");
-    let reason = if driver.is_ready() {
-        "GPU memory transports are not in this build yet"
-    } else {
-        "needs a CUDA driver and GPUs"
-    };
-    println!("  nvlink: unavailable ({reason})");
+    match gpus.is_empty() {
+        true => println!("  nvlink: unavailable ({})", driver.status()),
+        false => {
+            println!("  nvlink: available (cudaMalloc memory of processes on this host, CUDA IPC)")
+        }
+    }
     Ok(())
 }
 
@@ -88,6 +117,7 @@ fn serve(
     bytes: usize,
     metadata: &str,
     limit: Option<u64>,
+    gpu: Option<u32>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = ferry::Engine::builder()
         .listen(listen)
@@ -96,7 +126,14 @@ fn serve(
         builder = builder.advertise(host);
     }
     let engine = builder.build_blocking()?;
-    let buffer = engine.allocate(bytes)?;
+    let buffer = match gpu {
+        Some(ordinal) => {
+            let buffer = engine.allocate_device(ordinal, bytes)?;
+            buffer.write_at(0, &vec![0u8; bytes])?;
+            buffer
+        }
+        None => engine.allocate(bytes)?,
+    };
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;

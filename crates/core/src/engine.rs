@@ -3,10 +3,12 @@
 //! so callers with or without an async runtime use it alike.
 
 use crate::batch::Batch;
-use crate::cuda::{Driver, MemoryKind};
+use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, RangeError, Result};
-use crate::memory::{export_device, Location, OwnedBuffer, Region, RegionInfo, RegionTable};
+use crate::memory::{
+    export_device, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
+};
 use crate::metadata::{MetadataStore, PeerToPeer};
 use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
 use crate::peer::Peer;
@@ -396,7 +398,35 @@ impl Engine {
             len: len as u64,
             location: Location::Host { pinned: false },
         };
-        Ok(self.inner.table.insert(info, None, Some(buffer))?)
+        Ok(self
+            .inner
+            .table
+            .insert(info, None, Some(OwnedMemory::Host { _buffer: buffer }))?)
+    }
+
+    /// Allocates `len` bytes on GPU `ordinal` with `cudaMalloc` and registers them, exported
+    /// for peers on this host. The memory is freed when the region is dropped; its contents are
+    /// undefined until written ([`Region::write_at`] copies into it).
+    ///
+    /// # Errors
+    /// [`RangeError::ZeroLength`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
+    /// the allocation or export fails.
+    pub fn allocate_device(&self, ordinal: u32, len: usize) -> Result<Region> {
+        if len == 0 {
+            return Err(RangeError::ZeroLength { index: 0 }.into());
+        }
+        let buffer = DeviceBuffer::new(Context::get(ordinal)?, len)?;
+        let (location, export) = export_device(buffer.addr(), len as u64, &self.inner.gpus)?;
+        let info = RegionInfo {
+            addr: buffer.addr(),
+            len: len as u64,
+            location,
+        };
+        Ok(self.inner.table.insert(
+            info,
+            Some(export),
+            Some(OwnedMemory::Device { _buffer: buffer }),
+        )?)
     }
 
     /// Opens the peer named `name` (`host:port` with the default metadata): fetches its

@@ -12,7 +12,7 @@ mod table;
 
 pub(crate) use export::export_device;
 pub(crate) use host::{HostSpan, OwnedBuffer};
-pub(crate) use region::RegionEntry;
 pub use region::RegionUse;
 pub use region::{Location, Region, RegionInfo};
+pub(crate) use region::{OwnedMemory, RegionEntry};
 pub(crate) use table::RegionTable;

@@ -59,7 +59,15 @@ pub(crate) struct RegionEntry {
     /// How peers on the same host can map it (GPU memory).
     pub(crate) export: Option<Export>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
-    _owned: Option<OwnedBuffer>,
+    _owned: Option<OwnedMemory>,
+}
+
+/// Memory an engine allocated itself ([`crate::Engine::allocate`],
+/// [`crate::Engine::allocate_device`]); it lives as long as its registration.
+/// Held only to be dropped (freed) with the registration.
+pub(crate) enum OwnedMemory {
+    Host { _buffer: OwnedBuffer },
+    Device { _buffer: crate::cuda::DeviceBuffer },
 }
 
 impl RegionEntry {
@@ -68,7 +76,7 @@ impl RegionEntry {
         sequence: u64,
         table_id: u64,
         export: Option<Export>,
-        owned: Option<OwnedBuffer>,
+        owned: Option<OwnedMemory>,
     ) -> Self {
         RegionEntry {
             info,

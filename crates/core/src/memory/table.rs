@@ -1,5 +1,4 @@
-use super::host::OwnedBuffer;
-use super::region::{Region, RegionEntry, RegionInfo, RegionUse};
+use super::region::{OwnedMemory, Region, RegionEntry, RegionInfo, RegionUse};
 use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
 use std::collections::BTreeMap;
@@ -55,7 +54,7 @@ impl RegionTable {
         self: &Arc<Self>,
         info: RegionInfo,
         export: Option<Export>,
-        owned: Option<OwnedBuffer>,
+        owned: Option<OwnedMemory>,
     ) -> Result<Region, RangeError> {
         let mut regions = self.lock();
         let end = info.addr + info.len;

@@ -1,0 +1,126 @@
+use crate::link::NvlinkLink;
+use ferry_core::cuda::{DeviceInfo, Driver};
+use ferry_core::{
+    BufferDescriptor, Endpoint, Export, HostIdentity, Link, Location, Reach, RegionInfo, Result,
+    SegmentDescriptor, Transport,
+};
+use std::sync::Arc;
+
+/// The transport's name, as shown to users.
+pub const NVLINK: &str = "nvlink";
+
+/// How the nvlink transport spreads copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvlinkConfig {
+    /// Streams per local GPU that copies are dealt over.
+    pub streams_per_gpu: usize,
+}
+
+impl Default for NvlinkConfig {
+    fn default() -> Self {
+        NvlinkConfig { streams_per_gpu: 4 }
+    }
+}
+
+/// GPU to GPU between processes of one host, through CUDA IPC mappings.
+#[derive(Debug)]
+pub struct NvlinkTransport {
+    host: HostIdentity,
+    gpus: Vec<DeviceInfo>,
+    config: NvlinkConfig,
+    unavailable: Option<String>,
+}
+
+impl NvlinkTransport {
+    /// The transport for this process's GPUs. Without a usable CUDA driver it is still
+    /// created, and declines every pair with the driver's status as the reason.
+    pub fn new(config: NvlinkConfig) -> NvlinkTransport {
+        let driver = Driver::get();
+        let (gpus, unavailable) = match driver.devices() {
+            Ok(gpus) if driver.is_ready() => (gpus, None),
+            Ok(_) => (Vec::new(), Some(driver.status().to_string())),
+            Err(error) => (Vec::new(), Some(format!("listing GPUs failed: {error}"))),
+        };
+        NvlinkTransport {
+            host: HostIdentity::current(),
+            gpus,
+            config,
+            unavailable,
+        }
+    }
+
+    fn same_host(&self, peer: &SegmentDescriptor) -> bool {
+        !self.host.boot_id.is_empty() && peer.host == self.host
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for NvlinkTransport {
+    fn name(&self) -> &'static str {
+        NVLINK
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        None
+    }
+
+    fn reach(
+        &self,
+        local: &RegionInfo,
+        peer: &SegmentDescriptor,
+        remote: &BufferDescriptor,
+    ) -> Reach {
+        let no = |reason: String| Reach::No { reason };
+        if let Some(reason) = &self.unavailable {
+            return no(reason.clone());
+        }
+        let Location::Device {
+            ordinal: local_gpu, ..
+        } = local.location
+        else {
+            return no("the local memory is not on a GPU".into());
+        };
+        let Location::Device {
+            gpu: remote_gpu, ..
+        } = remote.location
+        else {
+            return no("the peer's memory is not on a GPU".into());
+        };
+        if !self.same_host(peer) {
+            return no(format!(
+                "the peer runs on host {:?} (boot {}), not on this one",
+                peer.host.hostname, peer.host.boot_id
+            ));
+        }
+        if peer.process == std::process::id() {
+            return Reach::Yes { cost: 5 };
+        }
+        if !matches!(remote.export, Some(Export::CudaIpc { .. })) {
+            return no("the peer's buffer carries no CUDA IPC handle".into());
+        }
+        // A remote GPU this process cannot see (CUDA_VISIBLE_DEVICES) is still mapped through
+        // IPC; whether the two GPUs can reach each other is then up to the driver.
+        if let Some(visible) = self.gpus.iter().find(|gpu| gpu.uuid == remote_gpu) {
+            let reachable = visible.ordinal == local_gpu
+                || Driver::get()
+                    .can_access_peer(local_gpu, visible.ordinal)
+                    .unwrap_or(false);
+            if !reachable {
+                return no(format!(
+                    "GPU {local_gpu} cannot access GPU {} ({remote_gpu}) as a peer",
+                    visible.ordinal
+                ));
+            }
+        }
+        Reach::Yes { cost: 10 }
+    }
+
+    async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        let same_process = peer.process == std::process::id() && self.same_host(peer);
+        Ok(Arc::new(NvlinkLink::new(
+            peer.name.clone(),
+            same_process,
+            self.config,
+        )))
+    }
+}

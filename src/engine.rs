@@ -1,0 +1,125 @@
+//! The facade's engine: ferry-core's engine with every transport of this build wired in.
+
+use ferry_core::{MetadataStore, TcpConfig, Transport};
+use ferry_nvlink::{NvlinkConfig, NvlinkTransport};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A ferry engine with the TCP and nvlink transports. Everything it does is
+/// [`ferry_core::Engine`]'s, reached through `Deref`: register memory, connect to peers,
+/// submit batches, receive notifications.
+#[derive(Debug)]
+pub struct Engine(ferry_core::Engine);
+
+impl Engine {
+    /// A builder with the defaults: listen on `127.0.0.1:0`, peer-to-peer metadata, TCP and
+    /// nvlink.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder {
+            core: ferry_core::Engine::builder(),
+            nvlink: NvlinkConfig::default(),
+        }
+    }
+}
+
+impl std::ops::Deref for Engine {
+    type Target = ferry_core::Engine;
+
+    fn deref(&self) -> &ferry_core::Engine {
+        &self.0
+    }
+}
+
+/// Configures and starts an [`Engine`]; see [`ferry_core::EngineBuilder`] for each setting.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct EngineBuilder {
+    core: ferry_core::EngineBuilder,
+    nvlink: NvlinkConfig,
+}
+
+impl EngineBuilder {
+    /// Address of the control listener (`127.0.0.1:0` by default).
+    pub fn listen(self, address: impl Into<String>) -> Self {
+        EngineBuilder {
+            core: self.core.listen(address),
+            ..self
+        }
+    }
+
+    /// The host name or IP peers use to reach this engine (needed with `0.0.0.0`).
+    pub fn advertise(self, host: impl Into<String>) -> Self {
+        EngineBuilder {
+            core: self.core.advertise(host),
+            ..self
+        }
+    }
+
+    /// How the TCP transport uses connections.
+    pub fn tcp(self, config: TcpConfig) -> Self {
+        EngineBuilder {
+            core: self.core.tcp(config),
+            ..self
+        }
+    }
+
+    /// How the nvlink transport spreads copies over streams.
+    pub fn nvlink(self, config: NvlinkConfig) -> Self {
+        EngineBuilder {
+            nvlink: config,
+            ..self
+        }
+    }
+
+    /// How long a transfer may take (30 s by default).
+    pub fn transfer_timeout(self, timeout: Duration) -> Self {
+        EngineBuilder {
+            core: self.core.transfer_timeout(timeout),
+            ..self
+        }
+    }
+
+    /// Threads of the engine's own I/O runtime (2 by default).
+    pub fn worker_threads(self, threads: usize) -> Self {
+        EngineBuilder {
+            core: self.core.worker_threads(threads),
+            ..self
+        }
+    }
+
+    /// Where descriptors are published and fetched (peer-to-peer by default).
+    pub fn metadata(self, store: Arc<dyn MetadataStore>) -> Self {
+        EngineBuilder {
+            core: self.core.metadata(store),
+            ..self
+        }
+    }
+
+    /// Adds a transport of the caller's own.
+    pub fn transport(self, transport: Arc<dyn Transport>) -> Self {
+        EngineBuilder {
+            core: self.core.transport(transport),
+            ..self
+        }
+    }
+
+    fn wired(self) -> ferry_core::EngineBuilder {
+        self.core
+            .transport(Arc::new(NvlinkTransport::new(self.nvlink)))
+    }
+
+    /// Starts the engine.
+    ///
+    /// # Errors
+    /// As [`ferry_core::EngineBuilder::build`].
+    pub async fn build(self) -> ferry_core::Result<Engine> {
+        self.wired().build().await.map(Engine)
+    }
+
+    /// [`Self::build`] for callers without an async runtime. Never call it from inside one.
+    ///
+    /// # Errors
+    /// As [`ferry_core::EngineBuilder::build`].
+    pub fn build_blocking(self) -> ferry_core::Result<Engine> {
+        self.wired().build_blocking().map(Engine)
+    }
+}
