@@ -24,6 +24,12 @@ struct Cli {
     role: Option<Role>,
     #[command(flatten)]
     shape: kv::Shape,
+    /// Keep the cache in host memory even when GPUs are present.
+    #[arg(long)]
+    host: bool,
+    /// Start each process with `CUDA_VISIBLE_DEVICES` naming only its own GPU (two GPUs).
+    #[arg(long)]
+    split_visible_devices: bool,
     /// Requests to move, one after another into the same decode blocks. The first pays for
     /// first-touch page faults in the freshly allocated pool; the last shows the steady state.
     #[arg(long, default_value_t = 2)]
@@ -45,7 +51,7 @@ fn main() -> ExitCode {
     let outcome = match cli.role {
         Some(Role::Decode(args)) => kv::decode::run(args),
         Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
-        None => orchestrate(&cli.shape, cli.requests),
+        None => orchestrate(&cli.shape, cli.requests, placement(&cli)),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -81,11 +87,84 @@ impl Drop for Process {
     }
 }
 
+/// Where each side keeps its cache, and why.
+struct Placement {
+    decode: Side,
+    prefill: Side,
+    why: String,
+}
+
+struct Side {
+    gpu: Option<u32>,
+    visible_devices: Option<&'static str>,
+}
+
+fn placement(cli: &Cli) -> Placement {
+    let driver = ferry::cuda::Driver::get();
+    let gpus = driver.devices().map(|gpus| gpus.len()).unwrap_or(0);
+    let on = |gpu, visible_devices| Side {
+        gpu: Some(gpu),
+        visible_devices,
+    };
+    let host = Side {
+        gpu: None,
+        visible_devices: None,
+    };
+    match gpus {
+        _ if cli.host => Placement {
+            decode: host,
+            prefill: Side {
+                gpu: None,
+                visible_devices: None,
+            },
+            why: "host memory on both sides, as asked (--host)".into(),
+        },
+        0 => Placement {
+            decode: host,
+            prefill: Side {
+                gpu: None,
+                visible_devices: None,
+            },
+            why: format!("host memory on both sides: {}", driver.status()),
+        },
+        1 => Placement {
+            decode: on(0, None),
+            prefill: on(0, None),
+            why: "one GPU: both processes on GPU 0, CUDA IPC within the GPU".into(),
+        },
+        _ if cli.split_visible_devices => Placement {
+            decode: on(0, Some("1")),
+            prefill: on(0, Some("0")),
+            why: "prefill sees only GPU 0, decode only GPU 1 (CUDA_VISIBLE_DEVICES)".into(),
+        },
+        _ => Placement {
+            decode: on(1, None),
+            prefill: on(0, None),
+            why: format!(
+                "prefill on GPU 0, decode on GPU 1, peer access {}",
+                match driver.can_access_peer(0, 1) {
+                    Ok(true) => "yes".to_owned(),
+                    Ok(false) => "no".to_owned(),
+                    Err(error) => format!("unknown ({error})"),
+                }
+            ),
+        },
+    }
+}
+
 fn start(
     role: &str,
-    args: Vec<String>,
+    side: &Side,
+    mut args: Vec<String>,
 ) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
-    let mut child = Command::new(std::env::current_exe()?)
+    if let Some(gpu) = side.gpu {
+        args.extend(["--gpu".to_owned(), gpu.to_string()]);
+    }
+    let mut command = Command::new(std::env::current_exe()?);
+    if let Some(devices) = side.visible_devices {
+        command.env("CUDA_VISIBLE_DEVICES", devices);
+    }
+    let mut child = command
         .arg(role)
         .args(args)
         .stdout(Stdio::piped())
@@ -102,7 +181,11 @@ fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
         .find_map(|line| line.strip_prefix(key).map(str::trim))
 }
 
-fn orchestrate(shape: &kv::Shape, requests: u32) -> Result<bool, Box<dyn std::error::Error>> {
+fn orchestrate(
+    shape: &kv::Shape,
+    requests: u32,
+    placement: Placement,
+) -> Result<bool, Box<dyn std::error::Error>> {
     shape.validate()?;
     let requests = requests.max(1);
     println!(
@@ -116,7 +199,7 @@ fn orchestrate(shape: &kv::Shape, requests: u32) -> Result<bool, Box<dyn std::er
     );
     let mut decode_args = shape_args(shape);
     decode_args.extend(["--requests".to_owned(), requests.to_string()]);
-    let (mut decode, mut decode_lines) = start("decode", decode_args)?;
+    let (mut decode, mut decode_lines) = start("decode", &placement.decode, decode_args)?;
     let segment = decode_lines
         .next()
         .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
@@ -130,7 +213,7 @@ fn orchestrate(shape: &kv::Shape, requests: u32) -> Result<bool, Box<dyn std::er
         "--requests".to_owned(),
         requests.to_string(),
     ]);
-    let (mut prefill, prefill_lines) = start("prefill", prefill_args)?;
+    let (mut prefill, prefill_lines) = start("prefill", &placement.prefill, prefill_args)?;
     let prefill_pid = prefill.0.id();
     let prefill_lines: Vec<String> = prefill_lines.collect();
     let prefill_ok = prefill.0.wait()?.success();
@@ -141,13 +224,10 @@ fn orchestrate(shape: &kv::Shape, requests: u32) -> Result<bool, Box<dyn std::er
     }
 
     let transport = value(&prefill_lines, "transport:").unwrap_or("unknown");
-    let driver = ferry::cuda::Driver::get();
-    let why = if driver.is_ready() {
-        format!("host memory on both sides; {}", driver.status())
-    } else {
-        format!("host memory on both sides: {}", driver.status())
-    };
-    println!("prefill (pid {prefill_pid}): transport {transport} ({why})");
+    println!(
+        "prefill (pid {prefill_pid}): transport {transport} ({})",
+        placement.why
+    );
     for line in decode_lines
         .iter()
         .filter(|line| line.starts_with("request "))

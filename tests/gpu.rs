@@ -1,58 +1,71 @@
-//! GPU checks for this build: the CUDA driver is found at run time, GPU and managed memory get
-//! a clear "not supported yet" error, pinned and pageable host memory register and move.
-//! Run on the GPU machine with `--features gpu-tests`; without a GPU every test fails.
+//! The GPU suite: registration of GPU memory, and the nvlink transport between two processes
+//! (GPU0 -> GPU1, and within one GPU). Run on the GPU machine with `--features gpu-tests`;
+//! without a GPU every test fails, and the two-GPU tests fail on a one-GPU machine.
 #![cfg(feature = "gpu-tests")]
 
 mod common;
 
-use common::{assert_bytes_eq, pattern};
+use common::{assert_bytes_eq, pattern, ServeProcess};
 use cudarc::driver::{CudaContext, DevicePtr};
-use ferry::{Engine, Error, Location};
+use ferry::{Engine, Error, Export, Location};
+use std::time::{Duration, Instant};
 
-fn context() -> std::sync::Arc<CudaContext> {
+fn gpus() -> u32 {
     let driver = ferry::cuda::Driver::get();
     assert!(
         driver.is_ready(),
         "the GPU suite needs a GPU: {}",
         driver.status()
     );
-    CudaContext::new(0).expect("GPU 0 opens")
+    driver.devices().expect("GPUs listed").len() as u32
+}
+
+fn two_gpus() {
+    assert!(gpus() >= 2, "this test needs two GPUs");
+}
+
+fn engine() -> Engine {
+    Engine::builder()
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .expect("engine starts")
 }
 
 #[test]
-fn gpu_memory_is_refused_naming_the_transport_that_will_take_it() {
-    let context = context();
+fn a_range_inside_a_cudamalloc_block_registers_with_its_offset() {
+    gpus();
+    let context = CudaContext::new(0).expect("GPU 0 opens");
     let stream = context.default_stream();
-    let buffer = stream.alloc_zeros::<u8>(1 << 20).expect("1 MiB on GPU 0");
+    let buffer = stream.alloc_zeros::<u8>(4 << 20).expect("4 MiB on GPU 0");
     let (pointer, _sync) = buffer.device_ptr(&stream);
-    let engine = Engine::builder().build_blocking().unwrap();
-    // A pointer 4 KiB into the allocation, as a tensor inside a caching-allocator block is.
-    // SAFETY: the range lies inside `buffer`, which outlives the call; it is refused anyway.
-    let outcome = unsafe { engine.register((pointer + 4096) as *mut u8, 64 << 10) };
-    match outcome {
-        Err(error @ Error::Unsupported { .. }) => {
-            let text = error.to_string();
-            assert!(
-                text.contains("GPU memory") && text.contains("nvlink"),
-                "{text}"
-            );
+    let engine = engine();
+    // SAFETY: the range lies inside `buffer`, which outlives `region` (dropped first).
+    let region = unsafe { engine.register((pointer + 4096) as *mut u8, 1 << 20) }.unwrap();
+    assert!(matches!(
+        region.location(),
+        Location::Device { ordinal: 0, .. }
+    ));
+    let descriptor = engine.descriptor();
+    match &descriptor.buffers[0].export {
+        Some(Export::CudaIpc { handle, offset }) => {
+            assert_eq!(*offset, 4096);
+            assert_eq!(handle.len(), 128);
         }
-        other => panic!("expected Unsupported, got {other:?}"),
+        other => panic!("expected a CUDA IPC export, got {other:?}"),
     }
-    assert!(
-        engine.descriptor().buffers.is_empty(),
-        "nothing was registered"
-    );
+    assert_eq!(descriptor.gpus.len() as u32, gpus());
+    drop(region);
 }
 
 #[test]
 fn managed_memory_is_refused() {
-    let context = context();
+    gpus();
+    let context = CudaContext::new(0).expect("GPU 0 opens");
     // SAFETY: the contents are never read; the pointer is only registered (and refused).
     let managed = unsafe { context.alloc_unified::<u8>(1 << 20, true) }.expect("1 MiB managed");
     let stream = context.default_stream();
     let (pointer, _sync) = managed.device_ptr(&stream);
-    let engine = Engine::builder().build_blocking().unwrap();
+    let engine = engine();
     // SAFETY: the range lies inside `managed`, which outlives the call.
     let outcome = unsafe { engine.register(pointer as *mut u8, 1 << 20) };
     assert!(
@@ -62,20 +75,19 @@ fn managed_memory_is_refused() {
 }
 
 #[test]
-fn pinned_and_pageable_host_memory_register_and_move_with_a_gpu_present() {
-    let context = context();
+fn pinned_host_memory_registers_as_pinned_and_moves() {
+    gpus();
+    let context = CudaContext::new(0).expect("GPU 0 opens");
     // SAFETY: every byte is written below before anything reads it.
     let mut pinned = unsafe { context.alloc_pinned::<u8>(4 << 20) }.expect("4 MiB pinned");
     let pointer = pinned.as_mut_ptr().expect("pinned pointer");
-    let decode = Engine::builder().build_blocking().unwrap();
-    // SAFETY: `pinned` outlives `region` (dropped at the end of the test, after it).
+    let decode = engine();
+    // SAFETY: `pinned` outlives `region` (dropped at the end of the test, before it).
     let region = unsafe { decode.register(pointer, 4 << 20) }.unwrap();
     assert_eq!(region.location(), Location::Host { pinned: true });
     region.write_at(0, &vec![0u8; 4 << 20]).unwrap();
-
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = engine();
     let source = prefill.allocate(4 << 20).unwrap();
-    assert_eq!(source.location(), Location::Host { pinned: false });
     source.write_at(0, &pattern(21, 4 << 20)).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
     prefill
@@ -87,4 +99,173 @@ fn pinned_and_pageable_host_memory_register_and_move_with_a_gpu_present() {
     region.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(21, 4 << 20), "write into pinned memory");
     drop(region);
+}
+
+/// Writes every size to a `ferry serve --gpu REMOTE` process from GPU `local`, at odd offsets,
+/// reads each back into a second buffer, and checks both directions byte for byte.
+fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)]) {
+    const REMOTE: usize = 64 << 20;
+    let target = ServeProcess::start_with(REMOTE, &["--gpu", remote_gpu], env);
+    let engine = engine();
+    let source = engine.allocate_device(local, 32 << 20).unwrap();
+    let back = engine.allocate_device(local, 32 << 20).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let mut remote_offset = 3u64;
+    for (seed, size) in [1usize, 999, 4096, 32 << 10, 1 << 20, 16 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = pattern(seed as u64 + 40, size);
+        source.write_at(5, &bytes).unwrap();
+        let done = engine
+            .batch(&peer)
+            .write(&source, 5, target.buffer_addr + remote_offset, size as u64)
+            .submit_blocking()
+            .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte write");
+        back.write_at(7, &vec![0u8; size]).unwrap();
+        engine
+            .batch(&peer)
+            .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
+            .submit_blocking()
+            .unwrap();
+        let mut arrived = vec![0u8; size];
+        back.read_at(7, &mut arrived).unwrap();
+        assert_bytes_eq(
+            &arrived,
+            &bytes,
+            &format!("{size} bytes written then read back"),
+        );
+        remote_offset += size as u64 + 513;
+    }
+}
+
+#[test]
+fn gpu0_to_gpu1_write_and_read_between_processes() {
+    two_gpus();
+    write_and_read_every_size(0, "1", &[]);
+}
+
+#[test]
+fn same_gpu_ipc_between_processes() {
+    gpus();
+    write_and_read_every_size(0, "0", &[]);
+}
+
+#[test]
+fn a_peer_that_sees_only_its_own_gpu() {
+    two_gpus();
+    // The target process sees only GPU 1 (as its ordinal 0); this process sees both.
+    write_and_read_every_size(0, "0", &[("CUDA_VISIBLE_DEVICES", "1")]);
+}
+
+#[test]
+fn many_blocks_land_in_their_slots_on_the_other_gpu() {
+    two_gpus();
+    const BLOCK: usize = 32 << 10;
+    const BLOCKS: usize = 2048;
+    let target = ServeProcess::start_with(BLOCK * BLOCKS, &["--gpu", "1"], &[]);
+    let engine = engine();
+    let source = engine.allocate_device(0, BLOCK * BLOCKS).unwrap();
+    let back = engine.allocate_device(0, BLOCK * BLOCKS).unwrap();
+    let bytes = pattern(77, BLOCK * BLOCKS);
+    source.write_at(0, &bytes).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let slot = |block: usize| (block * 7 + 3) % BLOCKS;
+    let mut batch = engine.batch(&peer);
+    for block in 0..BLOCKS {
+        let remote = target.buffer_addr + (slot(block) * BLOCK) as u64;
+        batch = batch.write(&source, (block * BLOCK) as u64, remote, BLOCK as u64);
+    }
+    batch.submit_blocking().unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, target.buffer_addr, (BLOCK * BLOCKS) as u64)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0u8; BLOCK * BLOCKS];
+    back.read_at(0, &mut landed).unwrap();
+    for block in 0..BLOCKS {
+        let at = slot(block) * BLOCK;
+        assert_bytes_eq(
+            &landed[at..at + BLOCK],
+            &bytes[block * BLOCK..(block + 1) * BLOCK],
+            &format!("block {block}"),
+        );
+    }
+}
+
+#[test]
+fn remote_ranges_outside_the_registration_are_refused_and_nothing_lands() {
+    gpus();
+    let remote_gpu = if gpus() >= 2 { "1" } else { "0" };
+    let target = ServeProcess::start_with(1 << 20, &["--gpu", remote_gpu], &[]);
+    let engine = engine();
+    let source = engine.allocate_device(0, 2 << 20).unwrap();
+    source.write_at(0, &vec![0xabu8; 2 << 20]).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let outcome = engine
+        .batch(&peer)
+        .write(&source, 0, target.buffer_addr, 4096)
+        .write(&source, 0, target.buffer_addr + (1 << 20) - 100, 4096)
+        .submit_blocking();
+    assert!(matches!(outcome, Err(Error::Range(_))), "{outcome:?}");
+    let back = engine.allocate_device(0, 1 << 20).unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, target.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0xffu8; 1 << 20];
+    back.read_at(0, &mut landed).unwrap();
+    assert!(
+        landed.iter().all(|&byte| byte == 0),
+        "nothing may be written"
+    );
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
+    gpus();
+    let remote_gpu = if gpus() >= 2 { "1" } else { "0" };
+    let mut target = ServeProcess::start_with(1 << 30, &["--gpu", remote_gpu], &[]);
+    let engine = engine();
+    let source = engine.allocate_device(0, 1 << 30).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let mut batch = engine.batch(&peer);
+    for _ in 0..64 {
+        batch = batch.write(&source, 0, target.buffer_addr, 1 << 30);
+    }
+    let transfer = batch.notify("done").submit().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    target.child.kill().unwrap();
+    let killed = Instant::now();
+    let outcome = transfer.wait();
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "resolved in {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        outcome.is_err(),
+        "the notification cannot reach a dead peer: {outcome:?}"
+    );
+
+    let other = ServeProcess::start_with(1 << 20, &["--gpu", remote_gpu], &[]);
+    let peer = engine.connect_blocking(&other.name).unwrap();
+    source.write_at(0, &pattern(5, 1 << 20)).unwrap();
+    engine
+        .batch(&peer)
+        .write(&source, 0, other.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let back = engine.allocate_device(0, 1 << 20).unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, other.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0u8; 1 << 20];
+    back.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(5, 1 << 20), "write after the peer died");
 }

@@ -1,7 +1,7 @@
 //! The decode role: owns the KV pool, waits for announcements, verifies every block and tells
 //! the sender the outcome, so it does not reuse the blocks before they were checked.
 
-use super::{decode_notification, encode_verdict, first_mismatch, Shape};
+use super::{allocate_pools, decode_notification, encode_verdict, first_mismatch, Shape};
 use clap::Args;
 use std::io::Write;
 
@@ -10,6 +10,9 @@ use std::io::Write;
 pub(crate) struct DecodeArgs {
     #[command(flatten)]
     pub(crate) shape: Shape,
+    /// Put the pools on this GPU instead of in host memory.
+    #[arg(long)]
+    pub(crate) gpu: Option<u32>,
     /// Control listener address.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub(crate) listen: String,
@@ -32,10 +35,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         builder = builder.advertise(host.clone());
     }
     let engine = builder.build_blocking()?;
-    // One pool per K and V tensor of every layer, registered in that order.
-    let pools = (0..shape.tensors())
-        .map(|_| engine.allocate(shape.pool_bytes() as usize))
-        .collect::<Result<Vec<_>, _>>()?;
+    let pools = allocate_pools(&engine, shape, args.gpu)?;
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;

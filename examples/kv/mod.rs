@@ -77,6 +77,21 @@ impl Shape {
     }
 }
 
+/// One pool per K and V tensor of every layer, registered in that order: on GPU `gpu`
+/// (`cudaMalloc` memory) or in host memory.
+pub(crate) fn allocate_pools(
+    engine: &ferry::Engine,
+    shape: &Shape,
+    gpu: Option<u32>,
+) -> Result<Vec<ferry::Region>, ferry::Error> {
+    (0..shape.tensors())
+        .map(|_| match gpu {
+            Some(ordinal) => engine.allocate_device(ordinal, shape.pool_bytes() as usize),
+            None => engine.allocate(shape.pool_bytes() as usize),
+        })
+        .collect()
+}
+
 /// Fills `block` with the bytes logical block `block_index` of `tensor` holds for `request`.
 pub(crate) fn fill_block(block: &mut [u8], request: u64, tensor: u32, block_index: u32) {
     let base = word_seed(request, tensor, block_index);

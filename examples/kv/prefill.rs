@@ -1,7 +1,7 @@
 //! The prefill role: for each request, fills its blocks, writes them into the decode pool in
 //! one batch and notifies.
 
-use super::{encode_notification, encode_verdict, fill_block, Shape};
+use super::{allocate_pools, encode_notification, encode_verdict, fill_block, Shape};
 use clap::Args;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 pub(crate) struct PrefillArgs {
     #[command(flatten)]
     pub(crate) shape: Shape,
+    /// Put the pools on this GPU instead of in host memory.
+    #[arg(long)]
+    pub(crate) gpu: Option<u32>,
     /// Segment name of the decode engine (printed by `decode`).
     #[arg(long)]
     pub(crate) peer: String,
@@ -35,9 +38,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         .build_blocking()?;
     let sources = shape.block_ids(SOURCE_SALT);
     let destinations = shape.block_ids(DESTINATION_SALT);
-    let pools = (0..shape.tensors())
-        .map(|_| engine.allocate(shape.pool_bytes() as usize))
-        .collect::<Result<Vec<_>, _>>()?;
+    let pools = allocate_pools(&engine, shape, args.gpu)?;
     let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
     let remote = peer.buffers();

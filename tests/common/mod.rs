@@ -93,11 +93,18 @@ pub(crate) struct ServeProcess {
 
 impl ServeProcess {
     pub(crate) fn start(bytes: usize) -> ServeProcess {
+        Self::start_with(bytes, &[], &[])
+    }
+
+    /// `ferry serve` with extra arguments (`--gpu 1`) and environment (`CUDA_VISIBLE_DEVICES`).
+    pub(crate) fn start_with(bytes: usize, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         // FERRY_BIN lets the GPU runner point at the CLI where it copied it.
         let binary =
             std::env::var("FERRY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferry").into());
         let mut child = Command::new(binary)
             .args(["serve", "--bytes", &bytes.to_string()])
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
