@@ -78,6 +78,14 @@ impl EngineBuilder {
         }
     }
 
+    /// Notifications kept for the reader before senders are refused (4096 by default).
+    pub fn notification_capacity(self, capacity: usize) -> Self {
+        EngineBuilder {
+            core: self.core.notification_capacity(capacity),
+            ..self
+        }
+    }
+
     /// Threads of the engine's own I/O runtime (2 by default).
     pub fn worker_threads(self, threads: usize) -> Self {
         EngineBuilder {

@@ -283,3 +283,76 @@ async fn a_peer_that_never_acknowledges_times_out() {
     assert!(started.elapsed() >= Duration::from_millis(500));
     drop(source);
 }
+
+#[tokio::test]
+async fn a_full_inbox_refuses_notifications_at_once_and_data_still_flows() {
+    let decode = ferry::Engine::builder()
+        .notification_capacity(2)
+        .build()
+        .await
+        .unwrap();
+    let pool = decode.allocate(1 << 20).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(12, 1 << 20)).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    prefill.notify(&peer, "one").await.unwrap();
+    prefill.notify(&peer, "two").await.unwrap();
+    let refused = prefill.notify(&peer, "three").await;
+    match refused {
+        Err(Error::Rejected { reason, .. }) => {
+            assert!(reason.contains("inbox is full"), "{reason}")
+        }
+        other => panic!("expected the full inbox to refuse, got {other:?}"),
+    }
+    // Every connection, including the one notifications use, still carries data.
+    for _ in 0..8 {
+        prefill
+            .batch(&peer)
+            .write(&source, 0, pool.addr(), 1 << 20)
+            .submit()
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut landed = vec![0u8; 1 << 20];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(
+        &landed,
+        &pattern(12, 1 << 20),
+        "data after the inbox filled",
+    );
+}
+
+#[tokio::test]
+async fn notifying_a_dropped_peer_fails_instead_of_hanging() {
+    let decode = engine().await;
+    let prefill = engine().await;
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    prefill.notify(&peer, "before").await.unwrap();
+    drop(decode);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for attempt in 0..3 {
+        let outcome = tokio::time::timeout(Duration::from_secs(15), prefill.notify(&peer, "after"))
+            .await
+            .expect("notify must resolve, not hang");
+        assert!(outcome.is_err(), "attempt {attempt}: {outcome:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_never_says_hello_is_closed() {
+    let decode = ferry::Engine::builder()
+        .transfer_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let address = decode.name().to_owned();
+    let closed = tokio::task::spawn_blocking(move || closed_after(&address, b""))
+        .await
+        .unwrap();
+    assert!(
+        closed,
+        "a silent connection must be closed after the hello timeout"
+    );
+}

@@ -75,9 +75,17 @@ impl EngineBuilder {
     }
 
     /// How long a transfer may take before it fails with [`Error::Timeout`] (30 s by default).
-    /// Also bounds each network read and write.
+    /// Also bounds connecting, a new connection's hello, and the reading or writing of each
+    /// frame once it has started (an idle connection between frames is not timed out).
     pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
         self.transfer_timeout = timeout;
+        self
+    }
+
+    /// Notifications kept for the reader before senders are refused (4096 by default). A
+    /// full inbox refuses new notifications at once rather than stalling the data behind them.
+    pub fn notification_capacity(mut self, capacity: usize) -> Self {
+        self.inbox_capacity = capacity.max(1);
         self
     }
 
@@ -472,7 +480,9 @@ impl Engine {
     /// ([`Batch::notify`]), which delivers it only after the data is visible.
     ///
     /// # Errors
-    /// [`Error::ApiMisuse`] for a payload over 64 KiB, [`Error::PeerGone`] when the peer is gone.
+    /// [`Error::ApiMisuse`] for a payload over 64 KiB, [`Error::PeerGone`] when the peer is
+    /// gone, [`Error::Rejected`] when its inbox is full, [`Error::Timeout`] after the engine's
+    /// transfer timeout.
     pub async fn notify(&self, peer: &Peer, payload: impl Into<Vec<u8>>) -> Result<()> {
         let payload = payload.into();
         if payload.len() > MAX_NOTIFICATION_BYTES {
@@ -482,7 +492,17 @@ impl Engine {
             )));
         }
         let link = Arc::clone(&peer.inner.tcp);
-        self.run(async move { link.notify(&payload).await }).await
+        let limit = self.inner.transfer_timeout;
+        let name = peer.name().to_owned();
+        self.run(async move {
+            tokio::time::timeout(limit, link.notify(&payload))
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: format!("a notification to {name}"),
+                    after: limit,
+                })?
+        })
+        .await
     }
 
     /// The stream of notifications peers send to this engine. There is one stream per engine.

@@ -13,7 +13,8 @@ pub const MAX_NOTIFICATION_BYTES: usize = 64 << 10;
 /// A message from a peer, delivered after the data of the batch it was sent with is visible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
-    /// The sender's segment name.
+    /// The sender's segment name, as the sender introduced itself (not authenticated: any
+    /// process that reaches the listener can claim any name).
     pub from: String,
     /// What the sender attached, such as a request id.
     pub payload: Vec<u8>,

@@ -95,6 +95,7 @@ impl Connection {
             Arc::clone(&awaiting),
             Arc::clone(&alive),
             io_timeout,
+            Arc::clone(&peer),
         ));
         let reader_task = tokio::spawn(read_loop(
             BufReader::with_capacity(READ_BUFFER, read_half),
@@ -137,11 +138,15 @@ impl Drop for Connection {
     }
 }
 
-fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, reason: &str) {
+/// Marks the connection dead and fails everything waiting on it with `error()`.
+///
+/// `alive` is cleared before the map is drained, and the writer checks it under the map's lock
+/// before adding a frame, so no frame can be added after the drain and wait forever.
+fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, error: impl Fn() -> Error) {
     alive.store(false, Ordering::Release);
     let drained: Vec<Awaiting> = lock(awaiting).drain().map(|(_, waiting)| waiting).collect();
     for waiting in drained {
-        waiting.ticket.fail(reason);
+        waiting.ticket.complete(Err(error()));
     }
 }
 
@@ -181,6 +186,7 @@ async fn write_loop(
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
     io_timeout: Duration,
+    peer: Arc<str>,
 ) {
     let reason = loop {
         let Some(frame) = queue.recv().await else {
@@ -196,8 +202,17 @@ async fn write_loop(
                 },
             ticket,
         } = frame;
-        // Registered before the first byte goes out, so the fastest ack still finds it.
-        lock(&awaiting).insert(header.id, Awaiting { read_into, ticket });
+        // Registered before the first byte goes out, so the fastest ack still finds it; refused
+        // once the reader has given up, since no answer could ever arrive.
+        {
+            let mut waiting = lock(&awaiting);
+            if !alive.load(Ordering::Acquire) {
+                drop(waiting);
+                ticket.fail("the connection's reader stopped");
+                break "the connection's reader stopped".to_owned();
+            }
+            waiting.insert(header.id, Awaiting { read_into, ticket });
+        }
         let send = write_frame(&mut writer, &header, &prefix, &data);
         match tokio::time::timeout(io_timeout, send).await {
             Ok(Ok(())) => {}
@@ -209,7 +224,10 @@ async fn write_loop(
     while let Ok(frame) = queue.try_recv() {
         frame.ticket.fail(&reason);
     }
-    fail_all(&awaiting, &alive, &reason);
+    fail_all(&awaiting, &alive, || Error::PeerGone {
+        peer: peer.to_string(),
+        reason: reason.clone(),
+    });
 }
 
 async fn read_loop(
@@ -220,17 +238,32 @@ async fn read_loop(
     io_timeout: Duration,
     peer: Arc<str>,
 ) {
-    let reason = loop {
+    let failure = loop {
         match read_response(&mut reader, &awaiting, &limits, io_timeout, &peer).await {
             Ok(true) => {}
-            Ok(false) => break "the peer closed the connection".to_owned(),
+            Ok(false) => break FrameError::Io(std::io::ErrorKind::UnexpectedEof.into()),
             Err(error) => {
                 tracing::warn!(%peer, %error, "closing the connection to a peer");
-                break error.to_string();
+                break error;
             }
         }
     };
-    fail_all(&awaiting, &alive, &reason);
+    fail_all(&awaiting, &alive, || match &failure {
+        FrameError::Protocol(violation) => Error::Protocol {
+            peer: peer.to_string(),
+            violation: violation.clone(),
+        },
+        FrameError::Io(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Error::PeerGone {
+                peer: peer.to_string(),
+                reason: "the peer closed the connection".into(),
+            }
+        }
+        FrameError::Io(error) => Error::PeerGone {
+            peer: peer.to_string(),
+            reason: error.to_string(),
+        },
+    });
 }
 
 /// Handles one response frame; `false` on a clean end of stream.

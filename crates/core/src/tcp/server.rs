@@ -72,9 +72,19 @@ struct Session {
 impl Session {
     async fn run(&mut self) -> Result<(), FrameError> {
         loop {
-            let Some(header) =
-                frame_io::read_header(&mut self.reader, &self.context.limits).await?
-            else {
+            let next = frame_io::read_header(&mut self.reader, &self.context.limits);
+            // A caller gets one timeout to introduce itself; after the hello, a connection may
+            // idle between frames for as long as its peer keeps it.
+            let header = if self.peer.is_none() {
+                tokio::time::timeout(self.context.io_timeout, next)
+                    .await
+                    .map_err(|_| {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello in time")
+                    })??
+            } else {
+                next.await?
+            };
+            let Some(header) = header else {
                 return Ok(());
             };
             let timeout = self.context.io_timeout;
@@ -240,12 +250,21 @@ impl Session {
     async fn handle_notify(&mut self, header: Header) -> Result<(), FrameError> {
         let payload = frame_io::read_body(&mut self.reader, header.len).await?;
         let from = self.peer.clone().unwrap_or_default();
+        // Never wait for room: this connection also carries data, which must not stall
+        // behind a receiver that stopped reading. The sender learns at once instead.
         let outcome = self
             .context
             .inbox
-            .send(Notification { from, payload })
-            .await
-            .map_err(|_| "the engine is shutting down and takes no notifications".to_owned());
+            .try_send(Notification { from, payload })
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => format!(
+                    "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
+                    self.context.inbox.max_capacity()
+                ),
+                mpsc::error::TrySendError::Closed(_) => {
+                    "the engine is shutting down and takes no notifications".to_owned()
+                }
+            });
         self.ack(header.id, outcome).await?;
         Ok(())
     }
