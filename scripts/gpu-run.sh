@@ -31,13 +31,24 @@ step() {
 
 step nvidia-smi nvidia-smi
 step probe "$here/ferry" probe
+# Each test binary, and each GPU test on its own, under a time limit: a hang is reported as
+# a failure (exit 124) instead of eating the whole session.
 for test in "$here"/tests/*; do
-  step "test $(basename "$test")" "$test" --test-threads=2
+  case $(basename "$test") in
+    gpu-*)
+      for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
+        step "gpu $name" timeout 120 "$test" --exact "$name" --nocapture
+      done
+      ;;
+    *) step "test $(basename "$test")" timeout 300 "$test" --test-threads=2 ;;
+  esac
 done
-step pd_demo "$here/pd_demo"
+step pd_demo timeout 180 "$here/pd_demo"
+step "pd_demo split CUDA_VISIBLE_DEVICES" timeout 180 "$here/pd_demo" --split-visible-devices --requests 1
+step "pd_demo host memory" timeout 180 "$here/pd_demo" --host --requests 1
 {
   echo
-  grep -E "^(test result|verified:|moved |prefill |cuda:)" "$full"
+  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp)" "$full"
 } >>"$summary"
 cat "$summary"
 exit $status

@@ -34,10 +34,9 @@ fn engine() -> Engine {
 #[test]
 fn a_range_inside_a_cudamalloc_block_registers_with_its_offset() {
     gpus();
-    let context = CudaContext::new(0).expect("GPU 0 opens");
-    let stream = context.default_stream();
-    let buffer = stream.alloc_zeros::<u8>(4 << 20).expect("4 MiB on GPU 0");
-    let (pointer, _sync) = buffer.device_ptr(&stream);
+    let context = ferry::cuda::Context::get(0).expect("GPU 0 opens");
+    let buffer = ferry::cuda::DeviceBuffer::new(context, 4 << 20).expect("4 MiB cudaMalloc");
+    let pointer = buffer.addr();
     let engine = engine();
     // SAFETY: the range lies inside `buffer`, which outlives `region` (dropped first).
     let region = unsafe { engine.register((pointer + 4096) as *mut u8, 1 << 20) }.unwrap();
@@ -55,6 +54,27 @@ fn a_range_inside_a_cudamalloc_block_registers_with_its_offset() {
     }
     assert_eq!(descriptor.gpus.len() as u32, gpus());
     drop(region);
+}
+
+#[test]
+fn pool_memory_from_cudamallocasync_is_refused_naming_the_remedy() {
+    gpus();
+    let context = CudaContext::new(0).expect("GPU 0 opens");
+    let stream = context.default_stream();
+    // cudarc allocates from the stream-ordered pool (cuMemAllocAsync).
+    let buffer = stream
+        .alloc_zeros::<u8>(1 << 20)
+        .expect("1 MiB from the pool");
+    let (pointer, _sync) = buffer.device_ptr(&stream);
+    let engine = engine();
+    // SAFETY: the range lies inside `buffer`, which outlives the call; it is refused anyway.
+    let outcome = unsafe { engine.register(pointer as *mut u8, 1 << 20) };
+    match outcome {
+        Err(error @ Error::Unsupported { .. }) => {
+            assert!(error.to_string().contains("cudaMalloc"), "{error}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
 }
 
 #[test]
@@ -106,10 +126,13 @@ fn pinned_host_memory_registers_as_pinned_and_moves() {
 fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)]) {
     const REMOTE: usize = 64 << 20;
     let target = ServeProcess::start_with(REMOTE, &["--gpu", remote_gpu], env);
+    eprintln!("DIAG serve started {}", target.name);
     let engine = engine();
     let source = engine.allocate_device(local, 32 << 20).unwrap();
     let back = engine.allocate_device(local, 32 << 20).unwrap();
+    eprintln!("DIAG allocated");
     let peer = engine.connect_blocking(&target.name).unwrap();
+    eprintln!("DIAG connected");
     let mut remote_offset = 3u64;
     for (seed, size) in [1usize, 999, 4096, 32 << 10, 1 << 20, 16 << 20]
         .into_iter()
@@ -117,11 +140,13 @@ fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)])
     {
         let bytes = pattern(seed as u64 + 40, size);
         source.write_at(5, &bytes).unwrap();
+        eprintln!("DIAG size {size} uploaded");
         let done = engine
             .batch(&peer)
             .write(&source, 5, target.buffer_addr + remote_offset, size as u64)
             .submit_blocking()
             .unwrap();
+        eprintln!("DIAG size {size} written");
         assert_eq!(done.transports, vec!["nvlink"], "{size}-byte write");
         back.write_at(7, &vec![0u8; size]).unwrap();
         engine
@@ -129,6 +154,7 @@ fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)])
             .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
             .submit_blocking()
             .unwrap();
+        eprintln!("DIAG size {size} read");
         let mut arrived = vec![0u8; size];
         back.read_at(7, &mut arrived).unwrap();
         assert_bytes_eq(
@@ -236,11 +262,14 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
     for _ in 0..64 {
         batch = batch.write(&source, 0, target.buffer_addr, 1 << 30);
     }
+    eprintln!("DIAG submitting 64 GiB");
     let transfer = batch.notify("done").submit().unwrap();
     std::thread::sleep(Duration::from_millis(20));
     target.child.kill().unwrap();
     let killed = Instant::now();
+    eprintln!("DIAG killed");
     let outcome = transfer.wait();
+    eprintln!("DIAG resolved {outcome:?}");
     assert!(
         killed.elapsed() < Duration::from_secs(30),
         "resolved in {:?}",

@@ -111,10 +111,9 @@ impl Peer {
 
     /// The open link through `transport`, opening it on first use.
     pub(crate) async fn link(&self, transport: &dyn Transport) -> Result<Arc<dyn Link>> {
-        if let Some(link) = lock(&self.inner.links).get(transport.name()) {
-            if link.is_alive() {
-                return Ok(Arc::clone(link));
-            }
+        let cached = lock(&self.inner.links).get(transport.name()).cloned();
+        if let Some(link) = cached.filter(|link| link.is_alive()) {
+            return Ok(link);
         }
         let link = transport.open(&self.view().descriptor).await?;
         lock(&self.inner.links).insert(transport.name(), Arc::clone(&link));

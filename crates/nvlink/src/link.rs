@@ -36,8 +36,9 @@ impl NvlinkLink {
     }
 
     fn streams(&self, ordinal: u32) -> Result<Arc<Vec<Stream>>> {
-        if let Some(streams) = lock(&self.streams).get(&ordinal) {
-            return Ok(Arc::clone(streams));
+        let cached = lock(&self.streams).get(&ordinal).cloned();
+        if let Some(streams) = cached {
+            return Ok(streams);
         }
         let context = Context::get(ordinal)?;
         let streams = (0..self.config.streams_per_gpu.max(1))
@@ -56,8 +57,10 @@ impl NvlinkLink {
         let Some(Export::CudaIpc { handle, offset }) = &op.remote.export else {
             return Err(self.refused("its buffer has no CUDA IPC handle"));
         };
-        let mapping = match lock(&self.mappings).get(handle) {
-            Some(mapping) => Arc::clone(mapping),
+        // The lookup is its own statement so its guard is released before the insert below.
+        let cached = lock(&self.mappings).get(handle).cloned();
+        let mapping = match cached {
+            Some(mapping) => mapping,
             None => {
                 let parsed = IpcHandle::from_hex(handle)
                     .ok_or_else(|| self.refused("its descriptor holds a malformed IPC handle"))?;

@@ -29,6 +29,13 @@ pub(crate) fn export_device(
             remedy: "register each allocation as its own region; ranges over back-to-back VMM allocations (PyTorch expandable segments) arrive with POSIX-fd export".into(),
         });
     }
+    if !pointer.legacy_ipc && pointer.handle_types == 0 {
+        return Err(Error::Unsupported {
+            memory: "GPU memory that cannot be shared (a stream-ordered pool allocation from cudaMallocAsync, or VMM memory created without an exportable handle type)".into(),
+            addr,
+            remedy: "allocate it with cudaMalloc (PyTorch's default caching allocator does), or create VMM memory with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR".into(),
+        });
+    }
     if !pointer.legacy_ipc {
         return Err(Error::Unsupported {
             memory: format!("VMM GPU memory (cuMemCreate, handle types {:#x})", pointer.handle_types),
