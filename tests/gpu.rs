@@ -126,13 +126,10 @@ fn pinned_host_memory_registers_as_pinned_and_moves() {
 fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)]) {
     const REMOTE: usize = 64 << 20;
     let target = ServeProcess::start_with(REMOTE, &["--gpu", remote_gpu], env);
-    eprintln!("DIAG serve started {}", target.name);
     let engine = engine();
     let source = engine.allocate_device(local, 32 << 20).unwrap();
     let back = engine.allocate_device(local, 32 << 20).unwrap();
-    eprintln!("DIAG allocated");
     let peer = engine.connect_blocking(&target.name).unwrap();
-    eprintln!("DIAG connected");
     let mut remote_offset = 3u64;
     for (seed, size) in [1usize, 999, 4096, 32 << 10, 1 << 20, 16 << 20]
         .into_iter()
@@ -140,13 +137,11 @@ fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)])
     {
         let bytes = pattern(seed as u64 + 40, size);
         source.write_at(5, &bytes).unwrap();
-        eprintln!("DIAG size {size} uploaded");
         let done = engine
             .batch(&peer)
             .write(&source, 5, target.buffer_addr + remote_offset, size as u64)
             .submit_blocking()
             .unwrap();
-        eprintln!("DIAG size {size} written");
         assert_eq!(done.transports, vec!["nvlink"], "{size}-byte write");
         back.write_at(7, &vec![0u8; size]).unwrap();
         engine
@@ -154,7 +149,6 @@ fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)])
             .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
             .submit_blocking()
             .unwrap();
-        eprintln!("DIAG size {size} read");
         let mut arrived = vec![0u8; size];
         back.read_at(7, &mut arrived).unwrap();
         assert_bytes_eq(
@@ -262,14 +256,11 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
     for _ in 0..64 {
         batch = batch.write(&source, 0, target.buffer_addr, 1 << 30);
     }
-    eprintln!("DIAG submitting 64 GiB");
     let transfer = batch.notify("done").submit().unwrap();
     std::thread::sleep(Duration::from_millis(20));
     target.child.kill().unwrap();
     let killed = Instant::now();
-    eprintln!("DIAG killed");
     let outcome = transfer.wait();
-    eprintln!("DIAG resolved {outcome:?}");
     assert!(
         killed.elapsed() < Duration::from_secs(30),
         "resolved in {:?}",
