@@ -17,8 +17,28 @@ struct Cli {
     command: Command,
 }
 
+mod bench;
+mod serve_child;
+
 #[derive(Subcommand)]
 enum Command {
+    /// Measure GPU to GPU transfers between two processes against the same-run `peer_copy`
+    /// baseline, verifying the bytes: workloads `contiguous` (one 1 GiB buffer) and
+    /// `blocks-1m` (1,024 scattered 1 MiB blocks).
+    Bench {
+        /// Comma-separated workloads.
+        #[arg(long, default_value = "contiguous,blocks-1m", value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// GPU of the sending (prefill) process.
+        #[arg(long, default_value_t = 0)]
+        prefill_gpu: u32,
+        /// GPU of the receiving (decode) process.
+        #[arg(long, default_value_t = 1)]
+        decode_gpu: u32,
+        /// Timed rounds per workload (after two warm-up rounds); the median is reported.
+        #[arg(long, default_value_t = 10)]
+        iterations: usize,
+    },
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
     /// Run an engine that owns one host buffer peers can read and write, and print every
@@ -54,6 +74,16 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let outcome = match Cli::parse().command {
+        Command::Bench {
+            workloads,
+            prefill_gpu,
+            decode_gpu,
+            iterations,
+        } => match bench::run(&workloads, prefill_gpu, decode_gpu, iterations.max(1)) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("some bytes did not verify".into()),
+            Err(error) => Err(error),
+        },
         Command::Probe => probe(),
         Command::Serve {
             listen,

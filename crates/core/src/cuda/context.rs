@@ -46,6 +46,17 @@ impl Context {
         CudaError::check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.raw) })
     }
 
+    /// Lets this context's GPU read and write `peer`'s memory directly (over NVLink where
+    /// present). Enabling it twice is not an error.
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: both are retained primary contexts; this one is current; flags must be 0.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.raw, 0) } {
+            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            other => CudaError::check("cuCtxEnablePeerAccess", other),
+        }
+    }
+
     /// The GPU ordinal this context belongs to.
     pub fn ordinal(&self) -> u32 {
         self.ordinal

@@ -1,3 +1,4 @@
+use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::error::CudaError;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
@@ -41,6 +42,31 @@ impl Stream {
         CudaError::check("cuMemcpyAsync", unsafe {
             sys::cuMemcpyAsync(dst, src, len, self.raw)
         })
+    }
+
+    /// Queues a copy of the first `len` bytes of `src` into `dst`, on any two GPUs.
+    ///
+    /// Safe because both are whole allocations owned by their buffers, and freeing one
+    /// (`cuMemFree`) waits for work queued on it to finish.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_INVALID_VALUE` when `len` exceeds either buffer, else the driver's error.
+    pub fn copy_buffer(
+        &self,
+        dst: &DeviceBuffer,
+        src: &DeviceBuffer,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        if len > dst.len() || len > src.len() {
+            return Err(CudaError {
+                call: "Stream::copy_buffer range check",
+                code: 1,
+                name: format!("CUDA_ERROR_INVALID_VALUE: {len} bytes do not fit both buffers"),
+            });
+        }
+        // SAFETY: both ranges lie inside live allocations (checked above), which stay
+        // allocated until the copy finishes (see above); two allocations never overlap.
+        unsafe { self.copy(dst.addr(), src.addr(), len) }
     }
 
     /// Blocks until everything queued so far has finished. For set-up and tests, never on a
