@@ -265,9 +265,7 @@ fn segment_name(local: SocketAddr, advertise: Option<&str>) -> Result<String> {
 fn log_driver_once() {
     static LOGGED: Once = Once::new();
     LOGGED.call_once(|| match Driver::get().status() {
-        status @ crate::cuda::DriverStatus::Ready { .. } => tracing::info!(
-            "{status}; GPU memory registration arrives with the nvlink transport, host memory moves over tcp"
-        ),
+        status @ crate::cuda::DriverStatus::Ready { .. } => tracing::info!("{status}"),
         status => tracing::info!("running host-only: {status}"),
     });
 }

@@ -124,3 +124,130 @@ impl Transport for NvlinkTransport {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::cuda::GpuId;
+
+    const LOCAL_GPU: GpuId = GpuId([1; 16]);
+    const REMOTE_GPU: GpuId = GpuId([2; 16]);
+
+    fn transport() -> NvlinkTransport {
+        NvlinkTransport {
+            host: HostIdentity {
+                hostname: "node-a".into(),
+                boot_id: "boot-1".into(),
+            },
+            gpus: vec![DeviceInfo {
+                ordinal: 0,
+                uuid: LOCAL_GPU,
+                pci_bus_id: "0000:06:00.0".into(),
+                name: "test GPU".into(),
+            }],
+            config: NvlinkConfig::default(),
+            unavailable: None,
+        }
+    }
+
+    fn peer(hostname: &str, process: u32) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: ferry_core::DESCRIPTOR_VERSION,
+            name: "decode".into(),
+            host: HostIdentity {
+                hostname: hostname.into(),
+                boot_id: "boot-1".into(),
+            },
+            generation: 1,
+            process,
+            endpoints: Vec::new(),
+            gpus: Vec::new(),
+            buffers: Vec::new(),
+        }
+    }
+
+    fn local(location: Location) -> RegionInfo {
+        RegionInfo {
+            addr: 0x1000,
+            len: 4096,
+            location,
+        }
+    }
+
+    fn remote(export: Option<Export>) -> BufferDescriptor {
+        BufferDescriptor {
+            addr: 0x9000,
+            len: 4096,
+            location: Location::Device {
+                gpu: REMOTE_GPU,
+                ordinal: 0,
+            },
+            export,
+        }
+    }
+
+    fn ipc() -> Option<Export> {
+        Some(Export::CudaIpc {
+            handle: "00".repeat(64),
+            offset: 0,
+        })
+    }
+
+    const ON_GPU: Location = Location::Device {
+        gpu: LOCAL_GPU,
+        ordinal: 0,
+    };
+
+    #[test]
+    fn a_gpu_buffer_of_another_process_on_this_host_is_reached() {
+        let reach = transport().reach(&local(ON_GPU), &peer("node-a", 1), &remote(ipc()));
+        assert_eq!(reach, Reach::Yes { cost: 10 });
+    }
+
+    #[test]
+    fn the_same_process_is_reached_without_ipc() {
+        let reach = transport().reach(
+            &local(ON_GPU),
+            &peer("node-a", std::process::id()),
+            &remote(None),
+        );
+        assert_eq!(reach, Reach::Yes { cost: 5 });
+    }
+
+    #[test]
+    fn other_hosts_host_memory_and_missing_handles_are_declined_with_the_reason() {
+        let reasons = [
+            transport().reach(&local(ON_GPU), &peer("node-b", 1), &remote(ipc())),
+            transport().reach(
+                &local(Location::Host { pinned: true }),
+                &peer("node-a", 1),
+                &remote(ipc()),
+            ),
+            transport().reach(&local(ON_GPU), &peer("node-a", 1), &remote(None)),
+        ];
+        let expected = [
+            "node-b",
+            "local memory is not on a GPU",
+            "no CUDA IPC handle",
+        ];
+        for (reach, expected) in reasons.iter().zip(expected) {
+            match reach {
+                Reach::No { reason } => assert!(reason.contains(expected), "{reason}"),
+                other => panic!("expected a refusal naming {expected:?}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_driver_every_pair_is_declined_with_its_status() {
+        let mut transport = transport();
+        transport.unavailable = Some("no CUDA driver library (libcuda) found".into());
+        let reach = transport.reach(&local(ON_GPU), &peer("node-a", 1), &remote(ipc()));
+        assert_eq!(
+            reach,
+            Reach::No {
+                reason: "no CUDA driver library (libcuda) found".into()
+            }
+        );
+    }
+}

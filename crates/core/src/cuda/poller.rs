@@ -38,7 +38,7 @@ pub struct Poller {
 /// How long the poller spins after the last new job before it starts sleeping.
 const SPIN: Duration = Duration::from_micros(50);
 /// The longest sleep between two rounds of queries while work is outstanding.
-const MAX_NAP: Duration = Duration::from_micros(200);
+const MAX_NAP: Duration = Duration::from_micros(20);
 
 impl Poller {
     /// The process-wide poller, started on first use.
