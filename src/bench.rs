@@ -4,75 +4,95 @@
 
 use crate::serve_child::ServeChild;
 use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
-use ferry::{Engine, Peer, Region};
+use ferry::{Engine, NvlinkConfig, Peer, Region};
 use std::time::{Duration, Instant};
 
 const GIB: usize = 1 << 30;
 
+/// The two GPUs of a run.
+pub(crate) struct Gpus {
+    /// GPU of the sending (prefill) process.
+    pub(crate) prefill: u32,
+    /// GPU of the receiving (decode) process.
+    pub(crate) decode: u32,
+}
+
 /// One row of the table.
 struct Row {
     workload: &'static str,
+    streams: usize,
     gbps: f64,
     verified: bool,
 }
 
-/// Runs the workloads and prints the table; `Ok(false)` when some bytes did not verify.
+/// Source and destination offset and length of every block of a workload.
+fn blocks_of(workload: &str) -> Result<Vec<(u64, u64, u64)>, String> {
+    match workload {
+        "contiguous" => Ok(vec![(0, 0, GIB as u64)]),
+        "blocks-1m" => Ok((0..1024u64)
+            .map(|index| (index << 20, ((index * 389 + 7) % 1024) << 20, 1 << 20))
+            .collect()),
+        other => Err(format!(
+            "unknown workload {other:?}; known: contiguous, blocks-1m"
+        )),
+    }
+}
+
+/// Runs the workloads once per stream count and prints the table; `Ok(false)` when some bytes
+/// did not verify.
 pub(crate) fn run(
     workloads: &[String],
-    prefill_gpu: u32,
-    decode_gpu: u32,
+    gpus: Gpus,
     iterations: usize,
+    streams: &[usize],
 ) -> Result<bool, Box<dyn std::error::Error>> {
-    let decode = ServeChild::start(GIB, decode_gpu)?;
-    let engine = Engine::builder()
-        .transfer_timeout(Duration::from_secs(60))
-        .build_blocking()?;
-    let source = engine.allocate_device(prefill_gpu, GIB)?;
-    let back = engine.allocate_device(prefill_gpu, GIB)?;
+    let decode = ServeChild::start(GIB, gpus.decode)?;
     let pattern: Vec<u8> = (0..GIB).map(|index| (index * 131 % 251) as u8).collect();
-    source.write_at(0, &pattern)?;
-    let peer = engine.connect_blocking(&decode.name)?;
-
-    let baseline = peer_copy(prefill_gpu, decode_gpu, iterations)?;
+    let baseline = peer_copy(gpus.prefill, gpus.decode, iterations)?;
     println!(
-        "peer_copy (GPU{prefill_gpu} -> GPU{decode_gpu}, 1 GiB, one process): {baseline:.1} GB/s"
+        "peer_copy (GPU{} -> GPU{}, 1 GiB, one process): {baseline:.1} GB/s",
+        gpus.prefill, gpus.decode
     );
     let mut rows = Vec::new();
-    for workload in workloads {
-        let blocks: Vec<(u64, u64, u64)> = match workload.as_str() {
-            "contiguous" => vec![(0, 0, GIB as u64)],
-            "blocks-1m" => (0..1024u64)
-                .map(|index| (index << 20, ((index * 389 + 7) % 1024) << 20, 1 << 20))
-                .collect(),
-            other => {
-                return Err(
-                    format!("unknown workload {other:?}; known: contiguous, blocks-1m").into(),
-                )
-            }
-        };
-        let gbps = measure(
-            &engine,
-            &peer,
-            &source,
-            decode.buffer_addr,
-            &blocks,
-            iterations,
-        )?;
-        let verified = verify(&engine, &peer, &back, decode.buffer_addr, &blocks, &pattern)?;
-        rows.push(Row {
-            workload: workload_name(workload),
-            gbps,
-            verified,
-        });
+    for &stream_count in streams {
+        let engine = Engine::builder()
+            .transfer_timeout(Duration::from_secs(60))
+            .nvlink(NvlinkConfig {
+                streams_per_gpu: stream_count.max(1),
+            })
+            .build_blocking()?;
+        let source = engine.allocate_device(gpus.prefill, GIB)?;
+        let back = engine.allocate_device(gpus.prefill, GIB)?;
+        source.write_at(0, &pattern)?;
+        let peer = engine.connect_blocking(&decode.name)?;
+        for workload in workloads {
+            let blocks = blocks_of(workload)?;
+            let gbps = measure(
+                &engine,
+                &peer,
+                &source,
+                decode.buffer_addr,
+                &blocks,
+                iterations,
+            )?;
+            let verified = verify(&engine, &peer, &back, decode.buffer_addr, &blocks, &pattern)?;
+            rows.push(Row {
+                workload: workload_name(workload),
+                streams: stream_count,
+                gbps,
+                verified,
+            });
+        }
     }
     println!(
-        "{:<16} {:>10} {:>10} {:>7}  verified",
-        "workload", "GB/s", "peer_copy", "ratio"
+        "{:<16} {:>7} {:>10} {:>10} {:>7}  verified",
+        "workload", "streams", "GB/s", "peer_copy", "ratio"
     );
     for row in &rows {
         println!(
-            "{:<16} {:>10.1} {:>10.1} {:>7.3}  {}",
+            "{:<16} {:>7} {:>10.1} {:>10.1} {:>7.3}  {}",
             row.workload,
+            row.streams,
             row.gbps,
             baseline,
             row.gbps / baseline,

@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
-use ferry::cuda::Driver;
+use ferry::cuda::{probe_fabric, Driver, FabricSupport};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -38,6 +38,9 @@ enum Command {
         /// Timed rounds per workload (after two warm-up rounds); the median is reported.
         #[arg(long, default_value_t = 10)]
         iterations: usize,
+        /// Copy streams per GPU (comma-separated to compare several in one run).
+        #[arg(long, default_value = "4", value_delimiter = ',')]
+        streams: Vec<usize>,
     },
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
@@ -79,7 +82,16 @@ fn main() -> ExitCode {
             prefill_gpu,
             decode_gpu,
             iterations,
-        } => match bench::run(&workloads, prefill_gpu, decode_gpu, iterations.max(1)) {
+            streams,
+        } => match bench::run(
+            &workloads,
+            bench::Gpus {
+                prefill: prefill_gpu,
+                decode: decode_gpu,
+            },
+            iterations.max(1),
+            &streams,
+        ) {
             Ok(true) => Ok(()),
             Ok(false) => Err("some bytes did not verify".into()),
             Err(error) => Err(error),
@@ -130,6 +142,18 @@ fn probe() -> Result<(), Box<dyn std::error::Error>> {
             println!("  gpu {}: {}", from.ordinal, row.join(" "));
         }
     }
+    let fabric: Vec<(u32, FabricSupport)> = gpus
+        .iter()
+        .map(|gpu| (gpu.ordinal, probe_fabric(gpu.ordinal)))
+        .collect();
+    for (ordinal, support) in &fabric {
+        match support {
+            FabricSupport::Permitted => println!("fabric handles on gpu {ordinal}: permitted"),
+            FabricSupport::Refused(error) => {
+                println!("fabric handles on gpu {ordinal}: refused ({error})")
+            }
+        }
+    }
     println!("transports:");
     println!("  tcp: available (host memory, any host)");
     match gpus.is_empty() {
@@ -137,6 +161,14 @@ fn probe() -> Result<(), Box<dyn std::error::Error>> {
         false => {
             println!("  nvlink: available (cudaMalloc memory of processes on this host, CUDA IPC)")
         }
+    }
+    let permitted = fabric
+        .iter()
+        .any(|(_, support)| *support == FabricSupport::Permitted);
+    match (gpus.is_empty(), permitted) {
+        (true, _) => println!("  mnnvl: unavailable ({})", driver.status()),
+        (false, false) => println!("  mnnvl: unavailable (no GPU here permits FABRIC-handle allocations)"),
+        (false, true) => println!("  mnnvl: unavailable (fabric allocations are permitted, but this build has no mnnvl transport yet)"),
     }
     Ok(())
 }

@@ -289,3 +289,21 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
     back.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(5, 1 << 20), "write after the peer died");
 }
+
+#[test]
+fn the_fabric_probe_reports_what_the_driver_said() {
+    for gpu in 0..gpus() {
+        match ferry::cuda::probe_fabric(gpu) {
+            ferry::cuda::FabricSupport::Permitted => {}
+            ferry::cuda::FabricSupport::Refused(error) => {
+                assert_eq!(error.call, "cuMemCreate(FABRIC)", "{error}");
+                assert!(!error.name.is_empty(), "{error}");
+            }
+        }
+        // The answer is probed once and then remembered.
+        assert_eq!(
+            ferry::cuda::probe_fabric(gpu),
+            ferry::cuda::probe_fabric(gpu)
+        );
+    }
+}
