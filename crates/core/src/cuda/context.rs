@@ -20,6 +20,8 @@ unsafe impl Sync for Context {}
 impl Context {
     /// The primary context of GPU `ordinal`, retained once per process.
     pub fn get(ordinal: u32) -> Result<Arc<Context>, CudaError> {
+        // Initialises the driver on first use, so a context can be had before any engine.
+        super::Driver::get().ready()?;
         static CONTEXTS: OnceLock<Mutex<Vec<Arc<Context>>>> = OnceLock::new();
         let mut contexts = CONTEXTS
             .get_or_init(Mutex::default)

@@ -85,7 +85,8 @@ impl Driver {
         device::can_access_peer(from, to)
     }
 
-    fn ready(&self) -> Result<(), CudaError> {
+    /// `Ok` when the driver initialised, else the reason it did not.
+    pub(super) fn ready(&self) -> Result<(), CudaError> {
         match &self.status {
             DriverStatus::Ready { .. } => Ok(()),
             DriverStatus::InitFailed(error) => Err(error.clone()),
