@@ -117,7 +117,9 @@ fn median(mut samples: Vec<f64>) -> f64 {
 /// One copy of a contiguous 1 GiB buffer GPU `from` -> GPU `to` in this process, median GB/s.
 fn peer_copy(from: u32, to: u32, iterations: usize) -> Result<f64, Box<dyn std::error::Error>> {
     let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
-    source_context.enable_peer_access(&target_context)?;
+    if from != to {
+        source_context.enable_peer_access(&target_context)?;
+    }
     let source = DeviceBuffer::new(source_context.clone(), GIB)?;
     let target = DeviceBuffer::new(target_context, GIB)?;
     let stream = Stream::new(source_context)?;
