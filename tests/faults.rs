@@ -356,3 +356,45 @@ async fn a_connection_that_never_says_hello_is_closed() {
         "a silent connection must be closed after the hello timeout"
     );
 }
+
+#[tokio::test]
+async fn a_peer_restarted_at_the_same_address_is_reached_again() {
+    let first = engine().await;
+    let address = first.name().to_owned();
+    let prefill = engine().await;
+    let peer = prefill.connect(&address).await.unwrap();
+    prefill.notify(&peer, "to the first").await.unwrap();
+    drop(first);
+    let restarted = ferry::Engine::builder()
+        .listen(address.clone())
+        .build()
+        .await
+        .unwrap();
+    let pool = restarted.allocate(4096).unwrap();
+    let mut inbox = restarted.notifications().unwrap();
+    // The old connection's end is noticed, then the next notification reconnects.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while peer.is_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection was never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    prefill.notify(&peer, "to the second").await.unwrap();
+    assert_eq!(inbox.recv().await.unwrap().payload, b"to the second");
+    assert!(peer.is_alive());
+    // The descriptor was fetched afresh: the new engine's buffer is known and reachable.
+    let source = prefill.allocate(4096).unwrap();
+    source.write_at(0, &pattern(31, 4096)).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), 4096)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; 4096];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(31, 4096), "write to the restarted engine");
+}

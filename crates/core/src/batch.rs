@@ -292,7 +292,8 @@ async fn run(
         }
     }
     if let Some(payload) = notification {
-        tokio::time::timeout(limit, peer.inner.tcp.notify(&payload))
+        let control = peer.control(&engine.tcp, engine.metadata.as_ref()).await?;
+        tokio::time::timeout(limit, control.notify(&payload))
             .await
             .map_err(|_| Error::Timeout {
                 what: format!("a notification to {}", peer.name()),

@@ -275,7 +275,7 @@ pub(crate) struct EngineInner {
     local_addr: SocketAddr,
     host: HostIdentity,
     pub(crate) table: Arc<RegionTable>,
-    tcp: Arc<TcpTransport>,
+    pub(crate) tcp: Arc<TcpTransport>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) handle: Handle,
@@ -489,10 +489,12 @@ impl Engine {
                 payload.len()
             )));
         }
-        let link = Arc::clone(&peer.inner.tcp);
+        let inner = Arc::clone(&self.inner);
+        let peer = peer.clone();
         let limit = self.inner.transfer_timeout;
         let name = peer.name().to_owned();
         self.run(async move {
+            let link = peer.control(&inner.tcp, inner.metadata.as_ref()).await?;
             tokio::time::timeout(limit, link.notify(&payload))
                 .await
                 .map_err(|_| Error::Timeout {

@@ -3,7 +3,7 @@
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::error::Result;
 use crate::metadata::MetadataStore;
-use crate::tcp::TcpLink;
+use crate::tcp::{TcpLink, TcpTransport};
 use crate::transport::{Link, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,7 +17,8 @@ pub struct Peer {
 pub(crate) struct PeerInner {
     name: String,
     view: RwLock<Arc<PeerView>>,
-    pub(crate) tcp: Arc<TcpLink>,
+    /// The TCP link that carries notifications; reopened when it has failed.
+    control: Mutex<Arc<TcpLink>>,
     links: Mutex<HashMap<&'static str, Arc<dyn Link>>>,
 }
 
@@ -57,7 +58,7 @@ impl Peer {
             inner: Arc::new(PeerInner {
                 name: descriptor.name.clone(),
                 view: RwLock::new(Arc::new(PeerView::new(descriptor))),
-                tcp,
+                control: Mutex::new(tcp),
                 links: Mutex::new(links),
             }),
         }
@@ -78,9 +79,28 @@ impl Peer {
         self.view().descriptor.buffers.clone()
     }
 
-    /// False once the control connection to the peer has failed; connect again to reopen.
+    /// False once the control connection to the peer has failed. The next notification or
+    /// [`crate::Engine::connect`] opens a new one.
     pub fn is_alive(&self) -> bool {
-        self.inner.tcp.is_alive()
+        lock(&self.inner.control).is_alive()
+    }
+
+    /// The link notifications go over. When the old one failed (the peer restarted, a
+    /// connection broke), the descriptor is fetched afresh and a new link opened.
+    pub(crate) async fn control(
+        &self,
+        tcp: &TcpTransport,
+        metadata: &dyn MetadataStore,
+    ) -> Result<Arc<TcpLink>> {
+        let current = Arc::clone(&lock(&self.inner.control));
+        if current.is_alive() {
+            return Ok(current);
+        }
+        let view = self.refresh(metadata).await?;
+        let fresh = tcp.connect(&view.descriptor).await?;
+        *lock(&self.inner.control) = Arc::clone(&fresh);
+        lock(&self.inner.links).insert(crate::tcp::TCP, Arc::clone(&fresh) as Arc<dyn Link>);
+        Ok(fresh)
     }
 
     pub(crate) fn view(&self) -> Arc<PeerView> {
