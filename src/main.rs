@@ -65,6 +65,10 @@ enum Command {
         /// Put the buffer on this GPU (`cudaMalloc` memory) instead of in host memory.
         #[arg(long)]
         gpu: Option<u32>,
+        /// With --gpu: make the buffer VMM memory in this many allocations mapped back to
+        /// back (as PyTorch's expandable segments are), each rounded up to the granularity.
+        #[arg(long, requires = "gpu")]
+        vmm_pieces: Option<usize>,
     },
 }
 
@@ -104,7 +108,15 @@ fn main() -> ExitCode {
             metadata,
             notifications,
             gpu,
-        } => serve(listen, advertise, bytes, &metadata, notifications, gpu),
+            vmm_pieces,
+        } => serve(
+            listen,
+            advertise,
+            bytes,
+            &metadata,
+            notifications,
+            gpu.map(|ordinal| (ordinal, vmm_pieces)),
+        ),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -179,7 +191,7 @@ fn serve(
     bytes: usize,
     metadata: &str,
     limit: Option<u64>,
-    gpu: Option<u32>,
+    gpu: Option<(u32, Option<usize>)>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = ferry::Engine::builder()
         .listen(listen)
@@ -189,13 +201,15 @@ fn serve(
     }
     let engine = builder.build_blocking()?;
     let buffer = match gpu {
-        Some(ordinal) => {
-            let buffer = engine.allocate_device(ordinal, bytes)?;
-            buffer.write_at(0, &vec![0u8; bytes])?;
-            buffer
+        Some((ordinal, None)) => engine.allocate_device(ordinal, bytes)?,
+        Some((ordinal, Some(pieces))) => {
+            engine.allocate_device_vmm(ordinal, bytes.div_ceil(pieces.max(1)), pieces)?
         }
         None => engine.allocate(bytes)?,
     };
+    if gpu.is_some() {
+        buffer.write_at(0, &vec![0u8; buffer.len() as usize])?;
+    }
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;

@@ -307,3 +307,78 @@ fn the_fabric_probe_reports_what_the_driver_said() {
         );
     }
 }
+
+#[test]
+fn vmm_memory_over_several_allocations_registers_as_one_range() {
+    gpus();
+    let engine = engine();
+    let region = engine.allocate_device_vmm(0, 2 << 20, 3).unwrap();
+    assert!(matches!(
+        region.location(),
+        Location::Device { ordinal: 0, .. }
+    ));
+    match &engine.descriptor().buffers[0].export {
+        Some(Export::VmmFd {
+            pieces,
+            offset,
+            region: at,
+            ..
+        }) => {
+            assert_eq!(pieces.len(), 3, "{pieces:?}");
+            assert_eq!(pieces.iter().sum::<u64>(), region.len());
+            assert_eq!((*offset, *at), (0, region.addr()));
+        }
+        other => panic!("expected a VMM export, got {other:?}"),
+    }
+    let bytes = pattern(61, region.len() as usize);
+    region.write_at(0, &bytes).unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    region.read_at(0, &mut back).unwrap();
+    assert_bytes_eq(&back, &bytes, "VMM memory written and read in place");
+}
+
+/// Writes a range spanning every allocation of a VMM buffer in a `ferry serve --vmm-pieces`
+/// process on GPU `remote_gpu`, from VMM memory here, reads it back and compares.
+fn vmm_between_processes(remote_gpu: &str) {
+    let target =
+        ServeProcess::start_with(6 << 20, &["--gpu", remote_gpu, "--vmm-pieces", "3"], &[]);
+    let engine = engine();
+    let source = engine.allocate_device_vmm(0, 2 << 20, 3).unwrap();
+    let back = engine.allocate_device(0, 6 << 20).unwrap();
+    let length = (6 << 20) - 4096 - 513;
+    let bytes = pattern(62, length);
+    source.write_at(100, &bytes).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let remote = target.buffer_addr + 4096;
+    let done = engine
+        .batch(&peer)
+        .write(&source, 100, remote, length as u64)
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.transports, vec!["nvlink"]);
+    back.write_at(0, &vec![0u8; length]).unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, remote, length as u64)
+        .submit_blocking()
+        .unwrap();
+    let mut arrived = vec![0u8; length];
+    back.read_at(0, &mut arrived).unwrap();
+    assert_bytes_eq(
+        &arrived,
+        &bytes,
+        "a range over three VMM allocations, written and read back",
+    );
+}
+
+#[test]
+fn vmm_memory_between_processes_on_one_gpu() {
+    gpus();
+    vmm_between_processes("0");
+}
+
+#[test]
+fn vmm_memory_between_processes_gpu0_to_gpu1() {
+    two_gpus();
+    vmm_between_processes("1");
+}

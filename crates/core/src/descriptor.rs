@@ -91,6 +91,18 @@ pub enum Export {
         /// Offset of the buffer's first byte from the allocation's first byte.
         offset: u64,
     },
+    /// VMM allocations (one or more, back to back) shared as POSIX file descriptors, which the
+    /// owner hands out over a Unix socket to processes of the same user.
+    VmmFd {
+        /// The owner's abstract Unix socket name.
+        socket: String,
+        /// The registered buffer's address, which names it to the socket.
+        region: u64,
+        /// Offset of the buffer's first byte from the first allocation's first byte.
+        offset: u64,
+        /// Size of each allocation, in mapping order.
+        pieces: Vec<u64>,
+    },
 }
 
 impl SegmentDescriptor {

@@ -159,10 +159,25 @@ impl EngineBuilder {
             .enable_all()
             .build()
             .map_err(|error| Error::io("starting the engine's runtime", error))?;
-        let listener = {
+        let table = RegionTable::new();
+        let gpus = Driver::get().devices().unwrap_or_else(|error| {
+            tracing::warn!(%error, "listing GPUs failed; GPU memory cannot be registered");
+            Vec::new()
+        });
+        let (listener, fd_socket) = {
             let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(listener)
-                .map_err(|error| Error::io("registering the listener", error))?
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|error| Error::io("registering the listener", error))?;
+            let fd_socket = (!gpus.is_empty())
+                .then(|| format!("ferry-{}-{}", std::process::id(), local_addr.port()))
+                .filter(|socket| match crate::memory::fd_server::start(socket, &table) {
+                    Ok(()) => true,
+                    Err(error) => {
+                        tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
+                        false
+                    }
+                });
+            (listener, fd_socket)
         };
 
         let tcp = Arc::new(TcpTransport {
@@ -179,7 +194,7 @@ impl EngineBuilder {
             name,
             local_addr,
             host: HostIdentity::current(),
-            table: RegionTable::new(),
+            table,
             tcp,
             transports,
             metadata: self
@@ -189,10 +204,8 @@ impl EngineBuilder {
             inbox: Mutex::new(Some(receiver)),
             peers: Mutex::new(HashMap::new()),
             transfer_timeout: self.transfer_timeout,
-            gpus: Driver::get().devices().unwrap_or_else(|error| {
-                tracing::warn!(%error, "listing GPUs failed; GPU memory cannot be registered");
-                Vec::new()
-            }),
+            gpus,
+            fd_socket,
         });
         let describer = Arc::downgrade(&inner);
         let context = Arc::new(ServerContext {
@@ -284,9 +297,23 @@ pub(crate) struct EngineInner {
     pub(crate) transfer_timeout: Duration,
     /// The GPUs this process sees, listed in the descriptor.
     gpus: Vec<crate::cuda::DeviceInfo>,
+    /// The abstract Unix socket that hands out VMM file descriptors, when it could be opened.
+    fd_socket: Option<String>,
 }
 
 impl EngineInner {
+    fn export_device(
+        &self,
+        addr: u64,
+        len: u64,
+    ) -> Result<(
+        Location,
+        crate::descriptor::Export,
+        Vec<crate::cuda::AllocationHandle>,
+    )> {
+        export_device(addr, len, &self.gpus, self.fd_socket.as_deref())
+    }
+
     async fn publish(&self) -> Result<()> {
         self.metadata.publish(&self.descriptor()).await
     }
@@ -364,12 +391,12 @@ impl Engine {
         if len == 0 {
             return Err(RangeError::ZeroLength { index: 0 }.into());
         }
-        let (location, export) = match Driver::get().memory_kind(addr)? {
-            MemoryKind::PageableHost => (Location::Host { pinned: false }, None),
-            MemoryKind::PinnedHost => (Location::Host { pinned: true }, None),
+        let (location, export, vmm) = match Driver::get().memory_kind(addr)? {
+            MemoryKind::PageableHost => (Location::Host { pinned: false }, None, Vec::new()),
+            MemoryKind::PinnedHost => (Location::Host { pinned: true }, None, Vec::new()),
             MemoryKind::Device => {
-                let (location, export) = export_device(addr, len as u64, &self.inner.gpus)?;
-                (location, Some(export))
+                let (location, export, vmm) = self.inner.export_device(addr, len as u64)?;
+                (location, Some(export), vmm)
             }
             MemoryKind::Managed => {
                 return Err(Error::Unsupported {
@@ -384,7 +411,7 @@ impl Engine {
             len: len as u64,
             location,
         };
-        Ok(self.inner.table.insert(info, export, None)?)
+        Ok(self.inner.table.insert(info, export, vmm, None)?)
     }
 
     /// Allocates `len` zeroed bytes of host memory and registers them. The memory is freed when
@@ -404,10 +431,12 @@ impl Engine {
             len: len as u64,
             location: Location::Host { pinned: false },
         };
-        Ok(self
-            .inner
-            .table
-            .insert(info, None, Some(OwnedMemory::Host { _buffer: buffer }))?)
+        Ok(self.inner.table.insert(
+            info,
+            None,
+            Vec::new(),
+            Some(OwnedMemory::Host { _buffer: buffer }),
+        )?)
     }
 
     /// Allocates `len` bytes on GPU `ordinal` with `cudaMalloc` and registers them, exported
@@ -422,7 +451,7 @@ impl Engine {
             return Err(RangeError::ZeroLength { index: 0 }.into());
         }
         let buffer = DeviceBuffer::new(Context::get(ordinal)?, len)?;
-        let (location, export) = export_device(buffer.addr(), len as u64, &self.inner.gpus)?;
+        let (location, export, vmm) = self.inner.export_device(buffer.addr(), len as u64)?;
         let info = RegionInfo {
             addr: buffer.addr(),
             len: len as u64,
@@ -431,7 +460,37 @@ impl Engine {
         Ok(self.inner.table.insert(
             info,
             Some(export),
+            vmm,
             Some(OwnedMemory::Device { _buffer: buffer }),
+        )?)
+    }
+
+    /// Creates `pieces` VMM allocations of `piece_bytes` each (rounded up to the GPU's
+    /// granularity) on GPU `ordinal`, with POSIX-fd handles, mapped back to back as PyTorch's
+    /// expandable segments are, and registers the whole range. Freed when the region drops.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] when there is no such GPU or an allocation, mapping or export fails;
+    /// [`Error::Unsupported`] when the engine could not open its fd-passing socket.
+    pub fn allocate_device_vmm(
+        &self,
+        ordinal: u32,
+        piece_bytes: usize,
+        pieces: usize,
+    ) -> Result<Region> {
+        let mapping = crate::cuda::create_vmm(Context::get(ordinal)?, piece_bytes, pieces)?;
+        let len = mapping.len() as u64;
+        let (location, export, vmm) = self.inner.export_device(mapping.base(), len)?;
+        let info = RegionInfo {
+            addr: mapping.base(),
+            len,
+            location,
+        };
+        Ok(self.inner.table.insert(
+            info,
+            Some(export),
+            vmm,
+            Some(OwnedMemory::Vmm { _mapping: mapping }),
         )?)
     }
 

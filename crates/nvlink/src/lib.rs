@@ -7,6 +7,7 @@
 //! recorded after the copies completes the transfer through ferry-core's event poller, so no
 //! thread waits on the GPU.
 
+mod import;
 mod link;
 mod transport;
 

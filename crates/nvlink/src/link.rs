@@ -1,6 +1,7 @@
+use crate::import::PeerMapping;
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{Context, Event, IpcHandle, IpcMapping, Poller, Stream};
-use ferry_core::{Direction, Error, Export, Link, Location, Result, TransferOp};
+use ferry_core::cuda::{Context, Event, Poller, Stream};
+use ferry_core::{Direction, Error, Link, Location, Result, TransferOp};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,8 +12,8 @@ pub(crate) struct NvlinkLink {
     /// Both engines live in this process: remote addresses are usable as they are.
     same_process: bool,
     config: NvlinkConfig,
-    /// The peer's allocations mapped here, by IPC handle.
-    mappings: Mutex<HashMap<String, Arc<IpcMapping>>>,
+    /// The peer's allocations mapped here, by the export that names them.
+    mappings: Mutex<HashMap<String, Arc<(PeerMapping, u64)>>>,
     /// Copy streams of each local GPU, by ordinal.
     streams: Mutex<HashMap<u32, Arc<Vec<Stream>>>>,
     alive: AtomicBool,
@@ -54,21 +55,23 @@ impl NvlinkLink {
         if self.same_process {
             return Ok(op.remote_addr);
         }
-        let Some(Export::CudaIpc { handle, offset }) = &op.remote.export else {
-            return Err(self.refused("its buffer has no CUDA IPC handle"));
+        let Some(export) = &op.remote.export else {
+            return Err(self.refused("its buffer carries no export"));
         };
+        let key = format!("{export:?}");
         // The lookup is its own statement so its guard is released before the insert below.
-        let cached = lock(&self.mappings).get(handle).cloned();
+        let cached = lock(&self.mappings).get(&key).cloned();
         let mapping = match cached {
             Some(mapping) => mapping,
             None => {
-                let parsed = IpcHandle::from_hex(handle)
-                    .ok_or_else(|| self.refused("its descriptor holds a malformed IPC handle"))?;
-                let mapping = Arc::new(IpcMapping::open(Context::get(ordinal)?, &parsed)?);
-                lock(&self.mappings).insert(handle.clone(), Arc::clone(&mapping));
+                let opened = PeerMapping::open(Context::get(ordinal)?, export)
+                    .map_err(|reason| self.refused(&reason))?;
+                let mapping = Arc::new(opened);
+                lock(&self.mappings).insert(key, Arc::clone(&mapping));
                 mapping
             }
         };
+        let (mapping, offset) = mapping.as_ref();
         Ok(mapping.base() + offset + (op.remote_addr - op.remote.addr))
     }
 

@@ -95,8 +95,11 @@ impl Transport for NvlinkTransport {
         if peer.process == std::process::id() {
             return Reach::Yes { cost: 5 };
         }
-        if !matches!(remote.export, Some(Export::CudaIpc { .. })) {
-            return no("the peer's buffer carries no CUDA IPC handle".into());
+        if !matches!(
+            remote.export,
+            Some(Export::CudaIpc { .. } | Export::VmmFd { .. })
+        ) {
+            return no("the peer's buffer carries no CUDA IPC handle or VMM export".into());
         }
         // A remote GPU this process cannot see (CUDA_VISIBLE_DEVICES) is still mapped through
         // IPC; whether the two GPUs can reach each other is then up to the driver.

@@ -17,6 +17,7 @@ mod pointer;
 mod poller;
 mod stream;
 mod transfer;
+mod vmm;
 
 pub use buffer::DeviceBuffer;
 pub use context::Context;
@@ -30,3 +31,4 @@ pub use pointer::{DevicePointer, MemoryKind};
 pub use poller::{Completed, Pollable, Poller};
 pub use stream::Stream;
 pub use transfer::{download, upload};
+pub use vmm::{create_vmm, AllocationHandle, VmmMapping, POSIX_FD_HANDLE};

@@ -2,47 +2,61 @@
 //! another process of the host can map it.
 
 use super::region::Location;
-use crate::cuda::{Context, DeviceInfo, Driver, IpcHandle};
+use crate::cuda::{
+    AllocationHandle, Context, DeviceInfo, DevicePointer, Driver, IpcHandle, POSIX_FD_HANDLE,
+};
 use crate::descriptor::Export;
 use crate::error::{Error, Result};
 
-/// Describes `len` bytes of device memory at `addr` and exports its allocation.
+/// Describes `len` bytes of device memory at `addr` and exports it: `cudaMalloc` memory with a
+/// legacy IPC handle, POSIX-fd VMM memory (one or several allocations back to back) through
+/// the engine's fd socket `fd_socket`, whose retained handles are returned.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for memory this build cannot share yet (VMM memory, ranges over
-/// several allocations), with what to do instead; [`Error::Cuda`] when a driver call fails.
+/// [`Error::Unsupported`] for memory that cannot be shared (pool memory, VMM memory without a
+/// POSIX-fd handle, a `cudaMalloc` range over several allocations), with what to do instead;
+/// [`Error::Cuda`] when a driver call fails.
 pub(crate) fn export_device(
     addr: u64,
     len: u64,
     gpus: &[DeviceInfo],
-) -> Result<(Location, Export)> {
+    fd_socket: Option<&str>,
+) -> Result<(Location, Export, Vec<AllocationHandle>)> {
     let pointer = Driver::get().device_pointer(addr)?;
+    let location = location_of(&pointer, gpus)?;
+    if !pointer.legacy_ipc && pointer.handle_types & POSIX_FD_HANDLE != 0 {
+        let (export, handles) = export_vmm(addr, len, pointer, fd_socket)?;
+        return Ok((location, export, handles));
+    }
+    if !pointer.legacy_ipc {
+        return Err(Error::Unsupported {
+            memory: "GPU memory that cannot be shared (a stream-ordered pool allocation from cudaMallocAsync, or VMM memory created without a POSIX-fd handle type)".into(),
+            addr,
+            remedy: "allocate it with cudaMalloc (PyTorch's default caching allocator does), or create VMM memory with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (PyTorch's expandable segments do)".into(),
+        });
+    }
     let allocation_end = pointer.allocation_base + pointer.allocation_size;
     if addr.checked_add(len).is_none_or(|end| end > allocation_end) {
         return Err(Error::Unsupported {
             memory: format!(
-                "GPU memory spanning several allocations (the one at {:#x} ends {} bytes into the range)",
+                "cudaMalloc memory spanning several allocations (the one at {:#x} ends {} bytes into the range)",
                 pointer.allocation_base,
                 allocation_end - addr
             ),
             addr,
-            remedy: "register each allocation as its own region; ranges over back-to-back VMM allocations (PyTorch expandable segments) arrive with POSIX-fd export".into(),
+            remedy: "register each allocation as its own region".into(),
         });
     }
-    if !pointer.legacy_ipc && pointer.handle_types == 0 {
-        return Err(Error::Unsupported {
-            memory: "GPU memory that cannot be shared (a stream-ordered pool allocation from cudaMallocAsync, or VMM memory created without an exportable handle type)".into(),
-            addr,
-            remedy: "allocate it with cudaMalloc (PyTorch's default caching allocator does), or create VMM memory with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR".into(),
-        });
-    }
-    if !pointer.legacy_ipc {
-        return Err(Error::Unsupported {
-            memory: format!("VMM GPU memory (cuMemCreate, handle types {:#x})", pointer.handle_types),
-            addr,
-            remedy: "this build shares cudaMalloc memory only; POSIX-fd export of VMM memory comes next. With PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False meanwhile".into(),
-        });
-    }
+    let context = Context::get(pointer.ordinal)?;
+    let handle = IpcHandle::export(&context, pointer.allocation_base)?;
+    let export = Export::CudaIpc {
+        handle: handle.to_hex(),
+        offset: addr - pointer.allocation_base,
+    };
+    Ok((location, export, Vec::new()))
+}
+
+fn location_of(pointer: &DevicePointer, gpus: &[DeviceInfo]) -> Result<Location> {
     let gpu = gpus
         .iter()
         .find(|gpu| gpu.ordinal == pointer.ordinal)
@@ -52,16 +66,58 @@ pub(crate) fn export_device(
                 pointer.ordinal
             ))
         })?;
-    let context = Context::get(pointer.ordinal)?;
-    let handle = IpcHandle::export(&context, pointer.allocation_base)?;
-    Ok((
-        Location::Device {
-            gpu: gpu.uuid,
-            ordinal: pointer.ordinal,
-        },
-        Export::CudaIpc {
-            handle: handle.to_hex(),
-            offset: addr - pointer.allocation_base,
-        },
-    ))
+    Ok(Location::Device {
+        gpu: gpu.uuid,
+        ordinal: pointer.ordinal,
+    })
+}
+
+/// Walks the VMM allocations mapped back to back under `addr..addr+len` and retains each, so
+/// the fd server can export them for as long as the region is registered.
+fn export_vmm(
+    addr: u64,
+    len: u64,
+    first: DevicePointer,
+    fd_socket: Option<&str>,
+) -> Result<(Export, Vec<AllocationHandle>)> {
+    let socket = fd_socket.ok_or_else(|| Error::Unsupported {
+        memory: "VMM GPU memory".into(),
+        addr,
+        remedy: "the engine's fd-passing socket could not be opened (see the log); VMM memory cannot be shared without it".into(),
+    })?;
+    let end = addr
+        .checked_add(len)
+        .ok_or_else(|| Error::ApiMisuse("the range wraps".into()))?;
+    let mut pieces = Vec::new();
+    let mut handles = Vec::new();
+    let mut piece = first;
+    loop {
+        let piece_end = piece.allocation_base + piece.allocation_size;
+        handles.push(AllocationHandle::retain(piece.allocation_base)?);
+        pieces.push(piece.allocation_size);
+        if piece_end >= end {
+            break;
+        }
+        piece = Driver::get()
+            .device_pointer(piece_end)
+            .map_err(|error| Error::Unsupported {
+                memory: format!("a range with no GPU memory mapped at {piece_end:#x} ({error})"),
+                addr,
+                remedy: "register only ranges that are mapped from end to end".into(),
+            })?;
+        if piece.allocation_base != piece_end || piece.handle_types & POSIX_FD_HANDLE == 0 {
+            return Err(Error::Unsupported {
+                memory: format!("a range whose allocation at {piece_end:#x} is not a POSIX-fd VMM allocation continuing the previous one"),
+                addr,
+                remedy: "register each allocation on its own".into(),
+            });
+        }
+    }
+    let export = Export::VmmFd {
+        socket: socket.to_owned(),
+        region: addr,
+        offset: addr - first.allocation_base,
+        pieces,
+    };
+    Ok((export, handles))
 }

@@ -6,6 +6,7 @@
 //! waits until every use has ended, so memory is never written after `drop` returns.
 
 mod export;
+pub(crate) mod fd_server;
 mod host;
 mod region;
 mod table;

@@ -58,6 +58,8 @@ pub(crate) struct RegionEntry {
     closed: AtomicBool,
     /// How peers on the same host can map it (GPU memory).
     pub(crate) export: Option<Export>,
+    /// The VMM allocations under the region, retained so the fd server can export them.
+    pub(crate) vmm: Vec<crate::cuda::AllocationHandle>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
     _owned: Option<OwnedMemory>,
 }
@@ -68,6 +70,7 @@ pub(crate) struct RegionEntry {
 pub(crate) enum OwnedMemory {
     Host { _buffer: OwnedBuffer },
     Device { _buffer: crate::cuda::DeviceBuffer },
+    Vmm { _mapping: crate::cuda::VmmMapping },
 }
 
 impl RegionEntry {
@@ -76,6 +79,7 @@ impl RegionEntry {
         sequence: u64,
         table_id: u64,
         export: Option<Export>,
+        vmm: Vec<crate::cuda::AllocationHandle>,
         owned: Option<OwnedMemory>,
     ) -> Self {
         RegionEntry {
@@ -85,6 +89,7 @@ impl RegionEntry {
             in_use: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             export,
+            vmm,
             _owned: owned,
         }
     }

@@ -54,6 +54,7 @@ impl RegionTable {
         self: &Arc<Self>,
         info: RegionInfo,
         export: Option<Export>,
+        vmm: Vec<crate::cuda::AllocationHandle>,
         owned: Option<OwnedMemory>,
     ) -> Result<Region, RangeError> {
         let mut regions = self.lock();
@@ -70,7 +71,9 @@ impl RegionTable {
             }
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegionEntry::new(info, sequence, self.id, export, owned));
+        let entry = Arc::new(RegionEntry::new(
+            info, sequence, self.id, export, vmm, owned,
+        ));
         regions.insert(info.addr, Arc::clone(&entry));
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_one();

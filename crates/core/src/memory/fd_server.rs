@@ -1,0 +1,123 @@
+//! Hands out the file descriptors of registered VMM memory to processes of the same user, over
+//! an abstract Unix socket (SCM_RIGHTS), so they can map it.
+//!
+//! A client sends the registered buffer's address (8 bytes, little-endian). The answer is one
+//! status byte: 0 with one descriptor per allocation attached, in mapping order; or 1 followed
+//! by the reason as UTF-8 until the socket closes.
+
+use super::table::RegionTable;
+use crate::cuda::Context;
+use crate::memory::Location;
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use std::io::{IoSlice, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Binds the abstract socket `name` and serves it on the current tokio runtime until the
+/// runtime shuts down or the table is gone.
+pub(crate) fn start(name: &str, table: &Arc<RegionTable>) -> std::io::Result<()> {
+    let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let table = Arc::downgrade(table);
+    tokio::spawn(accept_loop(listener, table));
+    Ok(())
+}
+
+async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accepting on the fd-passing socket failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(table) = table.upgrade() else { return };
+        let served = stream.into_std().and_then(|stream| {
+            stream.set_nonblocking(false)?;
+            Ok(stream)
+        });
+        match served {
+            Ok(stream) => {
+                tokio::task::spawn_blocking(move || {
+                    if let Err(error) = serve(stream, &table) {
+                        tracing::warn!(%error, "an fd-passing request failed");
+                    }
+                });
+            }
+            Err(error) => tracing::warn!(%error, "preparing an fd-passing connection failed"),
+        }
+    }
+}
+
+fn serve(mut stream: UnixStream, table: &RegionTable) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let peer = rustix::net::sockopt::socket_peercred(&stream)?;
+    let own = rustix::process::getuid();
+    if peer.uid != own {
+        let reason = format!(
+            "process {} runs as uid {}, this engine as uid {}; GPU memory is shared with the same user only",
+            peer.pid.as_raw_nonzero(),
+            peer.uid.as_raw(),
+            own.as_raw()
+        );
+        tracing::error!(%reason, "refused an fd-passing request");
+        return refuse(&mut stream, &reason);
+    }
+    let mut request = [0u8; 8];
+    stream.read_exact(&mut request)?;
+    let addr = u64::from_le_bytes(request);
+    match export(table, addr) {
+        Ok(fds) => {
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+            let mut space =
+                vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+                return refuse(&mut stream, "too many allocations to pass in one message");
+            }
+            sendmsg(
+                &stream,
+                &[IoSlice::new(&[0])],
+                &mut control,
+                SendFlags::empty(),
+            )?;
+            Ok(())
+        }
+        Err(reason) => refuse(&mut stream, &reason),
+    }
+}
+
+fn refuse(stream: &mut UnixStream, reason: &str) -> std::io::Result<()> {
+    stream.write_all(&[1])?;
+    stream.write_all(reason.as_bytes())
+}
+
+/// Fresh descriptors for every allocation of the VMM region registered at `addr`.
+fn export(table: &RegionTable, addr: u64) -> Result<Vec<OwnedFd>, String> {
+    let region = table
+        .acquire(addr, 1)
+        .filter(|region| region.entry.info.addr == addr)
+        .ok_or_else(|| format!("no region is registered at {addr:#x}"))?;
+    if region.entry.vmm.is_empty() {
+        return Err(format!("the region at {addr:#x} is not VMM memory"));
+    }
+    let Location::Device { ordinal, .. } = region.entry.info.location else {
+        return Err(format!("the region at {addr:#x} is not GPU memory"));
+    };
+    let context = Context::get(ordinal).map_err(|error| error.to_string())?;
+    context.bind().map_err(|error| error.to_string())?;
+    region
+        .entry
+        .vmm
+        .iter()
+        .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
+        .collect()
+}

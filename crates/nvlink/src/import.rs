@@ -1,0 +1,117 @@
+//! Maps a peer's exported GPU buffer into this process: a legacy IPC handle directly, VMM
+//! memory through file descriptors fetched from the peer's fd socket.
+
+use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IpcMapping, VmmMapping};
+use ferry_core::Export;
+use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use std::io::{IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A peer allocation mapped here; unmapped on drop.
+pub(crate) enum PeerMapping {
+    Ipc(IpcMapping),
+    Vmm(VmmMapping),
+}
+
+impl PeerMapping {
+    /// Maps what `export` names into `context`'s GPU, returning it with the offset of the
+    /// buffer's first byte inside the mapping.
+    pub(crate) fn open(
+        context: Arc<Context>,
+        export: &Export,
+    ) -> Result<(PeerMapping, u64), String> {
+        match export {
+            Export::CudaIpc { handle, offset } => {
+                let handle = IpcHandle::from_hex(handle)
+                    .ok_or("the descriptor holds a malformed IPC handle")?;
+                let mapping =
+                    IpcMapping::open(context, &handle).map_err(|error| error.to_string())?;
+                Ok((PeerMapping::Ipc(mapping), *offset))
+            }
+            Export::VmmFd {
+                socket,
+                region,
+                offset,
+                pieces,
+            } => {
+                let fds = fetch_fds(socket, *region, pieces.len())?;
+                let mut handles = Vec::with_capacity(fds.len());
+                for (fd, &size) in fds.iter().zip(pieces) {
+                    let handle =
+                        AllocationHandle::import_fd(fd).map_err(|error| error.to_string())?;
+                    handles.push((handle, size as usize));
+                }
+                drop(fds);
+                let mapping =
+                    VmmMapping::map(context, handles).map_err(|error| error.to_string())?;
+                Ok((PeerMapping::Vmm(mapping), *offset))
+            }
+            other => Err(format!("unknown export {other:?}")),
+        }
+    }
+
+    /// Where the mapping starts in this process.
+    pub(crate) fn base(&self) -> u64 {
+        match self {
+            PeerMapping::Ipc(mapping) => mapping.base(),
+            PeerMapping::Vmm(mapping) => mapping.base(),
+        }
+    }
+}
+
+/// Asks the peer's fd socket for the descriptors of the region registered at `region`.
+fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, String> {
+    let failed = |what: &str, error: std::io::Error| {
+        format!("{what} the peer's fd socket {socket:?}: {error}")
+    };
+    let address = SocketAddr::from_abstract_name(socket.as_bytes())
+        .map_err(|error| failed("naming", error))?;
+    let mut stream =
+        UnixStream::connect_addr(&address).map_err(|error| failed("connecting to", error))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|error| failed("configuring", error))?;
+    stream
+        .write_all(&region.to_le_bytes())
+        .map_err(|error| failed("writing to", error))?;
+    let mut status = [0u8; 1];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(count))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = recvmsg(
+        &stream,
+        &mut [IoSliceMut::new(&mut status)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(|error| failed("reading from", error.into()))?;
+    let fds: Vec<OwnedFd> = control
+        .drain()
+        .filter_map(|message| match message {
+            RecvAncillaryMessage::ScmRights(fds) => Some(fds.collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if received.bytes == 0 {
+        return Err(format!(
+            "the peer's fd socket {socket:?} closed without answering"
+        ));
+    }
+    if status[0] != 0 {
+        let mut reason = String::new();
+        let _ = stream.read_to_string(&mut reason);
+        return Err(format!("the peer refused to share its memory: {reason}"));
+    }
+    if fds.len() != count {
+        return Err(format!(
+            "the peer sent {} descriptors for {count} allocations",
+            fds.len()
+        ));
+    }
+    Ok(fds)
+}
