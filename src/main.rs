@@ -171,7 +171,7 @@ fn probe() -> Result<(), Box<dyn std::error::Error>> {
     match gpus.is_empty() {
         true => println!("  nvlink: unavailable ({})", driver.status()),
         false => {
-            println!("  nvlink: available (cudaMalloc memory of processes on this host, CUDA IPC)")
+            println!("  nvlink: available (cudaMalloc and POSIX-fd VMM memory of processes on this host)")
         }
     }
     let permitted = fabric

@@ -1,6 +1,8 @@
 //! One thread that turns finished CUDA events into woken futures, so no async worker ever
-//! blocks on the GPU. It spins briefly after new work (completions are often microseconds
-//! away), then backs off to short sleeps, and parks when nothing is outstanding.
+//! blocks on the GPU. After new work it spins, then yields its core, for a few milliseconds
+//! (most transfers finish within that, and a sleep would add the kernel's timer slack, some
+//! 50 us, to every completion); past that it backs off to short sleeps, and it parks when
+//! nothing is outstanding.
 
 use super::error::CudaError;
 use super::event::Event;
@@ -37,6 +39,8 @@ pub struct Poller {
 
 /// How long the poller spins after the last new job before it starts sleeping.
 const SPIN: Duration = Duration::from_micros(50);
+/// How long after the last new job the poller yields instead of sleeping.
+const YIELD: Duration = Duration::from_millis(5);
 /// The longest sleep between two rounds of queries while work is outstanding.
 const MAX_NAP: Duration = Duration::from_micros(20);
 
@@ -109,6 +113,8 @@ fn run(inbox: mpsc::Receiver<Job>) {
             nap = Duration::from_micros(5);
         } else if last_news.elapsed() < SPIN {
             std::hint::spin_loop();
+        } else if last_news.elapsed() < YIELD {
+            std::thread::yield_now();
         } else {
             std::thread::sleep(nap);
             nap = (nap * 2).min(MAX_NAP);
