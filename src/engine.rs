@@ -1,19 +1,19 @@
 //! The facade's engine: ferry-core's engine with every transport of this build wired in.
 
 use ferry_core::{MetadataStore, TcpConfig, Transport};
-use ferry_nvlink::{NvlinkConfig, NvlinkTransport};
+use ferry_nvlink::{MnnvlTransport, NvlinkConfig, NvlinkTransport};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A ferry engine with the TCP and nvlink transports. Everything it does is
+/// A ferry engine with the TCP, nvlink and mnnvl transports. Everything it does is
 /// [`ferry_core::Engine`]'s, reached through `Deref`: register memory, connect to peers,
 /// submit batches, receive notifications.
 #[derive(Debug)]
 pub struct Engine(ferry_core::Engine);
 
 impl Engine {
-    /// A builder with the defaults: listen on `127.0.0.1:0`, peer-to-peer metadata, TCP and
-    /// nvlink.
+    /// A builder with the defaults: listen on `127.0.0.1:0`, peer-to-peer metadata, TCP,
+    /// nvlink and mnnvl.
     pub fn builder() -> EngineBuilder {
         EngineBuilder {
             core: ferry_core::Engine::builder(),
@@ -113,6 +113,7 @@ impl EngineBuilder {
     fn wired(self) -> ferry_core::EngineBuilder {
         self.core
             .transport(Arc::new(NvlinkTransport::new(self.nvlink)))
+            .transport(Arc::new(MnnvlTransport::new(self.nvlink)))
     }
 
     /// Starts the engine.

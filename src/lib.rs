@@ -47,7 +47,7 @@
 mod engine;
 
 pub use engine::{Engine, EngineBuilder};
-pub use ferry_nvlink::{NvlinkConfig, NVLINK};
+pub use ferry_nvlink::{NvlinkConfig, MNNVL, NVLINK};
 
 pub use ferry_core::{
     cuda, wire, Batch, BufferDescriptor, Completion, Direction, Endpoint, Error, Export,

@@ -180,7 +180,7 @@ fn probe() -> Result<(), Box<dyn std::error::Error>> {
     match (gpus.is_empty(), permitted) {
         (true, _) => println!("  mnnvl: unavailable ({})", driver.status()),
         (false, false) => println!("  mnnvl: unavailable (no GPU here permits FABRIC-handle allocations)"),
-        (false, true) => println!("  mnnvl: unavailable (fabric allocations are permitted, but this build has no mnnvl transport yet)"),
+        (false, true) => println!("  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
     }
     Ok(())
 }

@@ -103,6 +103,16 @@ pub enum Export {
         /// Size of each allocation, in mapping order.
         pieces: Vec<u64>,
     },
+    /// VMM allocations (one or more, back to back) shared by FABRIC handle, importable on any
+    /// node of the NVLink domain (GB200/GB300 racks with an IMEX channel).
+    Fabric {
+        /// Each allocation's 64-byte FABRIC handle as hex, in mapping order.
+        handles: Vec<String>,
+        /// Offset of the buffer's first byte from the first allocation's first byte.
+        offset: u64,
+        /// Size of each allocation, in mapping order.
+        pieces: Vec<u64>,
+    },
 }
 
 impl SegmentDescriptor {

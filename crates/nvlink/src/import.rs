@@ -1,7 +1,9 @@
 //! Maps a peer's exported GPU buffer into this process: a legacy IPC handle directly, VMM
 //! memory through file descriptors fetched from the peer's fd socket.
 
-use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IpcMapping, VmmMapping};
+use ferry_core::cuda::{
+    AllocationHandle, Context, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
+};
 use ferry_core::Export;
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use std::io::{IoSliceMut, Read, Write};
@@ -51,6 +53,22 @@ impl PeerMapping {
                     VmmMapping::map(context, handles).map_err(|error| error.to_string())?;
                 Ok((PeerMapping::Vmm(mapping), *offset))
             }
+            Export::Fabric {
+                handles,
+                offset,
+                pieces,
+            } => {
+                let mut imported = Vec::with_capacity(handles.len());
+                for (handle, &size) in handles.iter().zip(pieces) {
+                    let bytes = fabric_handle(handle)?;
+                    let handle = AllocationHandle::import_fabric(&bytes)
+                        .map_err(|error| error.to_string())?;
+                    imported.push((handle, size as usize));
+                }
+                let mapping =
+                    VmmMapping::map(context, imported).map_err(|error| error.to_string())?;
+                Ok((PeerMapping::Vmm(mapping), *offset))
+            }
             other => Err(format!("unknown export {other:?}")),
         }
     }
@@ -62,6 +80,19 @@ impl PeerMapping {
             PeerMapping::Vmm(mapping) => mapping.base(),
         }
     }
+}
+
+/// Parses a FABRIC handle written as hex in a descriptor.
+pub(crate) fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], String> {
+    let malformed = || format!("the descriptor holds a malformed FABRIC handle {text:?}");
+    if text.len() != FABRIC_HANDLE_LEN * 2 || !text.is_ascii() {
+        return Err(malformed());
+    }
+    let mut bytes = [0u8; FABRIC_HANDLE_LEN];
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).map_err(|_| malformed())?;
+    }
+    Ok(bytes)
 }
 
 /// Asks the peer's fd socket for the descriptors of the region registered at `region`.
@@ -114,4 +145,21 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
         ));
     }
     Ok(fds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fabric_handle;
+
+    #[test]
+    fn fabric_handles_parse_from_hex_and_junk_is_named() {
+        let text: String = (0..64u8).map(|byte| format!("{byte:02x}")).collect();
+        let bytes = fabric_handle(&text).unwrap();
+        assert_eq!(bytes[0], 0);
+        assert_eq!(bytes[63], 63);
+        for junk in ["", "00", &"zz".repeat(64), &"é".repeat(64)] {
+            let error = fabric_handle(junk).unwrap_err();
+            assert!(error.contains("malformed FABRIC handle"), "{error}");
+        }
+    }
 }

@@ -6,9 +6,15 @@
 //! and every op becomes one `cuMemcpyAsync` on one of a few streams of the local GPU. An event
 //! recorded after the copies completes the transfer through ferry-core's event poller, so no
 //! thread waits on the GPU.
+//!
+//! The `mnnvl` transport ([`MnnvlTransport`]) reuses the same link for VMM memory shared by
+//! FABRIC handles across the nodes of a multi-node NVLink domain. It has not run on GB200
+//! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
 
 mod import;
 mod link;
+mod mnnvl;
 mod transport;
 
+pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

@@ -31,4 +31,6 @@ pub use pointer::{DevicePointer, MemoryKind};
 pub use poller::{Completed, Pollable, Poller};
 pub use stream::Stream;
 pub use transfer::{download, upload};
-pub use vmm::{create_vmm, AllocationHandle, VmmMapping, POSIX_FD_HANDLE};
+pub use vmm::{
+    create_vmm, AllocationHandle, VmmMapping, FABRIC_HANDLE, FABRIC_HANDLE_LEN, POSIX_FD_HANDLE,
+};

@@ -14,6 +14,10 @@ use std::sync::Arc;
 
 /// The `ALLOWED_HANDLE_TYPES` bit of POSIX file-descriptor handles.
 pub const POSIX_FD_HANDLE: u32 = 1;
+/// The `ALLOWED_HANDLE_TYPES` bit of FABRIC handles (multi-node NVLink, needs IMEX).
+pub const FABRIC_HANDLE: u32 = 8;
+/// Size of a FABRIC handle.
+pub const FABRIC_HANDLE_LEN: usize = 64;
 
 /// One physical VMM allocation, held by this process; released on drop.
 #[derive(Debug)]
@@ -46,6 +50,39 @@ impl AllocationHandle {
         })?;
         // SAFETY: the export succeeded, so `fd` is a new descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The allocation's FABRIC handle, valid on every node of the NVLink domain.
+    pub fn export_fabric(&self) -> Result<[u8; FABRIC_HANDLE_LEN], CudaError> {
+        let mut handle = sys::CUmemFabricHandle {
+            data: [0; FABRIC_HANDLE_LEN],
+        };
+        // SAFETY: for FABRIC handles the driver writes one CUmemFabricHandle into `handle`.
+        CudaError::check("cuMemExportToShareableHandle(FABRIC)", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut handle as *mut sys::CUmemFabricHandle).cast(),
+                self.raw,
+                CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+                0,
+            )
+        })?;
+        Ok(handle.data)
+    }
+
+    /// Imports an allocation by its FABRIC handle.
+    pub fn import_fabric(handle: &[u8; FABRIC_HANDLE_LEN]) -> Result<AllocationHandle, CudaError> {
+        let mut fabric = sys::CUmemFabricHandle { data: *handle };
+        let mut raw = 0;
+        // SAFETY: for FABRIC handles the driver reads one CUmemFabricHandle from the pointer,
+        // which points at `fabric` for the duration of the call.
+        CudaError::check("cuMemImportFromShareableHandle(FABRIC)", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut raw,
+                (&mut fabric as *mut sys::CUmemFabricHandle).cast(),
+                CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+            )
+        })?;
+        Ok(AllocationHandle { raw })
     }
 
     /// Imports an allocation another process exported; the descriptor stays the caller's.

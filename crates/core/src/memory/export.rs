@@ -3,14 +3,16 @@
 
 use super::region::Location;
 use crate::cuda::{
-    AllocationHandle, Context, DeviceInfo, DevicePointer, Driver, IpcHandle, POSIX_FD_HANDLE,
+    AllocationHandle, Context, DeviceInfo, DevicePointer, Driver, IpcHandle, FABRIC_HANDLE,
+    POSIX_FD_HANDLE,
 };
 use crate::descriptor::Export;
 use crate::error::{Error, Result};
 
 /// Describes `len` bytes of device memory at `addr` and exports it: `cudaMalloc` memory with a
-/// legacy IPC handle, POSIX-fd VMM memory (one or several allocations back to back) through
-/// the engine's fd socket `fd_socket`, whose retained handles are returned.
+/// legacy IPC handle; VMM memory (one or several allocations back to back) by FABRIC handles
+/// when it allows them, else through the engine's fd socket `fd_socket`, in which case the
+/// retained allocation handles the socket exports are returned.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for memory that cannot be shared (pool memory, VMM memory without a
@@ -24,8 +26,32 @@ pub(crate) fn export_device(
 ) -> Result<(Location, Export, Vec<AllocationHandle>)> {
     let pointer = Driver::get().device_pointer(addr)?;
     let location = location_of(&pointer, gpus)?;
+    if !pointer.legacy_ipc && pointer.handle_types & FABRIC_HANDLE != 0 {
+        let (pieces, handles) = vmm_pieces(addr, len, pointer, FABRIC_HANDLE)?;
+        let fabric = handles
+            .iter()
+            .map(|handle| handle.export_fabric().map(|bytes| hex(&bytes)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let export = Export::Fabric {
+            handles: fabric,
+            offset: addr - pointer.allocation_base,
+            pieces,
+        };
+        return Ok((location, export, Vec::new()));
+    }
     if !pointer.legacy_ipc && pointer.handle_types & POSIX_FD_HANDLE != 0 {
-        let (export, handles) = export_vmm(addr, len, pointer, fd_socket)?;
+        let socket = fd_socket.ok_or_else(|| Error::Unsupported {
+            memory: "VMM GPU memory".into(),
+            addr,
+            remedy: "the engine's fd-passing socket could not be opened (see the log); VMM memory cannot be shared without it".into(),
+        })?;
+        let (pieces, handles) = vmm_pieces(addr, len, pointer, POSIX_FD_HANDLE)?;
+        let export = Export::VmmFd {
+            socket: socket.to_owned(),
+            region: addr,
+            offset: addr - pointer.allocation_base,
+            pieces,
+        };
         return Ok((location, export, handles));
     }
     if !pointer.legacy_ipc {
@@ -72,19 +98,19 @@ fn location_of(pointer: &DevicePointer, gpus: &[DeviceInfo]) -> Result<Location>
     })
 }
 
-/// Walks the VMM allocations mapped back to back under `addr..addr+len` and retains each, so
-/// the fd server can export them for as long as the region is registered.
-fn export_vmm(
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Walks the VMM allocations mapped back to back under `addr..addr+len`, each of which must
+/// allow `handle_type`, and retains each (the fd server exports POSIX-fd ones on request for
+/// as long as the region is registered). Returns their sizes and handles in mapping order.
+fn vmm_pieces(
     addr: u64,
     len: u64,
     first: DevicePointer,
-    fd_socket: Option<&str>,
-) -> Result<(Export, Vec<AllocationHandle>)> {
-    let socket = fd_socket.ok_or_else(|| Error::Unsupported {
-        memory: "VMM GPU memory".into(),
-        addr,
-        remedy: "the engine's fd-passing socket could not be opened (see the log); VMM memory cannot be shared without it".into(),
-    })?;
+    handle_type: u32,
+) -> Result<(Vec<u64>, Vec<AllocationHandle>)> {
     let end = addr
         .checked_add(len)
         .ok_or_else(|| Error::ApiMisuse("the range wraps".into()))?;
@@ -96,7 +122,7 @@ fn export_vmm(
         handles.push(AllocationHandle::retain(piece.allocation_base)?);
         pieces.push(piece.allocation_size);
         if piece_end >= end {
-            break;
+            return Ok((pieces, handles));
         }
         piece = Driver::get()
             .device_pointer(piece_end)
@@ -105,19 +131,12 @@ fn export_vmm(
                 addr,
                 remedy: "register only ranges that are mapped from end to end".into(),
             })?;
-        if piece.allocation_base != piece_end || piece.handle_types & POSIX_FD_HANDLE == 0 {
+        if piece.allocation_base != piece_end || piece.handle_types & handle_type == 0 {
             return Err(Error::Unsupported {
-                memory: format!("a range whose allocation at {piece_end:#x} is not a POSIX-fd VMM allocation continuing the previous one"),
+                memory: format!("a range whose allocation at {piece_end:#x} is not a VMM allocation of the same handle type continuing the previous one"),
                 addr,
                 remedy: "register each allocation on its own".into(),
             });
         }
     }
-    let export = Export::VmmFd {
-        socket: socket.to_owned(),
-        region: addr,
-        offset: addr - first.allocation_base,
-        pieces,
-    };
-    Ok((export, handles))
 }
