@@ -71,6 +71,9 @@ pub(super) fn device_pointer(addr: u64) -> Result<DevicePointer, CudaError> {
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
         "cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)",
     )? as u32;
+    // The allocation range is looked up in the current context: make it the owning GPU's,
+    // whatever the calling thread had current before (another GPU's, or none).
+    super::context::Context::get(ordinal)?.bind()?;
     let mut base = 0u64;
     let mut size = 0usize;
     // SAFETY: the driver is initialised and `addr` is device memory (caller's contract);
