@@ -274,3 +274,28 @@ async fn a_listener_that_is_not_ferry_is_named_as_such() {
     assert!(error.to_string().contains("bad magic"), "{error}");
     server.join().unwrap();
 }
+
+#[tokio::test]
+async fn a_read_into_bytes_another_entry_uses_is_refused_at_submit() {
+    let pair = Pair::new(3 * 4096, 8192).await;
+    let (prefill, peer, source, remote) = (&pair.prefill, &pair.peer, &pair.source, pair.remote);
+    let racing = prefill
+        .batch(peer)
+        .write(source, 0, remote, 4096)
+        .read(source, 4000, remote + 4096, 100)
+        .submit();
+    match racing {
+        Err(Error::ApiMisuse(reason)) => assert!(reason.contains("entry 1"), "{reason}"),
+        other => panic!("expected the overlapping read to be refused, got {other:?}"),
+    }
+    // Writes may share source bytes, and reads into disjoint bytes are fine.
+    prefill
+        .batch(peer)
+        .write(source, 0, remote, 4096)
+        .write(source, 0, remote + 4096, 4096)
+        .read(source, 4096, remote + 8192, 4096)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+}

@@ -365,11 +365,22 @@ async fn a_peer_restarted_at_the_same_address_is_reached_again() {
     let peer = prefill.connect(&address).await.unwrap();
     prefill.notify(&peer, "to the first").await.unwrap();
     drop(first);
-    let restarted = ferry::Engine::builder()
-        .listen(address.clone())
-        .build()
-        .await
-        .unwrap();
+    // A dropped engine's listener closes in the background; a restarted server retries.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let restarted = loop {
+        match ferry::Engine::builder()
+            .listen(address.clone())
+            .build()
+            .await
+        {
+            Ok(engine) => break engine,
+            Err(error) if Instant::now() < deadline => {
+                assert!(error.to_string().contains("binding"), "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the address never came free: {error}"),
+        }
+    };
     let pool = restarted.allocate(4096).unwrap();
     let mut inbox = restarted.notifications().unwrap();
     // The old connection's end is noticed, then the next notification reconnects.

@@ -149,6 +149,11 @@ impl Batch {
                 .into());
             }
         }
+        if let Some(index) = read_overlap(&self.entries) {
+            return Err(Error::ApiMisuse(format!(
+                "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
+            )));
+        }
         let mut uses = Vec::with_capacity(self.regions.len());
         for (position, region) in self.regions.iter().enumerate() {
             let Some(guard) = region.acquire() else {
@@ -191,6 +196,39 @@ impl Batch {
     pub fn submit_blocking(self) -> Result<Completion> {
         self.submit()?.wait()
     }
+}
+
+/// The index of an entry whose local range overlaps another's where at least one of the two
+/// reads into it, if any. Writes may share source bytes freely.
+fn read_overlap(entries: &[Entry]) -> Option<usize> {
+    if entries
+        .iter()
+        .all(|entry| entry.direction == Direction::Write)
+    {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&index| (entries[index].region, entries[index].offset));
+    // The entry reaching furthest so far in the current region: any entry starting before its
+    // end overlaps it, and an earlier read overlapping a later entry is always found here.
+    let mut furthest: Option<(u32, u64, bool)> = None;
+    for index in order {
+        let entry = &entries[index];
+        let read = entry.direction == Direction::Read;
+        let end = entry.offset + entry.len;
+        match furthest {
+            Some((region, reach, reach_read)) if region == entry.region && entry.offset < reach => {
+                if read || reach_read {
+                    return Some(index);
+                }
+                if end > reach {
+                    furthest = Some((region, end, read));
+                }
+            }
+            _ => furthest = Some((entry.region, end, read)),
+        }
+    }
+    None
 }
 
 /// What a finished transfer did.

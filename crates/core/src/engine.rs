@@ -340,7 +340,9 @@ impl EngineInner {
 ///
 /// One per process is the intended use. It runs its network I/O on its own threads, so its
 /// futures can be awaited from any executor, and the `*_blocking` methods serve callers without
-/// one. Dropping it stops everything: transfers in flight fail with [`Error::Shutdown`].
+/// one. Dropping it stops everything: transfers in flight fail with [`Error::Shutdown`], and
+/// the listener closes in the background shortly after (so a new engine binding the same
+/// port at once may have to retry).
 pub struct Engine {
     inner: Arc<EngineInner>,
     runtime: Option<Runtime>,

@@ -37,6 +37,23 @@ impl HostSpan {
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 
+    /// Copies `bytes` into the span without making a Rust reference to registered memory,
+    /// which a peer may be writing at the same time.
+    pub(crate) fn copy_from(&mut self, bytes: &[u8]) {
+        let len = bytes.len().min(self.len);
+        // SAFETY: the span is valid for writes (see `as_mut_slice`); `bytes` is a separate
+        // caller-owned buffer, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.addr as *mut u8, len) }
+    }
+
+    /// Copies the span into `out` without making a Rust reference to registered memory.
+    pub(crate) fn copy_to(&self, out: &mut [u8]) {
+        let len = out.len().min(self.len);
+        // SAFETY: the span is valid for reads (see `as_slice`); `out` is a separate
+        // caller-owned buffer, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.addr as *const u8, out.as_mut_ptr(), len) }
+    }
+
     /// The bytes, for receiving into.
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `Engine::register`'s contract makes the memory valid for

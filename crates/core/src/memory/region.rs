@@ -224,7 +224,7 @@ impl Region {
             Location::Host { .. } => {
                 let mut span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
                     .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
-                span.as_mut_slice().copy_from_slice(buf);
+                span.copy_from(buf);
             }
             Location::Device { ordinal, .. } => {
                 let context = crate::cuda::Context::get(ordinal)?;
@@ -246,7 +246,7 @@ impl Region {
             Location::Host { .. } => {
                 let span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
                     .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
-                buf.copy_from_slice(span.as_slice());
+                span.copy_to(buf);
             }
             Location::Device { ordinal, .. } => {
                 let context = crate::cuda::Context::get(ordinal)?;
