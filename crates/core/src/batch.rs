@@ -278,12 +278,6 @@ impl Future for Transfer {
     }
 }
 
-fn first_uncovered(view: &PeerView, entries: &[Entry]) -> Option<usize> {
-    entries
-        .iter()
-        .position(|entry| view.covering(entry.remote_addr, entry.len).is_none())
-}
-
 async fn run(
     engine: &EngineInner,
     peer: &Peer,
@@ -292,21 +286,17 @@ async fn run(
     notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
-    let mut view = peer.view();
-    if first_uncovered(&view, &entries).is_some() {
-        view = peer.refresh(engine.metadata.as_ref()).await?;
-        if let Some(index) = first_uncovered(&view, &entries) {
-            let entry = &entries[index];
-            return Err(RangeError::NotRegistered {
-                index,
-                side: Side::Remote,
-                addr: entry.remote_addr,
-                len: entry.len,
-            }
-            .into());
+    // A remote range the cached descriptor does not cover may be memory the peer registered
+    // since: fetch its descriptor once more before refusing.
+    let groups = match route(engine, &peer.view(), &uses, &entries, peer.name()) {
+        Err(Error::Range(RangeError::NotRegistered {
+            side: Side::Remote, ..
+        })) => {
+            let view = peer.refresh(engine.metadata.as_ref()).await?;
+            route(engine, &view, &uses, &entries, peer.name())?
         }
-    }
-    let groups = route(engine, &view, &uses, &entries, peer.name())?;
+        routed => routed?,
+    };
     let bytes = entries.iter().map(|entry| entry.len).sum();
     let mut transports = Vec::with_capacity(groups.len());
     let mut pending = Vec::with_capacity(groups.len());
@@ -346,7 +336,8 @@ async fn run(
 }
 
 /// Picks the cheapest transport for every entry and turns entries into ops, merging entries
-/// that continue each other on both sides.
+/// that continue each other on both sides. A remote range outside every buffer of `view` is
+/// [`RangeError::NotRegistered`], naming the entry.
 fn route(
     engine: &EngineInner,
     view: &PeerView,
@@ -356,15 +347,17 @@ fn route(
 ) -> Result<Vec<(usize, Vec<TransferOp>)>> {
     let mut groups: Vec<Vec<TransferOp>> = engine.transports.iter().map(|_| Vec::new()).collect();
     let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
-    for entry in entries {
+    for (index, entry) in entries.iter().enumerate() {
         let region = &uses[entry.region as usize];
         let local = region.entry.info;
-        let remote = view
-            .covering(entry.remote_addr, entry.len)
-            .cloned()
-            .ok_or_else(|| {
-                Error::ApiMisuse("remote range vanished from the descriptor while routing".into())
-            })?;
+        let remote = view.covering(entry.remote_addr, entry.len).cloned().ok_or(
+            RangeError::NotRegistered {
+                index,
+                side: Side::Remote,
+                addr: entry.remote_addr,
+                len: entry.len,
+            },
+        )?;
         let transport = match choice_cache.get(&(entry.region, remote.addr)) {
             Some(&transport) => transport,
             None => {

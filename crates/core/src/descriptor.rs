@@ -144,14 +144,6 @@ impl SegmentDescriptor {
         Ok(descriptor)
     }
 
-    /// The buffer holding all of `addr..addr+len`, if one does.
-    pub fn buffer_covering(&self, addr: u64, len: u64) -> Option<&BufferDescriptor> {
-        let end = addr.checked_add(len)?;
-        self.buffers
-            .iter()
-            .find(|buffer| addr >= buffer.addr && end <= buffer.addr.saturating_add(buffer.len))
-    }
-
     /// The endpoint of `transport`, if the engine offers one.
     pub fn endpoint(&self, transport: &str) -> Option<&str> {
         self.endpoints
@@ -199,15 +191,5 @@ mod tests {
         descriptor.version = 99;
         let error = SegmentDescriptor::from_json("x", &descriptor.to_json()).unwrap_err();
         assert!(error.to_string().contains("version 99"), "{error}");
-    }
-
-    #[test]
-    fn coverage_is_exact_at_both_ends() {
-        let descriptor = sample();
-        assert!(descriptor.buffer_covering(0x1000, 0x1000).is_some());
-        assert!(descriptor.buffer_covering(0x1fff, 1).is_some());
-        assert!(descriptor.buffer_covering(0x1fff, 2).is_none());
-        assert!(descriptor.buffer_covering(0xfff, 1).is_none());
-        assert!(descriptor.buffer_covering(u64::MAX, 2).is_none());
     }
 }

@@ -155,3 +155,37 @@ impl std::fmt::Debug for Peer {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PeerView;
+    use crate::descriptor::{
+        BufferDescriptor, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
+    };
+    use crate::memory::Location;
+
+    #[test]
+    fn coverage_is_exact_at_both_ends() {
+        let buffer = |addr| BufferDescriptor {
+            addr,
+            len: 0x1000,
+            location: Location::Host { pinned: false },
+            export: None,
+        };
+        let view = PeerView::new(SegmentDescriptor {
+            version: DESCRIPTOR_VERSION,
+            name: "127.0.0.1:7000".into(),
+            host: HostIdentity::current(),
+            generation: 1,
+            process: 7,
+            endpoints: Vec::new(),
+            gpus: Vec::new(),
+            buffers: vec![buffer(0x5000), buffer(0x1000)],
+        });
+        assert!(view.covering(0x1000, 0x1000).is_some());
+        assert!(view.covering(0x1fff, 1).is_some());
+        assert!(view.covering(0x1fff, 2).is_none());
+        assert!(view.covering(0xfff, 1).is_none());
+        assert!(view.covering(u64::MAX, 2).is_none());
+    }
+}

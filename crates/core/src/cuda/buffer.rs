@@ -38,40 +38,6 @@ impl DeviceBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-
-    /// Copies `bytes` to `offset`, waiting until they are on the GPU.
-    ///
-    /// # Errors
-    /// `CUDA_ERROR_INVALID_VALUE` when the range runs past the buffer, else the driver's error.
-    pub fn upload(&self, offset: usize, bytes: &[u8]) -> Result<(), CudaError> {
-        self.check(offset, bytes.len())?;
-        // SAFETY: the range lies inside this allocation (checked above).
-        unsafe { super::upload(&self.context, self.addr + offset as u64, bytes) }
-    }
-
-    /// Copies `out.len()` bytes from `offset` into `out`.
-    ///
-    /// # Errors
-    /// `CUDA_ERROR_INVALID_VALUE` when the range runs past the buffer, else the driver's error.
-    pub fn download(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
-        self.check(offset, out.len())?;
-        // SAFETY: the range lies inside this allocation (checked above).
-        unsafe { super::download(&self.context, self.addr + offset as u64, out) }
-    }
-
-    fn check(&self, offset: usize, len: usize) -> Result<(), CudaError> {
-        if offset.checked_add(len).is_some_and(|end| end <= self.len) {
-            return Ok(());
-        }
-        Err(CudaError {
-            call: "DeviceBuffer range check",
-            code: 1,
-            name: format!(
-                "CUDA_ERROR_INVALID_VALUE: {offset}+{len} is past the {}-byte buffer",
-                self.len
-            ),
-        })
-    }
 }
 
 impl Drop for DeviceBuffer {

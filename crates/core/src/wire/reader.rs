@@ -39,11 +39,6 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(raw))
     }
 
-    /// Everything left.
-    pub fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.bytes)
-    }
-
     /// Succeeds only when every byte was consumed.
     pub fn finish(self) -> Result<(), ProtocolViolation> {
         match self.bytes.len() {
