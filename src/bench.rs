@@ -59,6 +59,7 @@ pub(crate) fn run(
             .transfer_timeout(Duration::from_secs(60))
             .nvlink(NvlinkConfig {
                 streams_per_gpu: stream_count.max(1),
+                ..NvlinkConfig::default()
             })
             .build_blocking()?;
         let source = engine.allocate_device(gpus.prefill, GIB)?;

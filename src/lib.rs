@@ -47,14 +47,14 @@
 mod engine;
 
 pub use engine::{Engine, EngineBuilder};
-pub use ferry_nvlink::{NvlinkConfig, MNNVL, NVLINK};
+pub use ferry_nvlink::{CopyPath, NvlinkConfig, ENGINE_FROM, MNNVL, NVLINK};
 
 pub use ferry_core::{
-    cuda, wire, Batch, BufferDescriptor, Completion, Direction, Endpoint, Error, Export,
-    HostIdentity, Link, Location, MetadataStore, Notification, Notifications, Peer, PeerToPeer,
-    ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result, SegmentDescriptor,
-    Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES,
-    TCP,
+    cuda, wire, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,
+    Direction, Endpoint, Error, Export, HostIdentity, Link, Location, MetadataStore, Notification,
+    Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError, Reach, Region, RegionInfo,
+    RegionUse, Result, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport,
+    DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
 };
 
 #[doc = include_str!("../README.md")]

@@ -1,5 +1,6 @@
 //! Batches: many reads and writes to one peer, submitted together and completed as one.
 
+use crate::blocks::{BlockCopy, BlockOps};
 use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
@@ -33,8 +34,16 @@ pub struct Batch {
     regions: Vec<Arc<RegionEntry>>,
     region_index: HashMap<usize, u32>,
     entries: Vec<Entry>,
+    blocks: Vec<Blocks>,
     notification: Option<Vec<u8>>,
     foreign_region: Option<usize>,
+}
+
+/// A block copy of a batch, with the batch's index of each pool's region.
+struct Blocks {
+    direction: Direction,
+    copy: BlockCopy,
+    regions: Vec<u32>,
 }
 
 impl Batch {
@@ -45,9 +54,24 @@ impl Batch {
             regions: Vec::new(),
             region_index: HashMap::new(),
             entries: Vec::new(),
+            blocks: Vec::new(),
             notification: None,
             foreign_region: None,
         }
+    }
+
+    /// The batch's index of `region`, added on first use.
+    fn region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
+        if region.table_id != self.engine.table.id() && self.foreign_region.is_none() {
+            self.foreign_region = Some(position);
+        }
+        let key = Arc::as_ptr(region) as usize;
+        let next = self.regions.len() as u32;
+        let index = *self.region_index.entry(key).or_insert(next);
+        if index == next {
+            self.regions.push(Arc::clone(region));
+        }
+        index
     }
 
     fn push(
@@ -58,15 +82,7 @@ impl Batch {
         remote_addr: u64,
         len: u64,
     ) {
-        if region.entry.table_id != self.engine.table.id() && self.foreign_region.is_none() {
-            self.foreign_region = Some(self.entries.len());
-        }
-        let key = Arc::as_ptr(&region.entry) as usize;
-        let next = self.regions.len() as u32;
-        let index = *self.region_index.entry(key).or_insert(next);
-        if index == next {
-            self.regions.push(Arc::clone(&region.entry));
-        }
+        let index = self.region_index(&region.entry, self.entries.len());
         self.entries.push(Entry {
             direction,
             region: index,
@@ -88,20 +104,44 @@ impl Batch {
         self
     }
 
+    /// Adds a paged copy from local pools to the peer's: see [`BlockCopy`].
+    pub fn write_blocks(self, copy: BlockCopy) -> Self {
+        self.push_blocks(Direction::Write, copy)
+    }
+
+    /// Adds a paged copy from the peer's pools into local ones: see [`BlockCopy`].
+    pub fn read_blocks(self, copy: BlockCopy) -> Self {
+        self.push_blocks(Direction::Read, copy)
+    }
+
+    fn push_blocks(mut self, direction: Direction, copy: BlockCopy) -> Self {
+        let position = self.entries.len() + self.blocks.len();
+        let regions = copy
+            .regions()
+            .map(|region| self.region_index(region, position))
+            .collect::<Vec<_>>();
+        self.blocks.push(Blocks {
+            direction,
+            copy,
+            regions,
+        });
+        self
+    }
+
     /// Sends `payload` to the peer once every entry's data is visible there (at most 64 KiB).
     pub fn notify(mut self, payload: impl Into<Vec<u8>>) -> Self {
         self.notification = Some(payload.into());
         self
     }
 
-    /// Number of entries added so far.
+    /// Number of entries and block copies added so far.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.blocks.len()
     }
 
-    /// True before any entry was added.
+    /// True before any entry or block copy was added.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.blocks.is_empty()
     }
 
     /// Checks every entry and starts the transfer.
@@ -117,7 +157,7 @@ impl Batch {
         if let Some(index) = self.foreign_region {
             return Err(RangeError::ForeignRegion { index }.into());
         }
-        if self.entries.is_empty() && self.notification.is_none() {
+        if self.is_empty() && self.notification.is_none() {
             return Err(Error::ApiMisuse(
                 "the batch has no entries and no notification; add at least one".into(),
             ));
@@ -149,6 +189,9 @@ impl Batch {
                 .into());
             }
         }
+        for (index, blocks) in self.blocks.iter().enumerate() {
+            blocks.copy.validate(index, blocks.direction)?;
+        }
         if let Some(index) = read_overlap(&self.entries) {
             return Err(Error::ApiMisuse(format!(
                 "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
@@ -161,7 +204,7 @@ impl Batch {
                     .entries
                     .iter()
                     .position(|entry| entry.region as usize == position)
-                    .unwrap_or(0);
+                    .unwrap_or(self.entries.len());
                 return Err(RangeError::NotRegistered {
                     index,
                     side: Side::Local,
@@ -177,12 +220,18 @@ impl Batch {
             engine,
             peer,
             entries,
+            blocks,
             notification,
             ..
         } = self;
         let handle = engine.handle.clone();
         handle.spawn(async move {
-            let outcome = run(&engine, &peer, uses, entries, notification).await;
+            let work = Work {
+                uses,
+                entries,
+                blocks,
+            };
+            let outcome = run(&engine, &peer, work, notification).await;
             let _ = sender.send(outcome);
         });
         Ok(Transfer { receiver })
@@ -278,32 +327,67 @@ impl Future for Transfer {
     }
 }
 
+/// What a submitted batch moves.
+struct Work {
+    uses: Vec<Arc<RegionUse>>,
+    entries: Vec<Entry>,
+    blocks: Vec<Blocks>,
+}
+
+/// The ops of one batch for each transport (by index).
+type Routed = (Vec<(usize, Vec<TransferOp>)>, Vec<(usize, BlockOps)>);
+
+fn route_all(engine: &EngineInner, view: &PeerView, work: &Work, peer: &str) -> Result<Routed> {
+    let groups = route(engine, view, &work.uses, &work.entries, peer)?;
+    let blocks = route_blocks(engine, view, &work.uses, &work.blocks, peer)?;
+    Ok((groups, blocks))
+}
+
 async fn run(
     engine: &EngineInner,
     peer: &Peer,
-    uses: Vec<Arc<RegionUse>>,
-    entries: Vec<Entry>,
+    work: Work,
     notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
     // A remote range the cached descriptor does not cover may be memory the peer registered
     // since: fetch its descriptor once more before refusing.
-    let groups = match route(engine, &peer.view(), &uses, &entries, peer.name()) {
-        Err(Error::Range(RangeError::NotRegistered {
-            side: Side::Remote, ..
-        })) => {
+    let (groups, block_groups) = match route_all(engine, &peer.view(), &work, peer.name()) {
+        Err(Error::Range(
+            RangeError::NotRegistered {
+                side: Side::Remote, ..
+            }
+            | RangeError::PoolNotRegistered {
+                side: Side::Remote, ..
+            },
+        )) => {
             let view = peer.refresh(engine.metadata.as_ref()).await?;
-            route(engine, &view, &uses, &entries, peer.name())?
+            route_all(engine, &view, &work, peer.name())?
         }
         routed => routed?,
     };
-    let bytes = entries.iter().map(|entry| entry.len).sum();
+    let bytes = work.entries.iter().map(|entry| entry.len).sum::<u64>()
+        + work
+            .blocks
+            .iter()
+            .map(|blocks| blocks.copy.bytes())
+            .sum::<u64>();
+    drop(work);
     let mut transports = Vec::with_capacity(groups.len());
-    let mut pending = Vec::with_capacity(groups.len());
+    let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
+        Vec::with_capacity(groups.len() + block_groups.len());
     for (transport, ops) in groups {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         transports.push(engine.transports[transport].name());
-        pending.push(async move { link.transfer(ops).await });
+        pending.push(Box::pin(async move { link.transfer(ops).await }));
+    }
+    for (transport, blocks) in block_groups {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        let name = engine.transports[transport].name();
+        if !transports.contains(&name) {
+            transports.push(name);
+        }
+        pending.push(Box::pin(async move { link.transfer_blocks(blocks).await }));
     }
     let limit = engine.transfer_timeout;
     let moved = tokio::time::timeout(limit, futures::future::try_join_all(pending)).await;
@@ -393,6 +477,42 @@ fn route(
         .enumerate()
         .filter(|(_, ops)| !ops.is_empty())
         .collect())
+}
+
+/// Resolves every block copy's pools and groups them by the cheapest transport of each pool.
+fn route_blocks(
+    engine: &EngineInner,
+    view: &PeerView,
+    uses: &[Arc<RegionUse>],
+    blocks: &[Blocks],
+    peer: &str,
+) -> Result<Vec<(usize, BlockOps)>> {
+    let mut routed = Vec::new();
+    for (index, blocks) in blocks.iter().enumerate() {
+        let pool_uses: Vec<Arc<RegionUse>> = blocks
+            .regions
+            .iter()
+            .map(|&region| Arc::clone(&uses[region as usize]))
+            .collect();
+        let pools = blocks.copy.resolve(index, &pool_uses, |addr, len| {
+            view.covering(addr, len).cloned()
+        })?;
+        let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
+        for pool in pools {
+            let transport = choose(engine, &pool.region.entry.info, view, &pool.remote, peer)?;
+            match by_transport
+                .iter_mut()
+                .find(|(known, _)| *known == transport)
+            {
+                Some((_, group)) => group.push(pool),
+                None => by_transport.push((transport, vec![pool])),
+            }
+        }
+        for (transport, pools) in by_transport {
+            routed.push((transport, blocks.copy.ops(blocks.direction, pools)));
+        }
+    }
+    Ok(routed)
 }
 
 fn choose(

@@ -176,6 +176,28 @@ pub enum RangeError {
         /// Length of the existing region.
         existing_len: u64,
     },
+    /// A paged block copy is malformed: lengths, layouts or block ids.
+    #[error("block copy {copy}: {problem}")]
+    Blocks {
+        /// Position of the block copy in its batch.
+        copy: usize,
+        /// What is wrong, naming the offending index.
+        problem: String,
+    },
+    /// A pool of a block copy is not inside one registered range.
+    #[error("block copy {copy}, pool {pool}: {side} range {addr:#x}..+{len} is not inside one registered region; register the whole pool, or fix its address or layout")]
+    PoolNotRegistered {
+        /// Position of the block copy in its batch.
+        copy: usize,
+        /// Position of the pool in the copy.
+        pool: usize,
+        /// Whose memory it is.
+        side: Side,
+        /// First byte of the pool.
+        addr: u64,
+        /// Bytes from the pool's first byte to the last one the copy can touch.
+        len: u64,
+    },
     /// A region handle from another engine was used.
     #[error(
         "entry {index} uses a region registered with another engine; register it with this engine"

@@ -37,6 +37,7 @@
 //! ```
 
 mod batch;
+mod blocks;
 pub mod cuda;
 mod descriptor;
 mod engine;
@@ -50,6 +51,7 @@ mod transport;
 pub mod wire;
 
 pub use batch::{Batch, Completion, Transfer};
+pub use blocks::{BlockCopy, BlockLayout, BlockOps, BlockPoolOp};
 pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };

@@ -4,6 +4,7 @@
 //! reach it and how cheaply ([`Reach`]), picks the cheapest, opens a [`Link`] to the peer through
 //! it once, and hands it validated [`TransferOp`]s.
 
+use crate::blocks::BlockOps;
 use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
 use crate::error::Result;
 use crate::memory::{RegionInfo, RegionUse};
@@ -92,6 +93,15 @@ pub trait Link: Send + Sync + 'static {
     /// # Errors
     /// The first failure among the ops; the others still ran or were abandoned.
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()>;
+
+    /// Moves a paged block copy; resolves once all bytes are visible at their destinations.
+    /// The default turns it into one op per block (merged where blocks continue each other).
+    ///
+    /// # Errors
+    /// As [`Link::transfer`].
+    async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+        self.transfer(blocks.into_ops()).await
+    }
 
     /// False once the link has failed; the engine then opens a new one.
     fn is_alive(&self) -> bool;

@@ -11,10 +11,14 @@
 //! FABRIC handles across the nodes of a multi-node NVLink domain. It has not run on GB200
 //! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
 
+mod args;
 mod import;
+mod kernels;
 mod link;
 mod mnnvl;
+mod plan;
 mod transport;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
+pub use plan::{CopyPath, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

@@ -1,22 +1,41 @@
+use crate::args::ArgumentPool;
 use crate::import::PeerMapping;
+use crate::kernels::{CopyKernels, THREADS_PER_BLOCK};
+use crate::plan::{self, Copy, CopyPath};
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{Context, Event, Poller, Stream};
-use ferry_core::{Direction, Error, Link, Location, Result, TransferOp};
+use ferry_core::cuda::{Context, DeviceInfo, Event, Kernel, KernelArg, Poller, Stream};
+use ferry_core::{
+    BlockOps, BufferDescriptor, Direction, Error, Link, Location, Result, TransferOp,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Mappings of one peer's allocations and the local streams that copy to and from them.
+/// Mappings of one peer's allocations and the local streams and kernels that copy to and from
+/// them.
 pub(crate) struct NvlinkLink {
     peer: String,
     /// Both engines live in this process: remote addresses are usable as they are.
     same_process: bool,
     config: NvlinkConfig,
+    /// The GPUs this process sees, to tell which peer GPUs a kernel can reach.
+    gpus: Arc<Vec<DeviceInfo>>,
     /// The peer's allocations mapped here, by the export that names them.
     mappings: Mutex<HashMap<String, Arc<(PeerMapping, u64)>>>,
-    /// Copy streams of each local GPU, by ordinal.
-    streams: Mutex<HashMap<u32, Arc<Vec<Stream>>>>,
+    /// Streams, kernels and argument buffers of each local GPU, by ordinal.
+    lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
+}
+
+/// What one local GPU copies with.
+struct GpuLane {
+    streams: Vec<Stream>,
+    /// `None` when the kernels could not be loaded; every copy then uses the copy engines.
+    kernels: Option<Arc<CopyKernels>>,
+    args: ArgumentPool,
+    /// Peer GPUs (ordinals) whose memory this GPU's kernels may touch, by whether enabling
+    /// peer access to them worked.
+    peers: Mutex<HashMap<u32, bool>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -25,37 +44,55 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl NvlinkLink {
-    pub(crate) fn new(peer: String, same_process: bool, config: NvlinkConfig) -> NvlinkLink {
+    pub(crate) fn new(
+        peer: String,
+        same_process: bool,
+        config: NvlinkConfig,
+        gpus: Arc<Vec<DeviceInfo>>,
+    ) -> NvlinkLink {
         NvlinkLink {
             peer,
             same_process,
             config,
+            gpus,
             mappings: Mutex::default(),
-            streams: Mutex::default(),
+            lanes: Mutex::default(),
             alive: AtomicBool::new(true),
         }
     }
 
-    fn streams(&self, ordinal: u32) -> Result<Arc<Vec<Stream>>> {
-        let cached = lock(&self.streams).get(&ordinal).cloned();
-        if let Some(streams) = cached {
-            return Ok(streams);
+    fn lane(&self, ordinal: u32) -> Result<Arc<GpuLane>> {
+        let cached = lock(&self.lanes).get(&ordinal).cloned();
+        if let Some(lane) = cached {
+            return Ok(lane);
         }
         let context = Context::get(ordinal)?;
         let streams = (0..self.config.streams_per_gpu.max(1))
             .map(|_| Stream::new(Arc::clone(&context)))
             .collect::<Result<Vec<_>, _>>()?;
-        let streams = Arc::new(streams);
-        lock(&self.streams).insert(ordinal, Arc::clone(&streams));
-        Ok(streams)
+        let kernels = match CopyKernels::of(&context) {
+            Ok(kernels) => Some(kernels),
+            Err(error) => {
+                tracing::warn!(gpu = ordinal, %error, "the copy kernels did not load; every nvlink copy on this GPU uses the copy engines");
+                None
+            }
+        };
+        let lane = Arc::new(GpuLane {
+            streams,
+            kernels,
+            args: ArgumentPool::new(context),
+            peers: Mutex::default(),
+        });
+        lock(&self.lanes).insert(ordinal, Arc::clone(&lane));
+        Ok(lane)
     }
 
-    /// Where the remote range of `op` is mapped in this process.
-    fn remote_address(&self, op: &TransferOp, ordinal: u32) -> Result<u64> {
+    /// What to add to a remote address of `remote` to get where it is mapped in this process.
+    fn remote_shift(&self, remote: &BufferDescriptor, ordinal: u32) -> Result<u64> {
         if self.same_process {
-            return Ok(op.remote_addr);
+            return Ok(0);
         }
-        let Some(export) = &op.remote.export else {
+        let Some(export) = &remote.export else {
             return Err(self.refused("its buffer carries no export"));
         };
         let key = format!("{export:?}");
@@ -72,7 +109,35 @@ impl NvlinkLink {
             }
         };
         let (mapping, offset) = mapping.as_ref();
-        Ok(mapping.base() + offset + (op.remote_addr - op.remote.addr))
+        Ok((mapping.base() + offset).wrapping_sub(remote.addr))
+    }
+
+    /// Whether kernels on GPU `ordinal` can load and store `remote`'s memory directly: its GPU
+    /// is visible here and is this one or a peer with access enabled. Memory of a GPU hidden by
+    /// `CUDA_VISIBLE_DEVICES` is left to the copy engines.
+    fn kernel_reaches(&self, lane: &GpuLane, ordinal: u32, remote: &BufferDescriptor) -> bool {
+        let Location::Device { gpu, .. } = remote.location else {
+            return false;
+        };
+        let Some(owner) = self.gpus.iter().find(|info| info.uuid == gpu) else {
+            return false;
+        };
+        if owner.ordinal == ordinal {
+            return true;
+        }
+        let known = lock(&lane.peers).get(&owner.ordinal).copied();
+        if let Some(enabled) = known {
+            return enabled;
+        }
+        let enabled = match (Context::get(ordinal), Context::get(owner.ordinal)) {
+            (Ok(local), Ok(peer)) => local.enable_peer_access(&peer).map_err(|error| {
+                tracing::info!(from = ordinal, to = owner.ordinal, %error, "peer access refused; copies between these GPUs use the copy engines");
+            }),
+            (Err(error), _) | (_, Err(error)) => Err(tracing::info!(%error, "no context for peer access")),
+        }
+        .is_ok();
+        lock(&lane.peers).insert(owner.ordinal, enabled);
+        enabled
     }
 
     fn refused(&self, reason: &str) -> Error {
@@ -82,12 +147,209 @@ impl NvlinkLink {
             reason: format!("nvlink: {reason}"),
         }
     }
+
+    /// Turns the ops of one local GPU into copies between addresses of this process.
+    fn copies(&self, lane: &GpuLane, ordinal: u32, ops: &[&TransferOp]) -> Result<Vec<Copy>> {
+        let mut copies = Vec::with_capacity(ops.len());
+        let mut last: Option<(*const BufferDescriptor, u64, bool)> = None;
+        for op in ops {
+            let key = Arc::as_ptr(&op.remote);
+            let (shift, reachable) = match last {
+                Some((previous, shift, reachable)) if previous == key => (shift, reachable),
+                _ => {
+                    let shift = self.remote_shift(&op.remote, ordinal)?;
+                    let reachable =
+                        lane.kernels.is_some() && self.kernel_reaches(lane, ordinal, &op.remote);
+                    last = Some((key, shift, reachable));
+                    (shift, reachable)
+                }
+            };
+            let remote = op.remote_addr.wrapping_add(shift);
+            let (dst, src) = match op.direction {
+                Direction::Write => (remote, op.local_addr),
+                Direction::Read => (op.local_addr, remote),
+            };
+            copies.push(Copy {
+                dst,
+                src,
+                len: op.len,
+                kernel_reaches: reachable,
+            });
+        }
+        Ok(copies)
+    }
+
+    /// Launches `kernel` on the lane's first stream with its large arguments in a pinned
+    /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
+    /// returning the launch's arguments.
+    ///
+    /// The caller vouches that the returned arguments match `kernel`'s parameters and that
+    /// every range they name was checked against live registrations reachable from this GPU.
+    fn launch_kernel(
+        &self,
+        lane: &GpuLane,
+        kernel: &Kernel,
+        grid: u32,
+        arg_bytes: usize,
+        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
+    ) -> Result<()> {
+        let mut args = lane.args.take(arg_bytes)?;
+        let base = args.addr();
+        let launch_args = fill(args.as_mut_slice(), base);
+        let stream = &lane.streams[0];
+        // SAFETY: the caller matched the arguments to the kernel and checked every range they
+        // name (the ops keep the local registrations alive until their events fired); the
+        // pinned argument buffer goes back to the pool only with a fence recorded after this
+        // launch, so nothing overwrites it while the kernel reads it.
+        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
+        match Event::record(stream) {
+            Ok(fence) => lane.args.give_back(args, fence),
+            Err(error) => {
+                // The launch may still read the arguments: leak them rather than free them
+                // under the GPU.
+                std::mem::forget(args);
+                return Err(error.into());
+            }
+        }
+        launched.map_err(Error::from)
+    }
+
+    /// Queues a paged copy in one kernel launch and returns the event that fires after it, or
+    /// `None` when the copy engines should take it (path, size, or a pool the kernel cannot
+    /// reach).
+    fn launch_blocks(&self, blocks: &BlockOps) -> Result<Option<Event>> {
+        let wanted = match self.config.copy_path {
+            CopyPath::CopyEngine => false,
+            CopyPath::Kernel => true,
+            CopyPath::Auto => blocks.len < plan::ENGINE_FROM,
+        };
+        let Some(first) = blocks.pools.first() else {
+            return Ok(None);
+        };
+        let Location::Device { ordinal, .. } = first.region.info().location else {
+            return Err(self.refused("a local range is not GPU memory"));
+        };
+        let (Ok(pools), Ok(ids)) = (
+            u32::try_from(blocks.pools.len()),
+            u32::try_from(blocks.local_ids.len()),
+        ) else {
+            return Ok(None);
+        };
+        if !wanted {
+            return Ok(None);
+        }
+        let lane = self.lane(ordinal)?;
+        let Some(kernels) = lane.kernels.clone() else {
+            return Ok(None);
+        };
+        let mut local_bases = Vec::with_capacity(blocks.pools.len());
+        let mut remote_bases = Vec::with_capacity(blocks.pools.len());
+        for pool in &blocks.pools {
+            let same_gpu = matches!(pool.region.info().location, Location::Device { ordinal: other, .. } if other == ordinal);
+            if !same_gpu || !self.kernel_reaches(&lane, ordinal, &pool.remote) {
+                return Ok(None);
+            }
+            let shift = self.remote_shift(&pool.remote, ordinal)?;
+            local_bases.push(pool.local_base);
+            remote_bases.push(pool.remote_base.wrapping_add(shift));
+        }
+        let local = (
+            &local_bases,
+            &blocks.local_ids,
+            blocks.local_stride,
+            blocks.local_offset,
+        );
+        let remote = (
+            &remote_bases,
+            &blocks.remote_ids,
+            blocks.remote_stride,
+            blocks.remote_offset,
+        );
+        let (src, dst) = match blocks.direction {
+            Direction::Write => (local, remote),
+            Direction::Read => (remote, local),
+        };
+        let layout = plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len());
+        let items = u64::from(pools) * u64::from(ids);
+        self.launch_kernel(
+            &lane,
+            &kernels.paged,
+            kernels.grid(items, self.config.kernel_blocks_per_sm),
+            layout.bytes(),
+            |args, base| {
+                layout.write(args, src.0, dst.0, src.1, dst.1);
+                vec![
+                    KernelArg::U64(base + layout.src_bases),
+                    KernelArg::U64(base + layout.dst_bases),
+                    KernelArg::U32(pools),
+                    KernelArg::U64(base + layout.src_ids),
+                    KernelArg::U64(base + layout.dst_ids),
+                    KernelArg::U32(ids),
+                    KernelArg::U64(src.2),
+                    KernelArg::U64(dst.2),
+                    KernelArg::U64(src.3),
+                    KernelArg::U64(dst.3),
+                    KernelArg::U64(blocks.len),
+                ]
+            },
+        )?;
+        Ok(Some(Event::record(&lane.streams[0])?))
+    }
+
+    /// Queues `copies` on `lane` and returns the events that fire once they are done.
+    fn launch(&self, lane: &GpuLane, copies: &[Copy]) -> Result<Vec<Event>> {
+        let route = plan::route(copies, self.config.copy_path);
+        let mut used = vec![false; lane.streams.len()];
+        if !route.kernel.is_empty() {
+            let kernels = lane
+                .kernels
+                .as_ref()
+                .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
+            let entries = plan::kernel_entries(copies, &route.kernel);
+            let count = entries.len() as u64;
+            self.launch_kernel(
+                lane,
+                &kernels.list,
+                kernels.grid(count, self.config.kernel_blocks_per_sm),
+                entries.len() * plan::ENTRY_BYTES,
+                |args, base| {
+                    plan::write_entries(&entries, args);
+                    vec![KernelArg::U64(base), KernelArg::U64(count)]
+                },
+            )?;
+            used[0] = true;
+        }
+        let engine_streams = if lane.streams.len() > 1 && !route.kernel.is_empty() {
+            1..lane.streams.len()
+        } else {
+            0..lane.streams.len()
+        };
+        for (turn, &index) in route.copy_engine.iter().enumerate() {
+            let stream = engine_streams.start + turn % engine_streams.len();
+            let copy = &copies[index];
+            let len = usize::try_from(copy.len)
+                .map_err(|_| self.refused("an op is longer than this machine's address space"))?;
+            // SAFETY: the engine checked the local range against a live registration (the
+            // op's RegionUse keeps it registered until the ops drop, after the events below
+            // fired) and the remote range against the peer's registered buffer, which the
+            // mapping covers from its allocation base; the two belong to different
+            // registrations, so they do not overlap.
+            unsafe { lane.streams[stream].copy(copy.dst, copy.src, len)? };
+            used[stream] = true;
+        }
+        let mut events = Vec::new();
+        for (stream, used) in lane.streams.iter().zip(used) {
+            if used {
+                events.push(Event::record(stream)?);
+            }
+        }
+        Ok(events)
+    }
 }
 
 #[async_trait::async_trait]
 impl Link for NvlinkLink {
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
-        let mut events = Vec::new();
         let mut by_gpu: HashMap<u32, Vec<&TransferOp>> = HashMap::new();
         for op in &ops {
             let Location::Device { ordinal, .. } = op.region.info().location else {
@@ -95,32 +357,27 @@ impl Link for NvlinkLink {
             };
             by_gpu.entry(ordinal).or_default().push(op);
         }
+        let mut events = Vec::new();
         for (ordinal, gpu_ops) in by_gpu {
-            let streams = self.streams(ordinal)?;
-            for (index, op) in gpu_ops.iter().enumerate() {
-                let remote = self.remote_address(op, ordinal)?;
-                let (dst, src) = match op.direction {
-                    Direction::Write => (remote, op.local_addr),
-                    Direction::Read => (op.local_addr, remote),
-                };
-                let len = usize::try_from(op.len).map_err(|_| {
-                    self.refused("an op is longer than this machine's address space")
-                })?;
-                // SAFETY: the engine checked the local range against a live registration (the
-                // op's RegionUse keeps it registered until `ops` drops, after the events below
-                // fired) and the remote range against the peer's registered buffer, which the
-                // IPC mapping covers from its allocation base; the two belong to different
-                // registrations, so they do not overlap.
-                unsafe { streams[index % streams.len()].copy(dst, src, len)? };
-            }
-            for stream in streams.iter() {
-                events.push(Event::record(stream)?);
-            }
+            let lane = self.lane(ordinal)?;
+            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
+            events.extend(self.launch(&lane, &copies)?);
         }
         let waits = events.into_iter().map(|event| Poller::global().wait(event));
         futures::future::try_join_all(waits).await?;
         drop(ops);
         Ok(())
+    }
+
+    async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+        match self.launch_blocks(&blocks)? {
+            Some(event) => {
+                Poller::global().wait(event).await?;
+                drop(blocks);
+                Ok(())
+            }
+            None => self.transfer(blocks.into_ops()).await,
+        }
     }
 
     fn is_alive(&self) -> bool {

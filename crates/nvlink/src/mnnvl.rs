@@ -114,6 +114,9 @@ impl Transport for MnnvlTransport {
             peer.name.clone(),
             false,
             self.config,
+            // Remote GPUs of other nodes are never visible here, so every copy takes the copy
+            // engines until the kernel path is checked on a multi-node NVLink domain.
+            Arc::new(Vec::new()),
         )))
     }
 }

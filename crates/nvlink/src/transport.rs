@@ -1,4 +1,5 @@
 use crate::link::NvlinkLink;
+use crate::plan::CopyPath;
 use ferry_core::cuda::{DeviceInfo, Driver};
 use ferry_core::{
     BufferDescriptor, Endpoint, Export, HostIdentity, Link, Location, Reach, RegionInfo, Result,
@@ -14,11 +15,19 @@ pub const NVLINK: &str = "nvlink";
 pub struct NvlinkConfig {
     /// Streams per local GPU that copies are dealt over.
     pub streams_per_gpu: usize,
+    /// Which copies go to the copy kernel and which to the copy engines.
+    pub copy_path: CopyPath,
+    /// Thread blocks of the copy kernel per multiprocessor of the GPU, at most.
+    pub kernel_blocks_per_sm: u32,
 }
 
 impl Default for NvlinkConfig {
     fn default() -> Self {
-        NvlinkConfig { streams_per_gpu: 4 }
+        NvlinkConfig {
+            streams_per_gpu: 4,
+            copy_path: CopyPath::Auto,
+            kernel_blocks_per_sm: 2,
+        }
     }
 }
 
@@ -26,7 +35,7 @@ impl Default for NvlinkConfig {
 #[derive(Debug)]
 pub struct NvlinkTransport {
     host: HostIdentity,
-    gpus: Vec<DeviceInfo>,
+    gpus: Arc<Vec<DeviceInfo>>,
     config: NvlinkConfig,
     unavailable: Option<String>,
 }
@@ -43,7 +52,7 @@ impl NvlinkTransport {
         };
         NvlinkTransport {
             host: HostIdentity::current(),
-            gpus,
+            gpus: Arc::new(gpus),
             config,
             unavailable,
         }
@@ -124,6 +133,7 @@ impl Transport for NvlinkTransport {
             peer.name.clone(),
             same_process,
             self.config,
+            Arc::clone(&self.gpus),
         )))
     }
 }
@@ -142,12 +152,12 @@ mod tests {
                 hostname: "node-a".into(),
                 boot_id: "boot-1".into(),
             },
-            gpus: vec![DeviceInfo {
+            gpus: Arc::new(vec![DeviceInfo {
                 ordinal: 0,
                 uuid: LOCAL_GPU,
                 pci_bus_id: "0000:06:00.0".into(),
                 name: "test GPU".into(),
-            }],
+            }]),
             config: NvlinkConfig::default(),
             unavailable: None,
         }

@@ -63,4 +63,9 @@ impl Context {
     pub fn ordinal(&self) -> u32 {
         self.ordinal
     }
+
+    /// Number of streaming multiprocessors of this context's GPU (132 on an H100/H200 SXM).
+    pub fn multiprocessors(&self) -> Result<u32, CudaError> {
+        device::multiprocessors(self.ordinal)
+    }
 }

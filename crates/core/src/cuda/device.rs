@@ -123,6 +123,21 @@ pub(super) fn info(ordinal: u32) -> Result<DeviceInfo, CudaError> {
     })
 }
 
+/// Number of streaming multiprocessors of GPU `ordinal`.
+pub(super) fn multiprocessors(ordinal: u32) -> Result<u32, CudaError> {
+    let device = handle(ordinal)?;
+    let mut count: c_int = 0;
+    // SAFETY: `device` is valid and `count` is a valid place for the attribute.
+    CudaError::check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut count,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            device,
+        )
+    })?;
+    Ok(count.max(1) as u32)
+}
+
 /// Whether GPU `from` can map memory of GPU `to` (both ordinals of this process).
 pub(super) fn can_access_peer(from: u32, to: u32) -> Result<bool, CudaError> {
     let mut can: c_int = 0;

@@ -1,6 +1,7 @@
 use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::error::CudaError;
+use super::event::Event;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 use std::sync::Arc;
 
@@ -67,6 +68,55 @@ impl Stream {
         // SAFETY: both ranges lie inside live allocations (checked above), which stay
         // allocated until the copy finishes (see above); two allocations never overlap.
         unsafe { self.copy(dst.addr(), src.addr(), len) }
+    }
+
+    /// Makes work queued on this stream from now on wait until `event` has fired, without
+    /// the host waiting.
+    pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: both handles are valid; flags must be 0.
+        CudaError::check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(self.raw, event.raw(), 0)
+        })
+    }
+
+    /// Queues a write of the 32-bit `value` to `addr` after everything queued before it, with a
+    /// memory barrier that makes the earlier writes visible to any reader of `value` first.
+    ///
+    /// # Safety
+    /// `addr..addr+4` must be 4-byte aligned and writable by this GPU (local or peer-mapped
+    /// memory) until the write completes.
+    pub unsafe fn write_value32(&self, addr: u64, value: u32) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: the caller guarantees the address; the stream is valid; DEFAULT keeps the
+        // barrier that orders earlier writes before this one.
+        CudaError::check("cuStreamWriteValue32_v2", unsafe {
+            sys::cuStreamWriteValue32_v2(
+                self.raw,
+                addr,
+                value,
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        })
+    }
+
+    /// Makes work queued on this stream from now on wait, on the GPU, until the 32-bit word at
+    /// `addr` is at least `value` (compared as unsigned, wrapping as the driver defines).
+    ///
+    /// # Safety
+    /// `addr..addr+4` must be 4-byte aligned GPU memory readable by this GPU for as long as the
+    /// stream may wait on it.
+    pub unsafe fn wait_value32(&self, addr: u64, value: u32) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: the caller guarantees the address; the stream is valid.
+        CudaError::check("cuStreamWaitValue32_v2", unsafe {
+            sys::cuStreamWaitValue32_v2(
+                self.raw,
+                addr,
+                value,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        })
     }
 
     /// Blocks until everything queued so far has finished. For set-up and tests, never on a

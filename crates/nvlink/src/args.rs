@@ -1,0 +1,57 @@
+//! Pinned host buffers that carry kernel arguments too large for a launch (copy lists, block
+//! ids). The kernels read them in place over the bus, so no upload is queued before a launch.
+
+use ferry_core::cuda::{Context, CudaError, Event, PinnedBuffer};
+use std::sync::{Arc, Mutex};
+
+/// Smallest buffer allocated, so small batches reuse one buffer.
+const MIN_BUFFER: usize = 64 << 10;
+
+/// Argument buffers of one GPU, reused once the launch that read them has finished.
+#[derive(Debug)]
+pub(crate) struct ArgumentPool {
+    context: Arc<Context>,
+    /// Buffers with the event after the last launch that reads them.
+    free: Mutex<Vec<(PinnedBuffer, Event)>>,
+}
+
+impl ArgumentPool {
+    pub(crate) fn new(context: Arc<Context>) -> ArgumentPool {
+        ArgumentPool {
+            context,
+            free: Mutex::default(),
+        }
+    }
+
+    /// A buffer of at least `len` bytes that no queued launch reads any more.
+    pub(crate) fn take(&self, len: usize) -> Result<PinnedBuffer, CudaError> {
+        {
+            let mut free = self
+                .free
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            let mut index = 0;
+            while index < free.len() {
+                let (buffer, fence) = &free[index];
+                // A fence that reports an error leaves the buffer's state unknown: drop it.
+                match fence.query() {
+                    Ok(true) if buffer.len() >= len => return Ok(free.swap_remove(index).0),
+                    Ok(_) => index += 1,
+                    Err(_) => drop(free.swap_remove(index)),
+                }
+            }
+        }
+        PinnedBuffer::new(
+            Arc::clone(&self.context),
+            len.next_power_of_two().max(MIN_BUFFER),
+        )
+    }
+
+    /// Returns `buffer` for reuse once `fence` (recorded after the launch reading it) fires.
+    pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Event) {
+        self.free
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push((buffer, fence));
+    }
+}

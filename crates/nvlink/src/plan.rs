@@ -1,0 +1,273 @@
+//! Which copy path each copy of a transfer takes, and the entry list the copy kernel reads.
+//! Pure functions of the copies, so the choice is tested without a GPU.
+
+/// How the nvlink transport moves a transfer's copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyPath {
+    /// Copies of [`ENGINE_FROM`] bytes or more on the copy engines (one `cuMemcpyAsync` each),
+    /// everything smaller in one gather/scatter kernel launch per GPU.
+    #[default]
+    Auto,
+    /// Every copy on the copy engines.
+    CopyEngine,
+    /// Every copy the kernel can reach in the kernel; the rest on the copy engines.
+    Kernel,
+}
+
+impl std::str::FromStr for CopyPath {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(CopyPath::Auto),
+            "copy-engine" | "ce" => Ok(CopyPath::CopyEngine),
+            "kernel" => Ok(CopyPath::Kernel),
+            other => Err(format!(
+                "unknown copy path {other:?}; use auto, copy-engine or kernel"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CopyPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyPath::Auto => "auto",
+            CopyPath::CopyEngine => "copy-engine",
+            CopyPath::Kernel => "kernel",
+        })
+    }
+}
+
+/// Copies at least this long go to the copy engines under [`CopyPath::Auto`]: from here one
+/// `cuMemcpyAsync` per copy, spread over the streams, keeps the link as busy as the kernel
+/// does, without taking SMs from the model.
+pub const ENGINE_FROM: u64 = 16 << 20;
+
+/// The kernel's work item: longer copies are cut into pieces this long so every warp gets work.
+pub(crate) const KERNEL_CHUNK: u64 = 64 << 10;
+
+/// Bytes of one kernel entry: source, destination and length as little-endian u64.
+pub(crate) const ENTRY_BYTES: usize = 24;
+
+/// One copy between two addresses of this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Copy {
+    pub(crate) dst: u64,
+    pub(crate) src: u64,
+    pub(crate) len: u64,
+    /// Whether the local GPU's kernels can load and store both ends.
+    pub(crate) kernel_reaches: bool,
+}
+
+/// Indices of the copies each path takes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) kernel: Vec<usize>,
+    pub(crate) copy_engine: Vec<usize>,
+}
+
+/// Splits `copies` between the kernel and the copy engines as `path` says.
+pub(crate) fn route(copies: &[Copy], path: CopyPath) -> Route {
+    let mut route = Route::default();
+    for (index, copy) in copies.iter().enumerate() {
+        let kernel = copy.kernel_reaches
+            && match path {
+                CopyPath::Auto => copy.len < ENGINE_FROM,
+                CopyPath::CopyEngine => false,
+                CopyPath::Kernel => true,
+            };
+        if kernel {
+            route.kernel.push(index);
+        } else {
+            route.copy_engine.push(index);
+        }
+    }
+    route
+}
+
+/// The kernel's entries for the copies at `indices`: (src, dst, len), none longer than
+/// [`KERNEL_CHUNK`].
+pub(crate) fn kernel_entries(copies: &[Copy], indices: &[usize]) -> Vec<[u64; 3]> {
+    let mut entries = Vec::with_capacity(indices.len());
+    for &index in indices {
+        let copy = copies[index];
+        let mut done = 0;
+        while done < copy.len {
+            let len = (copy.len - done).min(KERNEL_CHUNK);
+            entries.push([copy.src + done, copy.dst + done, len]);
+            done += len;
+        }
+    }
+    entries
+}
+
+/// Writes `entries` in the kernel's layout into the front of `out`, which must hold
+/// `entries.len() * ENTRY_BYTES` bytes.
+pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
+    for (entry, slot) in entries.iter().zip(out.chunks_exact_mut(ENTRY_BYTES)) {
+        for (value, field) in entry.iter().zip(slot.chunks_exact_mut(8)) {
+            field.copy_from_slice(&value.to_le_bytes());
+        }
+    }
+}
+
+/// Where the paged kernel's arrays sit in its argument buffer: source and destination pool
+/// bases (u64 each), then source and destination block ids (u32 each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PagedArgs {
+    pub(crate) src_bases: u64,
+    pub(crate) dst_bases: u64,
+    pub(crate) src_ids: u64,
+    pub(crate) dst_ids: u64,
+    end: u64,
+}
+
+impl PagedArgs {
+    pub(crate) fn new(pools: usize, ids: usize) -> PagedArgs {
+        let (pools, ids) = (pools as u64, ids as u64);
+        PagedArgs {
+            src_bases: 0,
+            dst_bases: 8 * pools,
+            src_ids: 16 * pools,
+            dst_ids: 16 * pools + 4 * ids,
+            end: 16 * pools + 8 * ids,
+        }
+    }
+
+    /// Bytes of the whole buffer.
+    pub(crate) fn bytes(&self) -> usize {
+        self.end as usize
+    }
+
+    /// Writes the four arrays into `out`, which holds at least [`PagedArgs::bytes`] bytes.
+    pub(crate) fn write(
+        &self,
+        out: &mut [u8],
+        src_bases: &[u64],
+        dst_bases: &[u64],
+        src_ids: &[u32],
+        dst_ids: &[u32],
+    ) {
+        let mut put = |at: u64, bytes: &mut dyn Iterator<Item = u8>| {
+            for (slot, byte) in out[at as usize..].iter_mut().zip(bytes) {
+                *slot = byte;
+            }
+        };
+        put(
+            self.src_bases,
+            &mut src_bases.iter().flat_map(|v| v.to_le_bytes()),
+        );
+        put(
+            self.dst_bases,
+            &mut dst_bases.iter().flat_map(|v| v.to_le_bytes()),
+        );
+        put(
+            self.src_ids,
+            &mut src_ids.iter().flat_map(|v| v.to_le_bytes()),
+        );
+        put(
+            self.dst_ids,
+            &mut dst_ids.iter().flat_map(|v| v.to_le_bytes()),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(len: u64, kernel_reaches: bool) -> Copy {
+        Copy {
+            dst: 0x10_0000,
+            src: 0x20_0000,
+            len,
+            kernel_reaches,
+        }
+    }
+
+    #[test]
+    fn auto_sends_small_copies_to_the_kernel_and_large_ones_to_the_copy_engines() {
+        let copies = [
+            copy(4096, true),
+            copy(ENGINE_FROM, true),
+            copy(32 << 10, false),
+            copy(1 << 20, true),
+        ];
+        assert_eq!(
+            route(&copies, CopyPath::Auto),
+            Route {
+                kernel: vec![0, 3],
+                copy_engine: vec![1, 2],
+            }
+        );
+        assert_eq!(
+            route(&copies, CopyPath::CopyEngine).kernel,
+            Vec::<usize>::new()
+        );
+        assert_eq!(
+            route(&copies, CopyPath::Kernel),
+            Route {
+                kernel: vec![0, 1, 3],
+                copy_engine: vec![2],
+            }
+        );
+    }
+
+    #[test]
+    fn long_copies_are_cut_into_chunks_that_cover_them_exactly() {
+        let copies = [copy(KERNEL_CHUNK * 2 + 3, true), copy(5, true)];
+        let entries = kernel_entries(&copies, &[0, 1]);
+        assert_eq!(
+            entries,
+            vec![
+                [0x20_0000, 0x10_0000, KERNEL_CHUNK],
+                [
+                    0x20_0000 + KERNEL_CHUNK,
+                    0x10_0000 + KERNEL_CHUNK,
+                    KERNEL_CHUNK
+                ],
+                [
+                    0x20_0000 + 2 * KERNEL_CHUNK,
+                    0x10_0000 + 2 * KERNEL_CHUNK,
+                    3
+                ],
+                [0x20_0000, 0x10_0000, 5],
+            ]
+        );
+    }
+
+    #[test]
+    fn entries_are_written_little_endian_in_kernel_order() {
+        let mut out = vec![0u8; 2 * ENTRY_BYTES];
+        write_entries(&[[1, 2, 3], [0x0102, 5, 6]], &mut out);
+        assert_eq!(&out[0..8], &1u64.to_le_bytes());
+        assert_eq!(&out[8..16], &2u64.to_le_bytes());
+        assert_eq!(&out[16..24], &3u64.to_le_bytes());
+        assert_eq!(&out[24..32], &0x0102u64.to_le_bytes());
+        assert_eq!(&out[40..48], &6u64.to_le_bytes());
+    }
+
+    #[test]
+    fn paged_arguments_sit_back_to_back_in_kernel_order() {
+        let layout = PagedArgs::new(2, 3);
+        assert_eq!(layout.bytes(), 2 * 16 + 3 * 8);
+        let mut out = vec![0u8; layout.bytes()];
+        layout.write(&mut out, &[10, 11], &[20, 21], &[1, 2, 3], &[4, 5, 6]);
+        assert_eq!(&out[0..8], &10u64.to_le_bytes());
+        assert_eq!(&out[8..16], &11u64.to_le_bytes());
+        assert_eq!(&out[16..24], &20u64.to_le_bytes());
+        assert_eq!(&out[32..36], &1u32.to_le_bytes());
+        assert_eq!(&out[40..44], &3u32.to_le_bytes());
+        assert_eq!(&out[44..48], &4u32.to_le_bytes());
+        assert_eq!(&out[52..56], &6u32.to_le_bytes());
+    }
+
+    #[test]
+    fn copy_paths_parse_and_print() {
+        for path in [CopyPath::Auto, CopyPath::CopyEngine, CopyPath::Kernel] {
+            assert_eq!(path.to_string().parse::<CopyPath>(), Ok(path));
+        }
+        assert!("dma".parse::<CopyPath>().is_err());
+    }
+}
