@@ -129,13 +129,12 @@ impl NvlinkLink {
         if let Some(enabled) = known {
             return enabled;
         }
-        let enabled = match (Context::get(ordinal), Context::get(owner.ordinal)) {
-            (Ok(local), Ok(peer)) => local.enable_peer_access(&peer).map_err(|error| {
+        let enabled = Context::get(ordinal)
+            .and_then(|local| local.enable_peer_access(&*Context::get(owner.ordinal)?))
+            .inspect_err(|error| {
                 tracing::info!(from = ordinal, to = owner.ordinal, %error, "peer access refused; copies between these GPUs use the copy engines");
-            }),
-            (Err(error), _) | (_, Err(error)) => Err(tracing::info!(%error, "no context for peer access")),
-        }
-        .is_ok();
+            })
+            .is_ok();
         lock(&lane.peers).insert(owner.ordinal, enabled);
         enabled
     }
