@@ -22,25 +22,46 @@ mod serve_child;
 
 #[derive(Subcommand)]
 enum Command {
-    /// Measure GPU to GPU transfers between two processes against the same-run `peer_copy`
-    /// baseline, verifying the bytes: workloads `contiguous` (one 1 GiB buffer) and
-    /// `blocks-1m` (1,024 scattered 1 MiB blocks).
+    /// Measure GPU to GPU transfers between two processes (this one and a `ferry serve` it
+    /// starts) against the same-run `peer_copy` baseline, verifying every destination byte.
     Bench {
-        /// Comma-separated workloads.
-        #[arg(long, default_value = "contiguous,blocks-1m", value_delimiter = ',')]
+        /// Comma-separated workloads (BENCHMARKS.md); `all` for every one.
+        #[arg(long, default_value = "all", value_delimiter = ',')]
         workloads: Vec<String>,
+        /// Instead of the named workloads, `--blocks` scattered blocks of this many bytes.
+        #[arg(long, requires = "blocks")]
+        block_bytes: Option<u64>,
+        /// Number of blocks for `--block-bytes`.
+        #[arg(long, requires = "block_bytes")]
+        blocks: Option<u64>,
         /// GPU of the sending (prefill) process.
         #[arg(long, default_value_t = 0)]
         prefill_gpu: u32,
         /// GPU of the receiving (decode) process.
         #[arg(long, default_value_t = 1)]
         decode_gpu: u32,
-        /// Timed rounds per workload (after two warm-up rounds); the median is reported.
-        #[arg(long, default_value_t = 10)]
+        /// Timed rounds per row (after two warm-up rounds); the median is reported.
+        #[arg(long, default_value_t = 20)]
         iterations: usize,
-        /// Copy streams per GPU (comma-separated to compare several in one run).
-        #[arg(long, default_value = "4", value_delimiter = ',')]
-        streams: Vec<usize>,
+        /// Copy streams per GPU.
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
+        #[arg(long, default_value = "auto", value_delimiter = ',')]
+        paths: Vec<ferry::CopyPath>,
+        /// `write` (prefill pushes) or `read` (prefill pulls).
+        #[arg(long, default_value = "write")]
+        direction: String,
+        /// Also write the rows as JSON to this file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Also sweep block sizes for the kernel and copy-engine paths and draw bandwidth
+        /// against block size, with the baseline as a line, into this SVG file.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
+        /// Seed of the block ids and the data.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
     },
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
@@ -65,6 +86,10 @@ enum Command {
         /// Put the buffer on this GPU (`cudaMalloc` memory) instead of in host memory.
         #[arg(long)]
         gpu: Option<u32>,
+        /// Answer every notification with one to its sender carrying `held <ns>`: the
+        /// wall-clock time this process held it (for `ferry bench`'s latency rows).
+        #[arg(long)]
+        echo: bool,
         /// With --gpu: make the buffer VMM memory in this many allocations mapped back to
         /// back (as PyTorch's expandable segments are), each rounded up to the granularity.
         #[arg(long, requires = "gpu")]
@@ -83,23 +108,38 @@ fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Command::Bench {
             workloads,
+            block_bytes,
+            blocks,
             prefill_gpu,
             decode_gpu,
             iterations,
             streams,
-        } => match bench::run(
-            &workloads,
-            bench::Gpus {
-                prefill: prefill_gpu,
-                decode: decode_gpu,
+            paths,
+            direction,
+            json,
+            plot,
+            seed,
+        } => bench_options(&workloads, block_bytes.zip(blocks), &direction).and_then(
+            |(workloads, direction)| {
+                let options = bench::Options {
+                    workloads,
+                    prefill_gpu,
+                    decode_gpu,
+                    iterations: iterations.max(1),
+                    streams,
+                    paths,
+                    direction,
+                    json,
+                    plot,
+                    seed,
+                };
+                match bench::run(&options) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("some bytes did not verify".into()),
+                    Err(error) => Err(error),
+                }
             },
-            iterations.max(1),
-            &streams,
-        ) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("some bytes did not verify".into()),
-            Err(error) => Err(error),
-        },
+        ),
         Command::Probe => probe(),
         Command::Serve {
             listen,
@@ -108,6 +148,7 @@ fn main() -> ExitCode {
             metadata,
             notifications,
             gpu,
+            echo,
             vmm_pieces,
         } => serve(
             listen,
@@ -116,6 +157,7 @@ fn main() -> ExitCode {
             &metadata,
             notifications,
             gpu.map(|ordinal| (ordinal, vmm_pieces)),
+            echo,
         ),
     };
     match outcome {
@@ -125,6 +167,34 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The workloads and direction `ferry bench` was asked for.
+fn bench_options(
+    names: &[String],
+    custom: Option<(u64, u64)>,
+    direction: &str,
+) -> Result<(Vec<bench::Workload>, ferry::Direction), Box<dyn std::error::Error>> {
+    let direction = match direction {
+        "write" => ferry::Direction::Write,
+        "read" => ferry::Direction::Read,
+        other => return Err(format!("--direction {other:?}: use write or read").into()),
+    };
+    if let Some((bytes, count)) = custom {
+        if bytes == 0 || count == 0 {
+            return Err("--block-bytes and --blocks must be positive".into());
+        }
+        return Ok((vec![bench::Workload::Blocks { bytes, count }], direction));
+    }
+    let names: Vec<&str> = match names {
+        [all] if all == "all" => bench::ALL_WORKLOADS.split(',').collect(),
+        names => names.iter().map(String::as_str).collect(),
+    };
+    let workloads = names
+        .iter()
+        .map(|name| name.parse())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((workloads, direction))
 }
 
 fn probe() -> Result<(), Box<dyn std::error::Error>> {
@@ -192,6 +262,7 @@ fn serve(
     metadata: &str,
     limit: Option<u64>,
     gpu: Option<(u32, Option<usize>)>,
+    echo: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = ferry::Engine::builder()
         .listen(listen)
@@ -208,7 +279,14 @@ fn serve(
         None => engine.allocate(bytes)?,
     };
     if gpu.is_some() {
-        buffer.write_at(0, &vec![0u8; buffer.len() as usize])?;
+        // GPU memory starts with whatever was there: clear it a chunk at a time.
+        let chunk = vec![0u8; buffer.len().min(256 << 20) as usize];
+        let mut at = 0;
+        while at < buffer.len() {
+            let len = (buffer.len() - at).min(chunk.len() as u64);
+            buffer.write_at(at, &chunk[..len as usize])?;
+            at += len;
+        }
     }
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
@@ -221,6 +299,16 @@ fn serve(
             break;
         };
         received += 1;
+        if echo {
+            let held = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|since| since.as_nanos())
+                .unwrap_or(0);
+            let sender = engine.connect_blocking(&note.from)?;
+            let reply = format!("held {held}");
+            futures::executor::block_on(engine.notify(&sender, reply.into_bytes()))?;
+            continue;
+        }
         writeln!(
             stdout,
             "notification from {}: {}",

@@ -11,16 +11,25 @@ pub(crate) struct ServeChild {
 }
 
 impl ServeChild {
-    /// Starts `ferry serve` with a `bytes`-byte buffer on GPU `gpu` and reads its address.
-    pub(crate) fn start(bytes: usize, gpu: u32) -> Result<ServeChild, Box<dyn std::error::Error>> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args([
-                "serve",
-                "--bytes",
-                &bytes.to_string(),
-                "--gpu",
-                &gpu.to_string(),
-            ])
+    /// Starts `ferry serve` with a `bytes`-byte buffer on GPU `gpu` and reads its address;
+    /// with `echo`, it answers every notification with one carrying the time it held it.
+    pub(crate) fn start(
+        bytes: u64,
+        gpu: u32,
+        echo: bool,
+    ) -> Result<ServeChild, Box<dyn std::error::Error>> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command.args([
+            "serve",
+            "--bytes",
+            &bytes.to_string(),
+            "--gpu",
+            &gpu.to_string(),
+        ]);
+        if echo {
+            command.arg("--echo");
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;

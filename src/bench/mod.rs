@@ -1,0 +1,462 @@
+//! `ferry bench`: every workload of BENCHMARKS.md GPU -> GPU between two processes through
+//! ferry (this one and a `ferry serve` child it starts), against the same-run `peer_copy`
+//! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
+//! checked after each row.
+
+mod report;
+mod workload;
+
+use crate::serve_child::ServeChild;
+use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
+use ferry::{
+    BlockCopy, BlockLayout, CopyPath, Direction, Engine, Notifications, NvlinkConfig, Peer, Region,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{quantile, Report, Row};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use workload::{Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
+
+pub(crate) use workload::{Workload, ALL as ALL_WORKLOADS};
+
+const GIB: u64 = 1 << 30;
+
+/// Everything `ferry bench` was asked for.
+pub(crate) struct Options {
+    pub(crate) workloads: Vec<Workload>,
+    pub(crate) prefill_gpu: u32,
+    pub(crate) decode_gpu: u32,
+    pub(crate) iterations: usize,
+    pub(crate) streams: usize,
+    pub(crate) paths: Vec<CopyPath>,
+    pub(crate) direction: Direction,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+    pub(crate) seed: u64,
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+/// Runs every row, prints the table, writes the JSON and the plot; `Ok(false)` when some
+/// bytes did not verify.
+pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
+    let shapes: Vec<(Workload, Shape)> = options
+        .workloads
+        .iter()
+        .map(|workload| (*workload, workload.shape(options.seed)))
+        .collect();
+    let sweep: Vec<(Workload, Shape)> = match options.plot {
+        Some(_) => SWEEP_SIZES
+            .iter()
+            .map(|&bytes| {
+                let workload = Workload::Blocks {
+                    bytes,
+                    count: SWEEP_BYTES / bytes,
+                };
+                (workload, workload.shape(options.seed))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let all = || shapes.iter().chain(&sweep);
+    let area = all()
+        .map(|(_, shape)| shape.area())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let check = all()
+        .map(|(_, shape)| shape.bytes())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine];
+    let total = shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len();
+    let progress = ProgressBar::new(total as u64 + 1).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress.set_message(format!(
+        "starting the decode process ({:.1} GiB on GPU{})",
+        area as f64 / GIB as f64,
+        options.decode_gpu
+    ));
+    let decode = ServeChild::start(area, options.decode_gpu, true)?;
+    progress.set_message("peer_copy baseline");
+    let baseline = peer_copy(options.prefill_gpu, options.decode_gpu, options.iterations)?;
+    progress.inc(1);
+    let mut report = Report {
+        prefill_gpu: options.prefill_gpu,
+        decode_gpu: options.decode_gpu,
+        peer_copy_gbps: baseline,
+        rows: Vec::new(),
+        sweep: Vec::new(),
+    };
+    let mut paths: Vec<CopyPath> = options.paths.clone();
+    for path in sweep_paths {
+        if !sweep.is_empty() && !paths.contains(&path) {
+            paths.push(path);
+        }
+    }
+    let base = pattern(options.seed);
+    for path in paths {
+        let side = Side::new(options, path, area, check, &decode)?;
+        if options.paths.contains(&path) {
+            for (workload, shape) in &shapes {
+                progress.set_message(format!("{workload} ({path})"));
+                let row = side.row(workload, shape, path, options, baseline, &base)?;
+                report.rows.push(row);
+                progress.inc(1);
+            }
+        }
+        if sweep_paths.contains(&path) {
+            for (workload, shape) in &sweep {
+                progress.set_message(format!("sweep {workload} ({path})"));
+                let row = side.row(workload, shape, path, options, baseline, &base)?;
+                report.sweep.push(row);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    print!("{}", report.table());
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &options.plot {
+        std::fs::write(path, report.svg())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(report
+        .rows
+        .iter()
+        .chain(&report.sweep)
+        .all(|row| row.verified))
+}
+
+/// Random bytes that the blocks' contents are cut from: 1 GiB plus room to shift each block's
+/// window, so no two blocks look alike.
+fn pattern(seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = Vec::with_capacity((GIB + SHIFT_SPAN) as usize);
+    while bytes.len() < (GIB + SHIFT_SPAN) as usize {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes
+}
+
+const SHIFT_SPAN: u64 = 64 << 20;
+
+/// What block `index` of a row carries.
+fn block_bytes(base: &[u8], index: usize, len: u64) -> &[u8] {
+    let start = (index as u64 * 4099 * 16) % SHIFT_SPAN;
+    &base[start as usize..(start + len) as usize]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    quantile(samples, 0.5)
+}
+
+/// One in-process copy of a contiguous 1 GiB buffer GPU `from` -> GPU `to`, median GB/s.
+fn peer_copy(from: u32, to: u32, iterations: usize) -> Result<f64, BoxError> {
+    let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
+    if from != to {
+        source_context.enable_peer_access(&target_context)?;
+    }
+    let source = DeviceBuffer::new(source_context.clone(), GIB as usize)?;
+    let target = DeviceBuffer::new(target_context, GIB as usize)?;
+    let stream = Stream::new(source_context)?;
+    let mut samples = Vec::new();
+    for round in 0..iterations.max(10) + 2 {
+        let started = Instant::now();
+        stream.copy_buffer(&target, &source, GIB as usize)?;
+        let event = Event::record(&stream)?;
+        stream.synchronize()?;
+        while !event.query()? {}
+        if round >= 2 {
+            samples.push(GIB as f64 / started.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    Ok(median(&samples))
+}
+
+/// The prefill side of one copy path: an engine and its GPU memory.
+struct Side {
+    engine: Engine,
+    peer: Peer,
+    /// Blocks are copied from (write) or into (read) this area.
+    local: Region,
+    /// Zeros, to clear destinations.
+    zeros: Region,
+    /// Staging for verification and for filling the peer before reads.
+    check: Region,
+    remote: u64,
+    /// Echoes from the decode process, for `small-write`.
+    inbox: std::cell::RefCell<Notifications>,
+}
+
+impl Side {
+    fn new(
+        options: &Options,
+        path: CopyPath,
+        area: u64,
+        check: u64,
+        decode: &ServeChild,
+    ) -> Result<Side, BoxError> {
+        let engine = Engine::builder()
+            .transfer_timeout(Duration::from_secs(60))
+            .nvlink(NvlinkConfig {
+                streams_per_gpu: options.streams.max(1),
+                copy_path: path,
+                ..NvlinkConfig::default()
+            })
+            .build_blocking()?;
+        let gpu = options.prefill_gpu;
+        let local = engine.allocate_device(gpu, area as usize)?;
+        let zeros = engine.allocate_device(gpu, GIB.min(area) as usize)?;
+        let check = engine.allocate_device(gpu, check as usize)?;
+        let peer = engine.connect_blocking(&decode.name)?;
+        let inbox = std::cell::RefCell::new(engine.notifications()?);
+        Ok(Side {
+            inbox,
+            engine,
+            peer,
+            local,
+            zeros,
+            check,
+            remote: decode.buffer_addr,
+        })
+    }
+
+    fn row(
+        &self,
+        workload: &Workload,
+        shape: &Shape,
+        path: CopyPath,
+        options: &Options,
+        baseline: f64,
+        base: &[u8],
+    ) -> Result<Row, BoxError> {
+        let blocks = shape.blocks();
+        let direction = match shape {
+            Shape::Ping(_) => Direction::Write,
+            _ => options.direction,
+        };
+        self.prepare(&blocks, direction, base)?;
+        let (gbps, latencies, submits) = match shape {
+            Shape::Ping(len) => {
+                let latencies = self.ping(*len, options.iterations.max(200))?;
+                (None, latencies, Vec::new())
+            }
+            _ => {
+                let (gbps, latencies, submits) =
+                    self.measure(shape, direction, options.iterations)?;
+                (Some(gbps), latencies, submits)
+            }
+        };
+        let verified = self.verify(&blocks, direction, base)?;
+        Ok(Row {
+            workload: workload.to_string(),
+            path: path.to_string(),
+            direction: match direction {
+                Direction::Write => "write".into(),
+                Direction::Read => "read".into(),
+            },
+            block_bytes: shape.block_bytes(),
+            bytes: shape.bytes(),
+            gbps,
+            ratio: gbps.map(|gbps| gbps / baseline),
+            p50_us: quantile(&latencies, 0.5),
+            p99_us: quantile(&latencies, 0.99),
+            submit_us: median(&submits),
+            verified,
+        })
+    }
+
+    /// Puts each block's bytes at its source and zeros at its destination.
+    fn prepare(
+        &self,
+        blocks: &[(u64, u64, u64)],
+        direction: Direction,
+        base: &[u8],
+    ) -> Result<(), BoxError> {
+        match direction {
+            Direction::Write => {
+                for (index, &(local, _, len)) in blocks.iter().enumerate() {
+                    self.local.write_at(local, block_bytes(base, index, len))?;
+                }
+                let mut clear = self.engine.batch(&self.peer);
+                for &(_, remote, len) in blocks {
+                    clear = clear.write(&self.zeros, 0, self.remote + remote, len);
+                }
+                clear.submit_blocking()?;
+            }
+            Direction::Read => {
+                let mut fill = self.engine.batch(&self.peer);
+                let mut at = 0;
+                for (index, &(_, remote, len)) in blocks.iter().enumerate() {
+                    self.check.write_at(at, block_bytes(base, index, len))?;
+                    fill = fill.write(&self.check, at, self.remote + remote, len);
+                    at += len;
+                }
+                fill.submit_blocking()?;
+                let zeros = vec![0u8; blocks.iter().map(|b| b.2).max().unwrap_or(0) as usize];
+                for &(local, _, len) in blocks {
+                    self.local.write_at(local, &zeros[..len as usize])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Two warm-up rounds, then `iterations` timed ones: median GB/s, every round's latency
+    /// and submit time in microseconds.
+    fn measure(
+        &self,
+        shape: &Shape,
+        direction: Direction,
+        iterations: usize,
+    ) -> Result<(f64, Vec<f64>, Vec<f64>), BoxError> {
+        let bytes = shape.bytes() as f64;
+        let (mut gbps, mut latencies, mut submits) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..iterations + 2 {
+            let started = Instant::now();
+            let transfer = self.batch(shape, direction).submit()?;
+            let submitted = started.elapsed();
+            transfer.wait()?;
+            let elapsed = started.elapsed();
+            if round >= 2 {
+                gbps.push(bytes / elapsed.as_secs_f64() / 1e9);
+                latencies.push(elapsed.as_secs_f64() * 1e6);
+                submits.push(submitted.as_secs_f64() * 1e6);
+            }
+        }
+        Ok((median(&gbps), latencies, submits))
+    }
+
+    fn batch(&self, shape: &Shape, direction: Direction) -> ferry::Batch {
+        let mut batch = self.engine.batch(&self.peer);
+        match shape {
+            Shape::Paged(paged) => {
+                let copy = self.block_copy(paged);
+                batch = match direction {
+                    Direction::Write => batch.write_blocks(copy),
+                    Direction::Read => batch.read_blocks(copy),
+                };
+            }
+            Shape::Entries(blocks) => {
+                for &(local, remote, len) in blocks {
+                    batch = match direction {
+                        Direction::Write => {
+                            batch.write(&self.local, local, self.remote + remote, len)
+                        }
+                        Direction::Read => {
+                            batch.read(&self.local, local, self.remote + remote, len)
+                        }
+                    };
+                }
+            }
+            Shape::Ping(len) => {
+                batch = batch.write(&self.local, 0, self.remote, *len);
+            }
+        }
+        batch
+    }
+
+    fn block_copy(&self, paged: &Paged) -> BlockCopy {
+        let layout = BlockLayout::packed(paged.pool_bytes(), paged.block_bytes);
+        let mut copy = BlockCopy::new(
+            paged.block_bytes,
+            layout,
+            layout,
+            paged.local_ids.clone(),
+            paged.remote_ids.clone(),
+        );
+        for pool in 0..paged.pools {
+            let offset = pool * paged.pool_bytes();
+            copy = copy.pool(&self.local, offset, self.remote + offset);
+        }
+        copy
+    }
+
+    /// `rounds` writes of `len` bytes with a notification each, after 20 warm-up ones: the
+    /// microseconds from the start of each submit until the decode process held the
+    /// notification, by the clock both processes share.
+    fn ping(&self, len: u64, rounds: usize) -> Result<Vec<f64>, BoxError> {
+        let mut inbox = self.inbox.borrow_mut();
+        let mut latencies = Vec::with_capacity(rounds);
+        for round in 0..rounds + 20 {
+            let sent = now_ns();
+            self.engine
+                .batch(&self.peer)
+                .write(&self.local, 0, self.remote, len)
+                .notify(format!("ping {sent}").into_bytes())
+                .submit_blocking()?;
+            let echo = inbox
+                .recv_timeout_blocking(Duration::from_secs(10))?
+                .ok_or("the decode process did not echo a notification within 10 s")?;
+            let text = String::from_utf8_lossy(&echo.payload).into_owned();
+            let held: u64 = text
+                .rsplit(' ')
+                .next()
+                .and_then(|field| field.parse().ok())
+                .ok_or_else(|| format!("unexpected echo {text:?}"))?;
+            if round >= 20 {
+                latencies.push(held.saturating_sub(sent) as f64 / 1e3);
+            }
+        }
+        Ok(latencies)
+    }
+
+    /// Checks every destination block against what its source block carries.
+    fn verify(
+        &self,
+        blocks: &[(u64, u64, u64)],
+        direction: Direction,
+        base: &[u8],
+    ) -> Result<bool, BoxError> {
+        match direction {
+            Direction::Write => {
+                let mut gather = self.engine.batch(&self.peer);
+                let mut at = 0;
+                for &(_, remote, len) in blocks {
+                    gather = gather.read(&self.check, at, self.remote + remote, len);
+                    at += len;
+                }
+                gather.submit_blocking()?;
+                let mut landed = vec![0u8; at as usize];
+                self.check.read_at(0, &mut landed)?;
+                let mut at = 0usize;
+                for (index, &(_, _, len)) in blocks.iter().enumerate() {
+                    let len = len as usize;
+                    if landed[at..at + len] != *block_bytes(base, index, len as u64) {
+                        return Ok(false);
+                    }
+                    at += len;
+                }
+                Ok(true)
+            }
+            Direction::Read => {
+                let mut landed = Vec::new();
+                for (index, &(local, _, len)) in blocks.iter().enumerate() {
+                    landed.resize(len as usize, 0);
+                    self.local.read_at(local, &mut landed)?;
+                    if landed != block_bytes(base, index, len) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_nanos() as u64)
+        .unwrap_or(0)
+}

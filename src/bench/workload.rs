@@ -1,0 +1,302 @@
+//! The workloads of BENCHMARKS.md as block lists: which bytes of the sending side go where on
+//! the receiving side. Pure functions, so shapes and permutations are tested without a GPU.
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// One benchmark workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// One 1 GiB buffer.
+    Contiguous,
+    /// Llama-3-70B fp16: 80 layers x {K, V} pools of 4,096 blocks of 32 KiB, 256 blocks a
+    /// request, sent as one paged block copy.
+    KvLlama70b4k,
+    /// The same cache sent as 40,960 separate entries (what an engine without paged copies
+    /// submits).
+    KvLlama70b4kEntries,
+    /// 40,960 scattered 4 KiB blocks.
+    Blocks4k,
+    /// 1,024 scattered 1 MiB blocks.
+    Blocks1m,
+    /// `count` scattered blocks of `bytes`.
+    Blocks {
+        /// Bytes per block.
+        bytes: u64,
+        /// Number of blocks.
+        count: u64,
+    },
+    /// One 4 KiB write and a notification, timed until the receiver holds the notification.
+    SmallWrite,
+}
+
+/// Every named workload, in table order.
+pub(crate) const ALL: &str =
+    "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-1m,small-write";
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "contiguous" => Ok(Workload::Contiguous),
+            "kv-llama70b-4k" => Ok(Workload::KvLlama70b4k),
+            "kv-llama70b-4k-entries" => Ok(Workload::KvLlama70b4kEntries),
+            "blocks-4k" => Ok(Workload::Blocks4k),
+            "blocks-1m" => Ok(Workload::Blocks1m),
+            "small-write" => Ok(Workload::SmallWrite),
+            other => Err(format!("unknown workload {other:?}; known: {ALL}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workload::Contiguous => f.write_str("contiguous"),
+            Workload::KvLlama70b4k => f.write_str("kv-llama70b-4k"),
+            Workload::KvLlama70b4kEntries => f.write_str("kv-llama70b-4k-entries"),
+            Workload::Blocks4k => f.write_str("blocks-4k"),
+            Workload::Blocks1m => f.write_str("blocks-1m"),
+            Workload::Blocks { bytes, count } => write!(f, "blocks-{}x{count}", size(*bytes)),
+            Workload::SmallWrite => f.write_str("small-write"),
+        }
+    }
+}
+
+/// `4K`, `1M`, `3000B`: a block size as the table and plot show it.
+pub(crate) fn size(bytes: u64) -> String {
+    match bytes {
+        bytes if bytes >= GIB && bytes % GIB == 0 => format!("{}G", bytes / GIB),
+        bytes if bytes >= MIB && bytes % MIB == 0 => format!("{}M", bytes / MIB),
+        bytes if bytes >= KIB && bytes % KIB == 0 => format!("{}K", bytes / KIB),
+        bytes => format!("{bytes}B"),
+    }
+}
+
+/// A paged-KV cache: `pools` pools of `pool_blocks` blocks of `block_bytes` on each side, laid
+/// out back to back, and the block ids of one request on each side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Paged {
+    pub(crate) pools: u64,
+    pub(crate) pool_blocks: u64,
+    pub(crate) block_bytes: u64,
+    pub(crate) local_ids: Vec<u32>,
+    pub(crate) remote_ids: Vec<u32>,
+}
+
+impl Paged {
+    pub(crate) fn pool_bytes(&self) -> u64 {
+        self.pool_blocks * self.block_bytes
+    }
+
+    /// The same copy as one (local offset, remote offset, len) per block.
+    pub(crate) fn blocks(&self) -> Vec<(u64, u64, u64)> {
+        let mut blocks = Vec::with_capacity(self.local_ids.len() * self.pools as usize);
+        for pool in 0..self.pools {
+            let base = pool * self.pool_bytes();
+            for (&local, &remote) in self.local_ids.iter().zip(&self.remote_ids) {
+                blocks.push((
+                    base + u64::from(local) * self.block_bytes,
+                    base + u64::from(remote) * self.block_bytes,
+                    self.block_bytes,
+                ));
+            }
+        }
+        blocks
+    }
+}
+
+/// What a workload moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// (local offset, remote offset, len) per block.
+    Entries(Vec<(u64, u64, u64)>),
+    /// One paged block copy.
+    Paged(Paged),
+    /// One write of `len` bytes and a notification, for latency.
+    Ping(u64),
+}
+
+impl Shape {
+    /// Bytes one round moves.
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            Shape::Entries(blocks) => blocks.iter().map(|block| block.2).sum(),
+            Shape::Paged(paged) => paged.pools * paged.local_ids.len() as u64 * paged.block_bytes,
+            Shape::Ping(len) => *len,
+        }
+    }
+
+    /// Bytes each side's area must hold.
+    pub(crate) fn area(&self) -> u64 {
+        match self {
+            Shape::Entries(blocks) => blocks
+                .iter()
+                .map(|&(local, remote, len)| local.max(remote) + len)
+                .max()
+                .unwrap_or(0),
+            Shape::Paged(paged) => paged.pools * paged.pool_bytes(),
+            Shape::Ping(len) => *len,
+        }
+    }
+
+    /// Per block (local offset, remote offset, len), whatever the shape.
+    pub(crate) fn blocks(&self) -> Vec<(u64, u64, u64)> {
+        match self {
+            Shape::Entries(blocks) => blocks.clone(),
+            Shape::Paged(paged) => paged.blocks(),
+            Shape::Ping(len) => vec![(0, 0, *len)],
+        }
+    }
+
+    /// The block size, for the plot (the largest block where they differ).
+    pub(crate) fn block_bytes(&self) -> u64 {
+        self.blocks().iter().map(|block| block.2).max().unwrap_or(0)
+    }
+}
+
+/// A permutation of `0..n` from `seed`, the first `take` of it (distinct ids).
+pub(crate) fn distinct_ids(n: u64, take: u64, seed: u64) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..n as u32).collect();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for index in 0..take.min(n) as usize {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let pick = index + (state % (n - index as u64)) as usize;
+        ids.swap(index, pick);
+    }
+    ids.truncate(take.min(n) as usize);
+    ids
+}
+
+/// `count` blocks of `bytes` scattered over `count * spread` block slots on each side, with
+/// random distinct slots.
+fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Vec<(u64, u64, u64)> {
+    let slots = count * spread;
+    let local = distinct_ids(slots, count, seed);
+    let remote = distinct_ids(slots, count, seed ^ 0xfeed);
+    local
+        .iter()
+        .zip(&remote)
+        .map(|(&l, &r)| (u64::from(l) * bytes, u64::from(r) * bytes, bytes))
+        .collect()
+}
+
+impl Workload {
+    /// The blocks of this workload; deterministic for a seed.
+    pub(crate) fn shape(&self, seed: u64) -> Shape {
+        let llama = || Paged {
+            pools: 160,
+            pool_blocks: 4096,
+            block_bytes: 32 * KIB,
+            local_ids: distinct_ids(4096, 256, seed),
+            remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed),
+        };
+        match *self {
+            Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
+            Workload::KvLlama70b4k => Shape::Paged(llama()),
+            Workload::KvLlama70b4kEntries => Shape::Entries(llama().blocks()),
+            Workload::Blocks4k => Shape::Entries(scattered(4 * KIB, 40_960, 4, seed)),
+            Workload::Blocks1m => Shape::Entries(scattered(MIB, 1024, 1, seed)),
+            Workload::Blocks { bytes, count } => Shape::Entries(scattered(bytes, count, 1, seed)),
+            Workload::SmallWrite => Shape::Ping(4 * KIB),
+        }
+    }
+}
+
+/// The block sizes of the `--plot` sweep, each moved as `SWEEP_BYTES` in scattered blocks.
+pub(crate) const SWEEP_SIZES: [u64; 8] = [
+    4 * KIB,
+    16 * KIB,
+    64 * KIB,
+    256 * KIB,
+    MIB,
+    4 * MIB,
+    16 * MIB,
+    64 * MIB,
+];
+
+/// Bytes each sweep point moves.
+pub(crate) const SWEEP_BYTES: u64 = 256 * MIB;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn disjoint(blocks: &[(u64, u64, u64)], side: impl Fn(&(u64, u64, u64)) -> u64) -> bool {
+        let mut starts: Vec<(u64, u64)> = blocks.iter().map(|b| (side(b), b.2)).collect();
+        starts.sort();
+        starts
+            .windows(2)
+            .all(|pair| pair[0].0 + pair[0].1 <= pair[1].0)
+    }
+
+    #[test]
+    fn workloads_have_the_sizes_of_benchmarks_md() {
+        let cases = [
+            (Workload::Contiguous, GIB, 1),
+            (Workload::KvLlama70b4k, 1280 * MIB, 40_960),
+            (Workload::KvLlama70b4kEntries, 1280 * MIB, 40_960),
+            (Workload::Blocks4k, 160 * MIB, 40_960),
+            (Workload::Blocks1m, GIB, 1024),
+        ];
+        for (workload, bytes, blocks) in cases {
+            let shape = workload.shape(42);
+            assert_eq!(shape.bytes(), bytes, "{workload}");
+            assert_eq!(shape.blocks().len(), blocks, "{workload}");
+            let all = shape.blocks();
+            assert!(disjoint(&all, |b| b.0), "{workload}: sources overlap");
+            assert!(disjoint(&all, |b| b.1), "{workload}: destinations overlap");
+            let area = shape.area();
+            assert!(all.iter().all(|b| b.0.max(b.1) + b.2 <= area));
+        }
+        assert_eq!(
+            Workload::KvLlama70b4k.shape(1).area(),
+            160 * 4096 * 32 * KIB
+        );
+    }
+
+    #[test]
+    fn kv_ids_are_distinct_permutations_that_differ_between_sides() {
+        let Shape::Paged(paged) = Workload::KvLlama70b4k.shape(7) else {
+            panic!("kv-llama70b-4k is paged");
+        };
+        for ids in [&paged.local_ids, &paged.remote_ids] {
+            assert_eq!(ids.len(), 256);
+            assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 256);
+            assert!(ids.iter().all(|&id| id < 4096));
+        }
+        assert_ne!(paged.local_ids, paged.remote_ids);
+        assert_ne!(
+            paged.local_ids,
+            (0..256).collect::<Vec<u32>>(),
+            "ids should be scattered"
+        );
+    }
+
+    #[test]
+    fn names_round_trip_and_sizes_print_short() {
+        for name in ALL.split(',') {
+            assert_eq!(
+                name.parse::<Workload>().map(|w| w.to_string()),
+                Ok(name.into())
+            );
+        }
+        assert!("blocks-2k".parse::<Workload>().is_err());
+        assert_eq!(size(4096), "4K");
+        assert_eq!(size(64 << 20), "64M");
+        assert_eq!(size(3000), "3000B");
+        assert_eq!(
+            Workload::Blocks {
+                bytes: 16 * KIB,
+                count: 8
+            }
+            .to_string(),
+            "blocks-16Kx8"
+        );
+    }
+}
