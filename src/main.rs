@@ -46,6 +46,9 @@ enum Command {
         /// Copy streams per GPU.
         #[arg(long, default_value_t = 4)]
         streams: usize,
+        /// Thread blocks of the copy kernel per multiprocessor, at most.
+        #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_blocks_per_sm)]
+        kernel_blocks_per_sm: u32,
         /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
         #[arg(long, default_value = "auto", value_delimiter = ',')]
         paths: Vec<ferry::CopyPath>,
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
             decode_gpu,
             iterations,
             streams,
+            kernel_blocks_per_sm,
             paths,
             direction,
             json,
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
                     decode_gpu,
                     iterations: iterations.max(1),
                     streams,
+                    kernel_blocks_per_sm,
                     paths,
                     direction,
                     json,

@@ -28,6 +28,7 @@ pub(crate) struct Options {
     pub(crate) decode_gpu: u32,
     pub(crate) iterations: usize,
     pub(crate) streams: usize,
+    pub(crate) kernel_blocks_per_sm: u32,
     pub(crate) paths: Vec<CopyPath>,
     pub(crate) direction: Direction,
     pub(crate) json: Option<PathBuf>,
@@ -183,6 +184,17 @@ fn peer_copy(from: u32, to: u32, iterations: usize) -> Result<f64, BoxError> {
     Ok(median(&samples))
 }
 
+/// Per-round times of one row, microseconds.
+#[derive(Default)]
+struct Timing {
+    /// From the start of building the batch to the result in hand.
+    latencies: Vec<f64>,
+    /// Building and submitting the batch.
+    submits: Vec<f64>,
+    /// Inside the engine ([`ferry::Completion::elapsed`]).
+    inside: Vec<f64>,
+}
+
 /// The prefill side of one copy path: an engine and its GPU memory.
 struct Side {
     engine: Engine,
@@ -211,7 +223,7 @@ impl Side {
             .nvlink(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
-                ..NvlinkConfig::default()
+                kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
             })
             .build_blocking()?;
         let gpu = options.prefill_gpu;
@@ -246,15 +258,18 @@ impl Side {
             _ => options.direction,
         };
         self.prepare(&blocks, direction, base)?;
-        let (gbps, latencies, submits) = match shape {
+        let (gbps, timing) = match shape {
             Shape::Ping(len) => {
                 let latencies = self.ping(*len, options.iterations.max(200))?;
-                (None, latencies, Vec::new())
+                let timing = Timing {
+                    latencies,
+                    ..Timing::default()
+                };
+                (None, timing)
             }
             _ => {
-                let (gbps, latencies, submits) =
-                    self.measure(shape, direction, options.iterations)?;
-                (Some(gbps), latencies, submits)
+                let (gbps, timing) = self.measure(shape, direction, options.iterations)?;
+                (Some(gbps), timing)
             }
         };
         let verified = self.verify(&blocks, direction, base)?;
@@ -269,9 +284,10 @@ impl Side {
             bytes: shape.bytes(),
             gbps,
             ratio: gbps.map(|gbps| gbps / baseline),
-            p50_us: quantile(&latencies, 0.5),
-            p99_us: quantile(&latencies, 0.99),
-            submit_us: median(&submits),
+            p50_us: quantile(&timing.latencies, 0.5),
+            p99_us: quantile(&timing.latencies, 0.99),
+            submit_us: median(&timing.submits),
+            engine_us: median(&timing.inside),
             verified,
         })
     }
@@ -312,29 +328,30 @@ impl Side {
         Ok(())
     }
 
-    /// Two warm-up rounds, then `iterations` timed ones: median GB/s, every round's latency
-    /// and submit time in microseconds.
+    /// Two warm-up rounds, then `iterations` timed ones: median GB/s and the rounds' times.
     fn measure(
         &self,
         shape: &Shape,
         direction: Direction,
         iterations: usize,
-    ) -> Result<(f64, Vec<f64>, Vec<f64>), BoxError> {
+    ) -> Result<(f64, Timing), BoxError> {
         let bytes = shape.bytes() as f64;
-        let (mut gbps, mut latencies, mut submits) = (Vec::new(), Vec::new(), Vec::new());
+        let mut gbps = Vec::new();
+        let mut timing = Timing::default();
         for round in 0..iterations + 2 {
             let started = Instant::now();
             let transfer = self.batch(shape, direction).submit()?;
             let submitted = started.elapsed();
-            transfer.wait()?;
+            let done = transfer.wait()?;
             let elapsed = started.elapsed();
             if round >= 2 {
                 gbps.push(bytes / elapsed.as_secs_f64() / 1e9);
-                latencies.push(elapsed.as_secs_f64() * 1e6);
-                submits.push(submitted.as_secs_f64() * 1e6);
+                timing.latencies.push(elapsed.as_secs_f64() * 1e6);
+                timing.submits.push(submitted.as_secs_f64() * 1e6);
+                timing.inside.push(done.elapsed.as_secs_f64() * 1e6);
             }
         }
-        Ok((median(&gbps), latencies, submits))
+        Ok((median(&gbps), timing))
     }
 
     fn batch(&self, shape: &Shape, direction: Direction) -> ferry::Batch {

@@ -16,10 +16,14 @@ pub(crate) enum Workload {
     /// The same cache sent as 40,960 separate entries (what an engine without paged copies
     /// submits).
     KvLlama70b4kEntries,
-    /// 40,960 scattered 4 KiB blocks.
+    /// 40,960 scattered 4 KiB blocks, sent as one block copy (a pool and two id lists).
     Blocks4k,
-    /// 1,024 scattered 1 MiB blocks.
+    /// The same blocks sent as 40,960 separate entries.
+    Blocks4kEntries,
+    /// 1,024 scattered 1 MiB blocks, sent as one block copy.
     Blocks1m,
+    /// The same blocks sent as 1,024 separate entries.
+    Blocks1mEntries,
     /// `count` scattered blocks of `bytes`.
     Blocks {
         /// Bytes per block.
@@ -32,8 +36,7 @@ pub(crate) enum Workload {
 }
 
 /// Every named workload, in table order.
-pub(crate) const ALL: &str =
-    "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-1m,small-write";
+pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,small-write";
 
 impl std::str::FromStr for Workload {
     type Err = String;
@@ -44,7 +47,9 @@ impl std::str::FromStr for Workload {
             "kv-llama70b-4k" => Ok(Workload::KvLlama70b4k),
             "kv-llama70b-4k-entries" => Ok(Workload::KvLlama70b4kEntries),
             "blocks-4k" => Ok(Workload::Blocks4k),
+            "blocks-4k-entries" => Ok(Workload::Blocks4kEntries),
             "blocks-1m" => Ok(Workload::Blocks1m),
+            "blocks-1m-entries" => Ok(Workload::Blocks1mEntries),
             "small-write" => Ok(Workload::SmallWrite),
             other => Err(format!("unknown workload {other:?}; known: {ALL}")),
         }
@@ -58,7 +63,9 @@ impl std::fmt::Display for Workload {
             Workload::KvLlama70b4k => f.write_str("kv-llama70b-4k"),
             Workload::KvLlama70b4kEntries => f.write_str("kv-llama70b-4k-entries"),
             Workload::Blocks4k => f.write_str("blocks-4k"),
+            Workload::Blocks4kEntries => f.write_str("blocks-4k-entries"),
             Workload::Blocks1m => f.write_str("blocks-1m"),
+            Workload::Blocks1mEntries => f.write_str("blocks-1m-entries"),
             Workload::Blocks { bytes, count } => write!(f, "blocks-{}x{count}", size(*bytes)),
             Workload::SmallWrite => f.write_str("small-write"),
         }
@@ -172,17 +179,17 @@ pub(crate) fn distinct_ids(n: u64, take: u64, seed: u64) -> Vec<u32> {
     ids
 }
 
-/// `count` blocks of `bytes` scattered over `count * spread` block slots on each side, with
-/// random distinct slots.
-fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Vec<(u64, u64, u64)> {
+/// `count` blocks of `bytes` scattered over a pool of `count * spread` blocks on each side,
+/// at random distinct ids.
+fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Paged {
     let slots = count * spread;
-    let local = distinct_ids(slots, count, seed);
-    let remote = distinct_ids(slots, count, seed ^ 0xfeed);
-    local
-        .iter()
-        .zip(&remote)
-        .map(|(&l, &r)| (u64::from(l) * bytes, u64::from(r) * bytes, bytes))
-        .collect()
+    Paged {
+        pools: 1,
+        pool_blocks: slots,
+        block_bytes: bytes,
+        local_ids: distinct_ids(slots, count, seed),
+        remote_ids: distinct_ids(slots, count, seed ^ 0xfeed),
+    }
 }
 
 impl Workload {
@@ -199,9 +206,13 @@ impl Workload {
             Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
             Workload::KvLlama70b4k => Shape::Paged(llama()),
             Workload::KvLlama70b4kEntries => Shape::Entries(llama().blocks()),
-            Workload::Blocks4k => Shape::Entries(scattered(4 * KIB, 40_960, 4, seed)),
-            Workload::Blocks1m => Shape::Entries(scattered(MIB, 1024, 1, seed)),
-            Workload::Blocks { bytes, count } => Shape::Entries(scattered(bytes, count, 1, seed)),
+            Workload::Blocks4k => Shape::Paged(scattered(4 * KIB, 40_960, 4, seed)),
+            Workload::Blocks4kEntries => {
+                Shape::Entries(scattered(4 * KIB, 40_960, 4, seed).blocks())
+            }
+            Workload::Blocks1m => Shape::Paged(scattered(MIB, 1024, 1, seed)),
+            Workload::Blocks1mEntries => Shape::Entries(scattered(MIB, 1024, 1, seed).blocks()),
+            Workload::Blocks { bytes, count } => Shape::Paged(scattered(bytes, count, 1, seed)),
             Workload::SmallWrite => Shape::Ping(4 * KIB),
         }
     }
@@ -242,7 +253,9 @@ mod tests {
             (Workload::KvLlama70b4k, 1280 * MIB, 40_960),
             (Workload::KvLlama70b4kEntries, 1280 * MIB, 40_960),
             (Workload::Blocks4k, 160 * MIB, 40_960),
+            (Workload::Blocks4kEntries, 160 * MIB, 40_960),
             (Workload::Blocks1m, GIB, 1024),
+            (Workload::Blocks1mEntries, GIB, 1024),
         ];
         for (workload, bytes, blocks) in cases {
             let shape = workload.shape(42);
