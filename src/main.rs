@@ -49,6 +49,9 @@ enum Command {
         /// Thread blocks of the copy kernel per multiprocessor, at most.
         #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_blocks_per_sm)]
         kernel_blocks_per_sm: u32,
+        /// Bytes one warp of the copy kernel copies at a time, at most.
+        #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_chunk_bytes)]
+        kernel_chunk_bytes: u64,
         /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
         #[arg(long, default_value = "auto", value_delimiter = ',')]
         paths: Vec<ferry::CopyPath>,
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
             iterations,
             streams,
             kernel_blocks_per_sm,
+            kernel_chunk_bytes,
             paths,
             direction,
             json,
@@ -132,6 +136,7 @@ fn main() -> ExitCode {
                     iterations: iterations.max(1),
                     streams,
                     kernel_blocks_per_sm,
+                    kernel_chunk_bytes,
                     paths,
                     direction,
                     json,

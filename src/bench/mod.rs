@@ -29,6 +29,7 @@ pub(crate) struct Options {
     pub(crate) iterations: usize,
     pub(crate) streams: usize,
     pub(crate) kernel_blocks_per_sm: u32,
+    pub(crate) kernel_chunk_bytes: u64,
     pub(crate) paths: Vec<CopyPath>,
     pub(crate) direction: Direction,
     pub(crate) json: Option<PathBuf>,
@@ -224,6 +225,7 @@ impl Side {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
+                kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
             })
             .build_blocking()?;
         let gpu = options.prefill_gpu;

@@ -62,6 +62,12 @@ impl Batch {
 
     /// The batch's index of `region`, added on first use.
     fn region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
+        // Consecutive entries mostly use one region: skip the map for a repeat.
+        if let Some(last) = self.entries.last() {
+            if Arc::ptr_eq(&self.regions[last.region as usize], region) {
+                return last.region;
+            }
+        }
         if region.table_id != self.engine.table.id() && self.foreign_region.is_none() {
             self.foreign_region = Some(position);
         }
@@ -455,6 +461,7 @@ fn route(
 ) -> Result<Vec<(usize, Vec<TransferOp>)>> {
     let mut groups: Vec<Vec<TransferOp>> = engine.transports.iter().map(|_| Vec::new()).collect();
     let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut last_choice: Option<((u32, u64), usize)> = None;
     for (index, entry) in entries.iter().enumerate() {
         let region = &uses[entry.region as usize];
         let local = region.entry.info;
@@ -466,11 +473,19 @@ fn route(
                 len: entry.len,
             },
         )?;
-        let transport = match choice_cache.get(&(entry.region, remote.addr)) {
-            Some(&transport) => transport,
-            None => {
-                let transport = choose(engine, &local, view, &remote, peer)?;
-                choice_cache.insert((entry.region, remote.addr), transport);
+        let key = (entry.region, remote.addr);
+        let transport = match last_choice {
+            Some((last, transport)) if last == key => transport,
+            _ => {
+                let transport = match choice_cache.get(&key) {
+                    Some(&transport) => transport,
+                    None => {
+                        let transport = choose(engine, &local, view, &remote, peer)?;
+                        choice_cache.insert(key, transport);
+                        transport
+                    }
+                };
+                last_choice = Some((key, transport));
                 transport
             }
         };

@@ -80,7 +80,7 @@ pub struct BufferDescriptor {
 }
 
 /// How a GPU buffer is shared with other processes of its host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Export {

@@ -94,19 +94,26 @@ extern "C" __global__ void ferry_copy_list(const CopyEntry* entries, u64 count) 
 // Copies paged-KV blocks: for every pool p and every index b below `blocks`,
 // `len` bytes from src_bases[p] + src_ids[b] * src_stride + src_offset
 // to dst_bases[p] + dst_ids[b] * dst_stride + dst_offset.
+// Blocks longer than `chunk` bytes are shared out in pieces of `chunk`, so a few large blocks
+// still keep every warp busy.
 extern "C" __global__ void ferry_copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools,
                                             const u32* src_ids, const u32* dst_ids, u32 blocks,
                                             u64 src_stride, u64 dst_stride, u64 src_offset,
-                                            u64 dst_offset, u64 len) {
+                                            u64 dst_offset, u64 len, u64 chunk) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    const u64 items = (u64)pools * blocks;
+    const u64 pieces = (len + chunk - 1) / chunk;
+    const u64 items = (u64)pools * blocks * pieces;
     for (u64 item = warp; item < items; item += warps) {
-        const u64 pool = item / blocks;
-        const u64 block = item - pool * blocks;
-        const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset;
-        const u64 dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset;
-        warp_copy(src, dst, len, lane);
+        const u64 pair = item / pieces;
+        const u64 piece = item - pair * pieces;
+        const u64 pool = pair / blocks;
+        const u64 block = pair - pool * blocks;
+        const u64 skip = piece * chunk;
+        const u64 bytes = len - skip < chunk ? len - skip : chunk;
+        const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
+        const u64 dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
+        warp_copy(src, dst, bytes, lane);
     }
 }

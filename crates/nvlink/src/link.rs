@@ -5,7 +5,7 @@ use crate::plan::{self, Copy, CopyPath};
 use crate::transport::NvlinkConfig;
 use ferry_core::cuda::{Context, DeviceInfo, Event, Kernel, KernelArg, Poller, Stream};
 use ferry_core::{
-    BlockOps, BufferDescriptor, Direction, Error, Link, Location, Result, TransferOp,
+    BlockOps, BufferDescriptor, Direction, Error, Export, Link, Location, Result, TransferOp,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ pub(crate) struct NvlinkLink {
     /// The GPUs this process sees, to tell which peer GPUs a kernel can reach.
     gpus: Arc<Vec<DeviceInfo>>,
     /// The peer's allocations mapped here, by the export that names them.
-    mappings: Mutex<HashMap<String, Arc<(PeerMapping, u64)>>>,
+    mappings: Mutex<HashMap<Export, Arc<(PeerMapping, u64)>>>,
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
@@ -95,16 +95,15 @@ impl NvlinkLink {
         let Some(export) = &remote.export else {
             return Err(self.refused("its buffer carries no export"));
         };
-        let key = format!("{export:?}");
         // The lookup is its own statement so its guard is released before the insert below.
-        let cached = lock(&self.mappings).get(&key).cloned();
+        let cached = lock(&self.mappings).get(export).cloned();
         let mapping = match cached {
             Some(mapping) => mapping,
             None => {
                 let opened = PeerMapping::open(Context::get(ordinal)?, export)
                     .map_err(|reason| self.refused(&reason))?;
                 let mapping = Arc::new(opened);
-                lock(&self.mappings).insert(key, Arc::clone(&mapping));
+                lock(&self.mappings).insert(export.clone(), Arc::clone(&mapping));
                 mapping
             }
         };
@@ -147,22 +146,33 @@ impl NvlinkLink {
         }
     }
 
+    /// Where `remote` is mapped here (as a shift) and whether this GPU's kernels reach it,
+    /// remembering the last buffer asked about: consecutive ops and pools mostly share one.
+    fn resolve(
+        &self,
+        lane: &GpuLane,
+        ordinal: u32,
+        remote: &Arc<BufferDescriptor>,
+        last: &mut Option<(*const BufferDescriptor, u64, bool)>,
+    ) -> Result<(u64, bool)> {
+        let key = Arc::as_ptr(remote);
+        if let Some((previous, shift, reachable)) = *last {
+            if previous == key {
+                return Ok((shift, reachable));
+            }
+        }
+        let shift = self.remote_shift(remote, ordinal)?;
+        let reachable = lane.kernels.is_some() && self.kernel_reaches(lane, ordinal, remote);
+        *last = Some((key, shift, reachable));
+        Ok((shift, reachable))
+    }
+
     /// Turns the ops of one local GPU into copies between addresses of this process.
     fn copies(&self, lane: &GpuLane, ordinal: u32, ops: &[&TransferOp]) -> Result<Vec<Copy>> {
         let mut copies = Vec::with_capacity(ops.len());
-        let mut last: Option<(*const BufferDescriptor, u64, bool)> = None;
+        let mut last = None;
         for op in ops {
-            let key = Arc::as_ptr(&op.remote);
-            let (shift, reachable) = match last {
-                Some((previous, shift, reachable)) if previous == key => (shift, reachable),
-                _ => {
-                    let shift = self.remote_shift(&op.remote, ordinal)?;
-                    let reachable =
-                        lane.kernels.is_some() && self.kernel_reaches(lane, ordinal, &op.remote);
-                    last = Some((key, shift, reachable));
-                    (shift, reachable)
-                }
-            };
+            let (shift, reachable) = self.resolve(lane, ordinal, &op.remote, &mut last)?;
             let remote = op.remote_addr.wrapping_add(shift);
             let (dst, src) = match op.direction {
                 Direction::Write => (remote, op.local_addr),
@@ -243,12 +253,13 @@ impl NvlinkLink {
         };
         let mut local_bases = Vec::with_capacity(blocks.pools.len());
         let mut remote_bases = Vec::with_capacity(blocks.pools.len());
+        let mut last = None;
         for pool in &blocks.pools {
             let same_gpu = matches!(pool.region.info().location, Location::Device { ordinal: other, .. } if other == ordinal);
-            if !same_gpu || !self.kernel_reaches(&lane, ordinal, &pool.remote) {
+            let (shift, reachable) = self.resolve(&lane, ordinal, &pool.remote, &mut last)?;
+            if !same_gpu || !reachable {
                 return Ok(None);
             }
-            let shift = self.remote_shift(&pool.remote, ordinal)?;
             local_bases.push(pool.local_base);
             remote_bases.push(pool.remote_base.wrapping_add(shift));
         }
@@ -269,7 +280,8 @@ impl NvlinkLink {
             Direction::Read => (remote, local),
         };
         let layout = plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len());
-        let items = u64::from(pools) * u64::from(ids);
+        let chunk = self.config.kernel_chunk_bytes.max(1);
+        let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
         self.launch_kernel(
             &lane,
             &kernels.paged,
@@ -289,6 +301,7 @@ impl NvlinkLink {
                     KernelArg::U64(src.3),
                     KernelArg::U64(dst.3),
                     KernelArg::U64(blocks.len),
+                    KernelArg::U64(chunk),
                 ]
             },
         )?;
@@ -304,7 +317,8 @@ impl NvlinkLink {
                 .kernels
                 .as_ref()
                 .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
-            let entries = plan::kernel_entries(copies, &route.kernel);
+            let entries =
+                plan::kernel_entries(copies, &route.kernel, self.config.kernel_chunk_bytes);
             let count = entries.len() as u64;
             self.launch_kernel(
                 lane,
@@ -349,12 +363,16 @@ impl NvlinkLink {
 #[async_trait::async_trait]
 impl Link for NvlinkLink {
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
-        let mut by_gpu: HashMap<u32, Vec<&TransferOp>> = HashMap::new();
+        // Usually one GPU, at most a handful: a short list beats a map here.
+        let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
         for op in &ops {
             let Location::Device { ordinal, .. } = op.region.info().location else {
                 return Err(self.refused("a local range is not GPU memory"));
             };
-            by_gpu.entry(ordinal).or_default().push(op);
+            match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
+                Some((_, gpu_ops)) => gpu_ops.push(op),
+                None => by_gpu.push((ordinal, vec![op])),
+            }
         }
         let mut events = Vec::new();
         for (ordinal, gpu_ops) in by_gpu {

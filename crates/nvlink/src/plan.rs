@@ -44,9 +44,6 @@ impl std::fmt::Display for CopyPath {
 /// does, without taking SMs from the model.
 pub const ENGINE_FROM: u64 = 16 << 20;
 
-/// The kernel's work item: longer copies are cut into pieces this long so every warp gets work.
-pub(crate) const KERNEL_CHUNK: u64 = 64 << 10;
-
 /// Bytes of one kernel entry: source, destination and length as little-endian u64.
 pub(crate) const ENTRY_BYTES: usize = 24;
 
@@ -87,14 +84,15 @@ pub(crate) fn route(copies: &[Copy], path: CopyPath) -> Route {
 }
 
 /// The kernel's entries for the copies at `indices`: (src, dst, len), none longer than
-/// [`KERNEL_CHUNK`].
-pub(crate) fn kernel_entries(copies: &[Copy], indices: &[usize]) -> Vec<[u64; 3]> {
+/// `chunk` (at least 1).
+pub(crate) fn kernel_entries(copies: &[Copy], indices: &[usize], chunk: u64) -> Vec<[u64; 3]> {
+    let chunk = chunk.max(1);
     let mut entries = Vec::with_capacity(indices.len());
     for &index in indices {
         let copy = copies[index];
         let mut done = 0;
         while done < copy.len {
-            let len = (copy.len - done).min(KERNEL_CHUNK);
+            let len = (copy.len - done).min(chunk);
             entries.push([copy.src + done, copy.dst + done, len]);
             done += len;
         }
@@ -149,27 +147,20 @@ impl PagedArgs {
         src_ids: &[u32],
         dst_ids: &[u32],
     ) {
-        let mut put = |at: u64, bytes: &mut dyn Iterator<Item = u8>| {
-            for (slot, byte) in out[at as usize..].iter_mut().zip(bytes) {
-                *slot = byte;
+        fn put<const N: usize, T: std::marker::Copy>(
+            out: &mut [u8],
+            at: u64,
+            values: &[T],
+            bytes: fn(T) -> [u8; N],
+        ) {
+            for (slot, &value) in out[at as usize..].chunks_exact_mut(N).zip(values) {
+                slot.copy_from_slice(&bytes(value));
             }
-        };
-        put(
-            self.src_bases,
-            &mut src_bases.iter().flat_map(|v| v.to_le_bytes()),
-        );
-        put(
-            self.dst_bases,
-            &mut dst_bases.iter().flat_map(|v| v.to_le_bytes()),
-        );
-        put(
-            self.src_ids,
-            &mut src_ids.iter().flat_map(|v| v.to_le_bytes()),
-        );
-        put(
-            self.dst_ids,
-            &mut dst_ids.iter().flat_map(|v| v.to_le_bytes()),
-        );
+        }
+        put(out, self.src_bases, src_bases, u64::to_le_bytes);
+        put(out, self.dst_bases, dst_bases, u64::to_le_bytes);
+        put(out, self.src_ids, src_ids, u32::to_le_bytes);
+        put(out, self.dst_ids, dst_ids, u32::to_le_bytes);
     }
 }
 
@@ -216,8 +207,9 @@ mod tests {
 
     #[test]
     fn long_copies_are_cut_into_chunks_that_cover_them_exactly() {
+        const KERNEL_CHUNK: u64 = 64 << 10;
         let copies = [copy(KERNEL_CHUNK * 2 + 3, true), copy(5, true)];
-        let entries = kernel_entries(&copies, &[0, 1]);
+        let entries = kernel_entries(&copies, &[0, 1], KERNEL_CHUNK);
         assert_eq!(
             entries,
             vec![

@@ -19,6 +19,9 @@ pub struct NvlinkConfig {
     pub copy_path: CopyPath,
     /// Thread blocks of the copy kernel per multiprocessor of the GPU, at most.
     pub kernel_blocks_per_sm: u32,
+    /// The copy kernel's unit of work: one warp copies at most this many bytes at a time, so
+    /// long copies are shared out among warps.
+    pub kernel_chunk_bytes: u64,
 }
 
 impl Default for NvlinkConfig {
@@ -27,6 +30,7 @@ impl Default for NvlinkConfig {
             streams_per_gpu: 4,
             copy_path: CopyPath::Auto,
             kernel_blocks_per_sm: 2,
+            kernel_chunk_bytes: 64 << 10,
         }
     }
 }
