@@ -1,6 +1,7 @@
 //! Batches: many reads and writes to one peer, submitted together and completed as one.
 
 use crate::blocks::{BlockCopy, BlockOps};
+use crate::descriptor::BufferDescriptor;
 use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
@@ -309,7 +310,7 @@ pub struct Completion {
 }
 
 /// How long [`Transfer::wait`] watches for the result before it parks the thread.
-const WAIT_SPIN: Duration = Duration::from_millis(2);
+const WAIT_SPIN: Duration = Duration::from_millis(20);
 
 /// A submitted batch; resolves once every byte is visible at its destination.
 ///
@@ -537,8 +538,23 @@ fn route_blocks(
             view.covering(addr, len).cloned()
         })?;
         let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
+        // Pools mostly share a region and a remote buffer: ask the transports once per pair.
+        let mut chosen: Vec<(*const RegionUse, *const BufferDescriptor, usize)> = Vec::new();
         for pool in pools {
-            let transport = choose(engine, &pool.region.entry.info, view, &pool.remote, peer)?;
+            let key = (Arc::as_ptr(&pool.region), Arc::as_ptr(&pool.remote));
+            let known = chosen
+                .iter()
+                .find(|(region, remote, _)| (*region, *remote) == key)
+                .map(|&(_, _, transport)| transport);
+            let transport = match known {
+                Some(transport) => transport,
+                None => {
+                    let transport =
+                        choose(engine, &pool.region.entry.info, view, &pool.remote, peer)?;
+                    chosen.push((key.0, key.1, transport));
+                    transport
+                }
+            };
             match by_transport
                 .iter_mut()
                 .find(|(known, _)| *known == transport)
@@ -558,7 +574,7 @@ fn choose(
     engine: &EngineInner,
     local: &crate::memory::RegionInfo,
     view: &PeerView,
-    remote: &crate::descriptor::BufferDescriptor,
+    remote: &BufferDescriptor,
     peer: &str,
 ) -> Result<usize> {
     let mut best: Option<(u32, usize)> = None;

@@ -40,6 +40,8 @@ impl Default for NvlinkConfig {
 pub struct NvlinkTransport {
     host: HostIdentity,
     gpus: Arc<Vec<DeviceInfo>>,
+    /// `(from, to)` ordinals of the GPU pairs with peer access, probed once.
+    peer_pairs: Vec<(u32, u32)>,
     config: NvlinkConfig,
     unavailable: Option<String>,
 }
@@ -54,9 +56,22 @@ impl NvlinkTransport {
             Ok(_) => (Vec::new(), Some(driver.status().to_string())),
             Err(error) => (Vec::new(), Some(format!("listing GPUs failed: {error}"))),
         };
+        let mut peer_pairs = Vec::new();
+        for from in &gpus {
+            for to in &gpus {
+                if from.ordinal != to.ordinal
+                    && driver
+                        .can_access_peer(from.ordinal, to.ordinal)
+                        .unwrap_or(false)
+                {
+                    peer_pairs.push((from.ordinal, to.ordinal));
+                }
+            }
+        }
         NvlinkTransport {
             host: HostIdentity::current(),
             gpus: Arc::new(gpus),
+            peer_pairs,
             config,
             unavailable,
         }
@@ -118,9 +133,7 @@ impl Transport for NvlinkTransport {
         // IPC; whether the two GPUs can reach each other is then up to the driver.
         if let Some(visible) = self.gpus.iter().find(|gpu| gpu.uuid == remote_gpu) {
             let reachable = visible.ordinal == local_gpu
-                || Driver::get()
-                    .can_access_peer(local_gpu, visible.ordinal)
-                    .unwrap_or(false);
+                || self.peer_pairs.contains(&(local_gpu, visible.ordinal));
             if !reachable {
                 return no(format!(
                     "GPU {local_gpu} cannot access GPU {} ({remote_gpu}) as a peer",
@@ -162,6 +175,7 @@ mod tests {
                 pci_bus_id: "0000:06:00.0".into(),
                 name: "test GPU".into(),
             }]),
+            peer_pairs: Vec::new(),
             config: NvlinkConfig::default(),
             unavailable: None,
         }
