@@ -299,3 +299,41 @@ async fn a_read_into_bytes_another_entry_uses_is_refused_at_submit() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn signals_that_cannot_be_honoured_are_refused() {
+    let pair = Pair::new(1 << 16, 1 << 16).await;
+    let misaligned = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, pair.remote, 64)
+        .signal(pair.remote + 4098, 1)
+        .submit();
+    assert!(
+        matches!(&misaligned, Err(Error::ApiMisuse(text)) if text.contains("4-byte aligned")),
+        "{misaligned:?}"
+    );
+    let alone = pair
+        .prefill
+        .batch(&pair.peer)
+        .signal(pair.remote + 4096, 1)
+        .notify(b"ready".to_vec())
+        .submit();
+    assert!(
+        matches!(&alone, Err(Error::ApiMisuse(text)) if text.contains("needs data")),
+        "{alone:?}"
+    );
+    // Host memory has no GPU to write the word: the data lands, the signal is refused.
+    let host = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, pair.remote, 64)
+        .signal(pair.remote + 4096, 1)
+        .submit()
+        .unwrap()
+        .await;
+    assert!(
+        matches!(&host, Err(Error::ApiMisuse(text)) if text.contains("rely on the notification")),
+        "{host:?}"
+    );
+}

@@ -540,3 +540,46 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
         "head slice",
     );
 }
+
+#[test]
+fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
+    two_gpus();
+    const DATA: usize = 4 << 20;
+    let decode = engine();
+    // The data, then the 32-bit word the decode stream waits on.
+    let pool = decode.allocate_device(1, DATA + 4096).unwrap();
+    pool.write_at(0, &vec![0u8; DATA + 4096]).unwrap();
+    let flag = pool.addr() + DATA as u64;
+    let context = ferry::cuda::Context::get(1).unwrap();
+    let stream = ferry::cuda::Stream::new(context.clone()).unwrap();
+    let copy = ferry::cuda::DeviceBuffer::new(context.clone(), DATA).unwrap();
+    // SAFETY: the flag lies in `pool`, which outlives the stream's work (synchronised below);
+    // the copy reads `pool` and writes `copy`, both alive until then and disjoint.
+    unsafe {
+        stream.wait_value32(flag, 7).unwrap();
+        stream.copy(copy.addr(), pool.addr(), DATA).unwrap();
+    }
+    let after = ferry::cuda::Event::record(&stream).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !after.query().unwrap(),
+        "the stream ran past the wait before any signal"
+    );
+    let prefill = engine();
+    let source = prefill.allocate_device(0, DATA).unwrap();
+    let bytes = pattern(92, DATA);
+    source.write_at(0, &bytes).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), DATA as u64)
+        .signal(flag, 7)
+        .submit_blocking()
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert!(after.query().unwrap());
+    let mut seen = vec![0u8; DATA];
+    // SAFETY: `copy` holds DATA bytes and the stream that wrote it has finished.
+    unsafe { ferry::cuda::download(&context, copy.addr(), &mut seen) }.unwrap();
+    assert_bytes_eq(&seen, &bytes, "what the released stream copied");
+}

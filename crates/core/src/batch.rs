@@ -36,6 +36,7 @@ pub struct Batch {
     region_index: HashMap<usize, u32>,
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
+    signal: Option<(u64, u32)>,
     notification: Option<Vec<u8>>,
     foreign_region: Option<usize>,
 }
@@ -56,6 +57,7 @@ impl Batch {
             region_index: HashMap::new(),
             entries: Vec::new(),
             blocks: Vec::new(),
+            signal: None,
             notification: None,
             foreign_region: None,
         }
@@ -135,6 +137,19 @@ impl Batch {
         self
     }
 
+    /// Writes the 32-bit `value` into the peer's GPU memory at `remote_addr` once every entry's
+    /// data is visible there, so a stream of the peer can wait for the data on the GPU with no
+    /// CPU round trip (`cuStreamWaitValue32` on that word, for example
+    /// [`crate::cuda::Stream::wait_value32`]). Use increasing values per request on one word.
+    ///
+    /// The word must be 4-byte aligned inside a registered GPU buffer of the peer, and the
+    /// batch must carry data from GPU memory over nvlink; the notification, if any, follows
+    /// the signal.
+    pub fn signal(mut self, remote_addr: u64, value: u32) -> Self {
+        self.signal = Some((remote_addr, value));
+        self
+    }
+
     /// Sends `payload` to the peer once every entry's data is visible there (at most 64 KiB).
     pub fn notify(mut self, payload: impl Into<Vec<u8>>) -> Self {
         self.notification = Some(payload.into());
@@ -199,6 +214,19 @@ impl Batch {
         for (index, blocks) in self.blocks.iter().enumerate() {
             blocks.copy.validate(index, blocks.direction)?;
         }
+        if let Some((addr, _)) = self.signal {
+            if addr % 4 != 0 {
+                return Err(Error::ApiMisuse(format!(
+                    "the signal word {addr:#x} is not 4-byte aligned; GPUs wait on aligned 32-bit words"
+                )));
+            }
+            if self.is_empty() {
+                return Err(Error::ApiMisuse(
+                    "a signal needs data in the batch to follow; add the entries it announces"
+                        .into(),
+                ));
+            }
+        }
         if let Some(index) = read_overlap(&self.entries) {
             return Err(Error::ApiMisuse(format!(
                 "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
@@ -228,6 +256,7 @@ impl Batch {
             peer,
             entries,
             blocks,
+            signal,
             notification,
             ..
         } = self;
@@ -237,6 +266,7 @@ impl Batch {
                 uses,
                 entries,
                 blocks,
+                signal,
             };
             let outcome = run(&engine, &peer, work, notification).await;
             let _ = sender.send(outcome);
@@ -363,6 +393,7 @@ struct Work {
     uses: Vec<Arc<RegionUse>>,
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
+    signal: Option<(u64, u32)>,
 }
 
 /// The ops of one batch for each transport (by index).
@@ -403,6 +434,10 @@ async fn run(
             .iter()
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
+    let signal = match work.signal {
+        Some((addr, value)) => Some(signal_route(engine, peer, &work.uses, addr, value)?),
+        None => None,
+    };
     drop(work);
     let mut transports = Vec::with_capacity(groups.len());
     let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
@@ -433,6 +468,15 @@ async fn run(
                 after: limit,
             });
         }
+    }
+    if let Some((transport, remote, addr, value, gpu)) = signal {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        tokio::time::timeout(limit, link.write_value(remote, addr, value, gpu))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("the signal to {}", peer.name()),
+                after: limit,
+            })??;
     }
     if let Some(payload) = notification {
         let control = peer.control(&engine.tcp, engine.metadata.as_ref()).await?;
@@ -517,6 +561,38 @@ fn route(
         .enumerate()
         .filter(|(_, ops)| !ops.is_empty())
         .collect())
+}
+
+/// The transport, remote buffer and local GPU of a batch's signal: the transport that moves
+/// the batch's first region to the signal's buffer.
+fn signal_route(
+    engine: &EngineInner,
+    peer: &Peer,
+    uses: &[Arc<RegionUse>],
+    addr: u64,
+    value: u32,
+) -> Result<(usize, Arc<BufferDescriptor>, u64, u32, u32)> {
+    let view = peer.view();
+    let remote = view
+        .covering(addr, 4)
+        .cloned()
+        .ok_or(RangeError::NotRegistered {
+            index: 0,
+            side: Side::Remote,
+            addr,
+            len: 4,
+        })?;
+    let local = uses
+        .first()
+        .map(|region| region.entry.info)
+        .ok_or_else(|| Error::ApiMisuse("a signal needs data in the batch".into()))?;
+    let crate::memory::Location::Device { ordinal, .. } = local.location else {
+        return Err(Error::ApiMisuse(
+            "a signal is written by the GPU that moves the batch; its data is in host memory, so rely on the notification".into(),
+        ));
+    };
+    let transport = choose(engine, &local, &view, &remote, peer.name())?;
+    Ok((transport, remote, addr, value, ordinal))
 }
 
 /// Resolves every block copy's pools and groups them by the cheapest transport of each pool.

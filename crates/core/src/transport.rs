@@ -6,7 +6,7 @@
 
 use crate::blocks::BlockOps;
 use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::{RegionInfo, RegionUse};
 use std::sync::Arc;
 
@@ -101,6 +101,28 @@ pub trait Link: Send + Sync + 'static {
     /// As [`Link::transfer`].
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
         self.transfer(blocks.into_ops()).await
+    }
+
+    /// Writes the 32-bit `value` to the peer's `addr` (4-byte aligned, inside `remote`) from
+    /// GPU `gpu` of this process, so the peer's GPU can wait for it; the engine calls it only
+    /// after every byte of the batch it belongs to is visible at the peer. Transports that
+    /// cannot write into a peer GPU's memory directly keep the default, which refuses.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] from the default; the transport's error otherwise.
+    async fn write_value(
+        &self,
+        remote: Arc<BufferDescriptor>,
+        addr: u64,
+        value: u32,
+        gpu: u32,
+    ) -> Result<()> {
+        let _ = (remote, value, gpu);
+        Err(Error::Unavailable {
+            local: "a GPU signal".into(),
+            peer: format!("the buffer holding {addr:#x}"),
+            reason: "this transport cannot write into a peer GPU's memory; signal over nvlink, or rely on the batch's notification".into(),
+        })
     }
 
     /// False once the link has failed; the engine then opens a new one.

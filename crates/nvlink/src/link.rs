@@ -397,6 +397,29 @@ impl Link for NvlinkLink {
         }
     }
 
+    async fn write_value(
+        &self,
+        remote: Arc<BufferDescriptor>,
+        addr: u64,
+        value: u32,
+        gpu: u32,
+    ) -> Result<()> {
+        let lane = self.lane(gpu)?;
+        let (shift, reachable) = self.resolve(&lane, gpu, &remote, &mut None)?;
+        if !reachable {
+            return Err(self.refused(&format!(
+                "GPU {gpu} cannot store into the peer's GPU directly (no peer access), so it cannot signal it"
+            )));
+        }
+        let stream = &lane.streams[0];
+        // SAFETY: the engine checked that addr..addr+4 lies inside the peer's registered
+        // buffer and is 4-byte aligned; the mapping covers it and this GPU reaches it
+        // (checked above); the event below is awaited before returning.
+        unsafe { stream.write_value32(addr.wrapping_add(shift), value)? };
+        Poller::global().wait(Event::record(stream)?).await?;
+        Ok(())
+    }
+
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
