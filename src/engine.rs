@@ -18,6 +18,7 @@ impl Engine {
         EngineBuilder {
             core: ferry_core::Engine::builder(),
             nvlink: NvlinkConfig::default(),
+            gpu_links: true,
         }
     }
 }
@@ -35,6 +36,7 @@ impl std::ops::Deref for Engine {
 pub struct EngineBuilder {
     core: ferry_core::EngineBuilder,
     nvlink: NvlinkConfig,
+    gpu_links: bool,
 }
 
 impl EngineBuilder {
@@ -66,6 +68,16 @@ impl EngineBuilder {
     pub fn nvlink(self, config: NvlinkConfig) -> Self {
         EngineBuilder {
             nvlink: config,
+            ..self
+        }
+    }
+
+    /// Whether the GPU-to-GPU transports (nvlink, mnnvl) are used (the default). Without them
+    /// GPU memory moves over TCP, staged through pinned host buffers: for testing that path,
+    /// or to rule NVLink out while diagnosing.
+    pub fn gpu_links(self, enabled: bool) -> Self {
+        EngineBuilder {
+            gpu_links: enabled,
             ..self
         }
     }
@@ -111,6 +123,9 @@ impl EngineBuilder {
     }
 
     fn wired(self) -> ferry_core::EngineBuilder {
+        if !self.gpu_links {
+            return self.core;
+        }
         self.core
             .transport(Arc::new(NvlinkTransport::new(self.nvlink)))
             .transport(Arc::new(MnnvlTransport::new(self.nvlink)))

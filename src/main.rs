@@ -55,6 +55,10 @@ enum Command {
         /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
         #[arg(long, default_value = "auto", value_delimiter = ',')]
         paths: Vec<ferry::CopyPath>,
+        /// Move the GPU memory over TCP, staged through pinned host buffers, instead of NVLink
+        /// (the path GPUs of different hosts take without RDMA).
+        #[arg(long)]
+        tcp: bool,
         /// `write` (prefill pushes) or `read` (prefill pulls).
         #[arg(long, default_value = "write")]
         direction: String,
@@ -123,6 +127,7 @@ fn main() -> ExitCode {
             kernel_blocks_per_sm,
             kernel_chunk_bytes,
             paths,
+            tcp,
             direction,
             json,
             plot,
@@ -138,6 +143,7 @@ fn main() -> ExitCode {
                     kernel_blocks_per_sm,
                     kernel_chunk_bytes,
                     paths,
+                    tcp,
                     direction,
                     json,
                     plot,

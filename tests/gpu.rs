@@ -583,3 +583,58 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
     unsafe { ferry::cuda::download(&context, copy.addr(), &mut seen) }.unwrap();
     assert_bytes_eq(&seen, &bytes, "what the released stream copied");
 }
+
+#[test]
+fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
+    gpus();
+    let remote_gpu = if gpus() >= 2 { "1" } else { "0" };
+    const AREA: usize = 48 << 20;
+    let target = ServeProcess::start_with(AREA, &["--gpu", remote_gpu], &[]);
+    let engine = Engine::builder()
+        .gpu_links(false)
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .unwrap();
+    let source = engine.allocate_device(0, AREA).unwrap();
+    let back = engine.allocate_device(0, AREA).unwrap();
+    let bytes = pattern(93, AREA);
+    source.write_at(0, &bytes).unwrap();
+    back.write_at(0, &vec![0u8; AREA]).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    // A large entry (sliced over the connections), odd-sized ones, and small ones that are
+    // packed into write-many frames.
+    let mut entries = vec![
+        (0u64, 0u64, 20u64 << 20),
+        (21 << 20, (21 << 20) + 5, 3_000_001),
+    ];
+    for block in 0..64u64 {
+        entries.push((
+            (30 << 20) + block * 8192,
+            (30 << 20) + block * 8192 + 3,
+            4093,
+        ));
+    }
+    let mut writes = engine.batch(&peer);
+    for &(local, remote, len) in &entries {
+        writes = writes.write(&source, local, target.buffer_addr + remote, len);
+    }
+    let done = writes.submit_blocking().unwrap();
+    assert_eq!(done.transports, vec!["tcp"]);
+    let mut reads = engine.batch(&peer);
+    for &(_, remote, len) in &entries {
+        reads = reads.read(&back, remote, target.buffer_addr + remote, len);
+    }
+    reads.submit_blocking().unwrap();
+    let mut landed = vec![0u8; AREA];
+    back.read_at(0, &mut landed).unwrap();
+    let mut expected = vec![0u8; AREA];
+    for &(local, remote, len) in &entries {
+        let (local, remote, len) = (local as usize, remote as usize, len as usize);
+        expected[remote..remote + len].copy_from_slice(&bytes[local..local + len]);
+    }
+    assert_bytes_eq(
+        &landed,
+        &expected,
+        "GPU bytes written and read back over tcp",
+    );
+}

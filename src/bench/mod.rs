@@ -31,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) kernel_blocks_per_sm: u32,
     pub(crate) kernel_chunk_bytes: u64,
     pub(crate) paths: Vec<CopyPath>,
+    /// Move GPU memory over TCP (staged through pinned buffers) instead of NVLink.
+    pub(crate) tcp: bool,
     pub(crate) direction: Direction,
     pub(crate) json: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
@@ -220,6 +222,7 @@ impl Side {
         decode: &ServeChild,
     ) -> Result<Side, BoxError> {
         let engine = Engine::builder()
+            .gpu_links(!options.tcp)
             .transfer_timeout(Duration::from_secs(60))
             .nvlink(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
@@ -277,7 +280,10 @@ impl Side {
         let verified = self.verify(&blocks, direction, base)?;
         Ok(Row {
             workload: workload.to_string(),
-            path: path.to_string(),
+            path: match options.tcp {
+                true => "tcp".into(),
+                false => path.to_string(),
+            },
             direction: match direction {
                 Direction::Write => "write".into(),
                 Direction::Read => "read".into(),

@@ -9,11 +9,13 @@ mod export;
 pub(crate) mod fd_server;
 mod host;
 mod region;
+mod span;
 mod table;
 
 pub(crate) use export::export_device;
-pub(crate) use host::{HostSpan, OwnedBuffer};
+pub(crate) use host::OwnedBuffer;
 pub use region::RegionUse;
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};
+pub(crate) use span::Span;
 pub(crate) use table::RegionTable;

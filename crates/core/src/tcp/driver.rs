@@ -4,7 +4,7 @@
 use super::frame_io::{self, FrameError};
 use super::tracker::Ticket;
 use crate::error::{Error, ProtocolViolation, Result};
-use crate::memory::HostSpan;
+use crate::memory::Span;
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -23,9 +23,9 @@ pub(crate) struct Frame {
     /// Body bytes before the data (write address, write-many table, read request).
     pub(crate) prefix: Vec<u8>,
     /// Local bytes sent after the prefix, in order.
-    pub(crate) data: Vec<HostSpan>,
+    pub(crate) data: Vec<Span>,
     /// Where the answer of a read request lands.
-    pub(crate) read_into: Option<HostSpan>,
+    pub(crate) read_into: Option<Span>,
 }
 
 /// A frame queued on a connection, with the ticket its answer completes.
@@ -35,7 +35,7 @@ pub(crate) struct Outgoing {
 }
 
 struct Awaiting {
-    read_into: Option<HostSpan>,
+    read_into: Option<Span>,
     ticket: Ticket,
 }
 
@@ -160,7 +160,7 @@ async fn write_frame(
     writer: &mut OwnedWriteHalf,
     header: &Header,
     prefix: &[u8],
-    data: &[HostSpan],
+    data: &[Span],
 ) -> std::io::Result<()> {
     let header = header.encode();
     let mut slices = Vec::with_capacity(2 + data.len());
@@ -176,6 +176,13 @@ async fn write_frame(
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         IoSlice::advance_slices(&mut remaining, written);
+    }
+    Ok(())
+}
+
+async fn load_all(data: &mut [Span]) -> Result<(), crate::cuda::CudaError> {
+    for span in data {
+        span.load().await?;
     }
     Ok(())
 }
@@ -197,11 +204,17 @@ async fn write_loop(
                 Frame {
                     header,
                     prefix,
-                    data,
+                    mut data,
                     read_into,
                 },
             ticket,
         } = frame;
+        // GPU memory is copied into its staging buffers first; this connection waits for
+        // the copy while the others keep their sockets busy.
+        if let Err(error) = load_all(&mut data).await {
+            ticket.complete(Err(error.into()));
+            continue;
+        }
         // Registered before the first byte goes out, so the fastest ack still finds it; refused
         // once the reader has given up, since no answer could ever arrive.
         {
@@ -306,13 +319,15 @@ async fn read_response(
                 }
                 .into());
             };
-            if span.as_slice().len() != header.len as usize {
+            if span.len() != header.len as usize {
                 return Err(ProtocolViolation::Malformed("read data of the wrong length").into());
             }
-            tokio::time::timeout(io_timeout, reader.read_exact(span.as_mut_slice()))
+            tokio::time::timeout(io_timeout, reader.read_exact(span.receive_into()?))
                 .await
                 .map_err(timed)??;
-            ticket.complete(Ok(()));
+            // GPU memory: the bytes count as arrived once they are in the region.
+            let stored = span.store().await.map_err(Error::from);
+            ticket.complete(stored);
         }
         other => {
             return Err(ProtocolViolation::Unexpected {

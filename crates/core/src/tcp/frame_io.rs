@@ -13,6 +13,14 @@ pub(crate) enum FrameError {
     Protocol(#[from] ProtocolViolation),
 }
 
+impl From<crate::cuda::CudaError> for FrameError {
+    /// No staging buffer for GPU memory mid-frame: the rest of the frame cannot be placed, so
+    /// the connection ends as after an I/O error.
+    fn from(error: crate::cuda::CudaError) -> Self {
+        FrameError::Io(std::io::Error::other(error))
+    }
+}
+
 /// Reads one header; `None` on a clean end of stream before its first byte.
 pub(crate) async fn read_header<R: AsyncRead + Unpin>(
     reader: &mut R,

@@ -4,7 +4,7 @@ use super::driver::{Connection, Frame, Outgoing};
 use super::tracker::{Ticket, Tracker};
 use super::{TcpConfig, TcpTransport};
 use crate::error::{Error, Result};
-use crate::memory::{HostSpan, RegionUse};
+use crate::memory::{RegionUse, Span};
 use crate::transport::{Direction, Link, TransferOp};
 use crate::wire::{self, Header, Kind, WriteManyEntry};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -127,15 +127,15 @@ fn slice(ops: Vec<TransferOp>, slice_bytes: u32) -> Vec<Piece> {
 #[derive(Default)]
 struct Pack {
     entries: Vec<WriteManyEntry>,
-    data: Vec<HostSpan>,
+    data: Vec<Span>,
     bytes: u32,
 }
 
 impl TcpLink {
-    fn span(&self, piece: &Piece) -> Result<HostSpan> {
-        HostSpan::new(Arc::clone(&piece.region), piece.local_addr, u64::from(piece.len)).ok_or_else(
+    fn span(&self, piece: &Piece) -> Result<Span> {
+        Span::new(Arc::clone(&piece.region), piece.local_addr, u64::from(piece.len)).ok_or_else(
             || Error::ApiMisuse(format!(
-                "local range {:#x}..+{} is not host memory inside its region; the tcp transport moves host memory only",
+                "local range {:#x}..+{} is not inside its region, or is GPU memory for which no pinned staging buffer could be had",
                 piece.local_addr, piece.len
             )),
         )

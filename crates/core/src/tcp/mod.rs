@@ -18,7 +18,7 @@ pub(crate) use server::{serve, ServerContext};
 
 use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
 use crate::error::{Error, Result};
-use crate::memory::{Location, RegionInfo};
+use crate::memory::RegionInfo;
 use crate::transport::{Link, Reach, Transport};
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use std::sync::Arc;
@@ -88,17 +88,11 @@ impl Transport for TcpTransport {
 
     fn reach(
         &self,
-        local: &RegionInfo,
+        _local: &RegionInfo,
         peer: &SegmentDescriptor,
-        remote: &BufferDescriptor,
+        _remote: &BufferDescriptor,
     ) -> Reach {
-        if !matches!(local.location, Location::Host { .. })
-            || !matches!(remote.location, Location::Host { .. })
-        {
-            return Reach::No {
-                reason: "GPU memory over tcp needs staging through pinned host buffers, which this build does not have yet".into(),
-            };
-        }
+        // Any memory: GPU memory on either side is staged through pinned host buffers.
         if peer.endpoint(TCP).is_none() {
             return Reach::No {
                 reason: "the peer publishes no tcp endpoint".into(),

@@ -5,7 +5,7 @@
 use super::frame_io::{self, FrameError};
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{ProtocolViolation, Side};
-use crate::memory::{HostSpan, RegionTable};
+use crate::memory::{RegionTable, Span};
 use crate::notify::Notification;
 use crate::wire::{self, Header, Kind, Limits};
 use std::net::SocketAddr;
@@ -172,9 +172,10 @@ impl Session {
         }
         match self.span(addr, len) {
             Some(mut span) => {
-                self.reader.read_exact(span.as_mut_slice()).await?;
+                self.reader.read_exact(span.receive_into()?).await?;
+                let stored = span.store().await.map_err(|error| error.to_string());
                 drop(span);
-                self.ack(header.id, Ok(())).await?;
+                self.ack(header.id, stored).await?;
             }
             None => {
                 frame_io::discard(&mut self.reader, len).await?;
@@ -216,10 +217,17 @@ impl Session {
             }
         }
         for span in &mut spans {
-            self.reader.read_exact(span.as_mut_slice()).await?;
+            self.reader.read_exact(span.receive_into()?).await?;
+        }
+        let mut stored = Ok(());
+        for span in &mut spans {
+            if let Err(error) = span.store().await {
+                stored = Err(error.to_string());
+                break;
+            }
         }
         drop(spans);
-        self.ack(header.id, Ok(())).await?;
+        self.ack(header.id, stored).await?;
         Ok(())
     }
 
@@ -235,10 +243,13 @@ impl Session {
             .into());
         }
         match self.span(addr, u64::from(len)) {
-            Some(span) => {
-                self.respond(Kind::ReadData, header.id, span.as_slice())
-                    .await?
-            }
+            Some(mut span) => match span.load().await {
+                Ok(()) => {
+                    self.respond(Kind::ReadData, header.id, span.as_slice())
+                        .await?
+                }
+                Err(error) => self.ack(header.id, Err(error.to_string())).await?,
+            },
             None => {
                 self.ack(header.id, Err(Self::rejection(addr, u64::from(len), 0)))
                     .await?
@@ -269,9 +280,9 @@ impl Session {
         Ok(())
     }
 
-    fn span(&self, addr: u64, len: u64) -> Option<HostSpan> {
+    fn span(&self, addr: u64, len: u64) -> Option<Span> {
         let region = self.context.table.acquire(addr, len)?;
-        HostSpan::new(Arc::new(region), addr, len)
+        Span::new(Arc::new(region), addr, len)
     }
 }
 

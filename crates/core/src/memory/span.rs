@@ -1,0 +1,192 @@
+//! Bytes of a registered region as the TCP transport moves them: host memory in place, GPU
+//! memory through a pinned staging buffer that the GPU's copy engine fills or drains
+//! asynchronously (the socket work of other connections goes on meanwhile).
+
+use super::host::HostSpan;
+use super::region::{Location, RegionUse};
+use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Poller, Stream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A range of one registered region, valid while it lives.
+pub(crate) enum Span {
+    /// Host memory, read and written in place.
+    Host(HostSpan),
+    /// GPU memory, staged.
+    Staged(StagedSpan),
+}
+
+impl Span {
+    /// A span of `len` bytes at `addr`, or `None` when that is not inside the used region.
+    /// GPU memory gets its staging buffer only when bytes move, so planned frames hold none.
+    pub(crate) fn new(region: Arc<RegionUse>, addr: u64, len: u64) -> Option<Span> {
+        match region.entry.info.location {
+            Location::Host { .. } => HostSpan::new(region, addr, len).map(Span::Host),
+            Location::Device { ordinal, .. } => {
+                if !region.entry.contains(addr, len) {
+                    return None;
+                }
+                Some(Span::Staged(StagedSpan {
+                    addr,
+                    len: usize::try_from(len).ok()?,
+                    ordinal,
+                    staging: None,
+                    _use: region,
+                }))
+            }
+        }
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Span::Host(span) => span.as_slice().len(),
+            Span::Staged(span) => span.len,
+        }
+    }
+
+    /// Makes the region's current bytes readable through [`Span::as_slice`]; a copy from the
+    /// GPU for staged spans.
+    pub(crate) async fn load(&mut self) -> Result<(), CudaError> {
+        match self {
+            Span::Host(_) => Ok(()),
+            Span::Staged(span) => span.copy(CopyWay::FromGpu).await,
+        }
+    }
+
+    /// Makes what was written through [`Span::as_mut_slice`] land in the region; a copy to the
+    /// GPU for staged spans. The bytes are visible in the region when this returns.
+    pub(crate) async fn store(&mut self) -> Result<(), CudaError> {
+        match self {
+            Span::Host(_) => Ok(()),
+            Span::Staged(span) => span.copy(CopyWay::ToGpu).await,
+        }
+    }
+
+    /// The bytes to send (after [`Span::load`] for GPU memory).
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Span::Host(span) => span.as_slice(),
+            Span::Staged(span) => span.staged(),
+        }
+    }
+
+    /// Where received bytes go (then [`Span::store`] for GPU memory).
+    pub(crate) fn receive_into(&mut self) -> Result<&mut [u8], CudaError> {
+        match self {
+            Span::Host(span) => Ok(span.as_mut_slice()),
+            Span::Staged(span) => span.staged_mut(),
+        }
+    }
+}
+
+/// A range of registered GPU memory with the pinned buffer that stands in for it.
+pub(crate) struct StagedSpan {
+    addr: u64,
+    len: usize,
+    ordinal: u32,
+    /// Taken from the pool when bytes first move; Drop hands it back.
+    staging: Option<PinnedBuffer>,
+    /// Keeps the region registered, and so its memory valid, while the span exists.
+    _use: Arc<RegionUse>,
+}
+
+enum CopyWay {
+    FromGpu,
+    ToGpu,
+}
+
+impl StagedSpan {
+    fn staged(&self) -> &[u8] {
+        match &self.staging {
+            Some(buffer) => &buffer.as_slice()[..self.len],
+            None => &[],
+        }
+    }
+
+    fn buffer(&mut self) -> Result<&mut PinnedBuffer, CudaError> {
+        if self.staging.is_none() {
+            self.staging = Some(staging_buffer(self.ordinal, self.len)?);
+        }
+        match &mut self.staging {
+            Some(buffer) => Ok(buffer),
+            None => unreachable!("the staging buffer was set just above"),
+        }
+    }
+
+    fn staged_mut(&mut self) -> Result<&mut [u8], CudaError> {
+        let len = self.len;
+        Ok(&mut self.buffer()?.as_mut_slice()[..len])
+    }
+
+    async fn copy(&mut self, way: CopyWay) -> Result<(), CudaError> {
+        let (addr, len, ordinal) = (self.addr, self.len, self.ordinal);
+        let buffer = self.buffer()?;
+        let stream = staging_stream(ordinal)?;
+        let (dst, src) = match way {
+            CopyWay::FromGpu => (buffer.addr(), addr),
+            CopyWay::ToGpu => (addr, buffer.addr()),
+        };
+        // SAFETY: the GPU range lies inside a registered region (checked in `Span::new`) that
+        // the held RegionUse keeps registered; the pinned buffer holds at least `len` bytes and
+        // is owned by this span, which `&mut self` keeps from being read or dropped until the
+        // event below has fired; GPU memory and pinned host memory never overlap.
+        unsafe { stream.copy(dst, src, len)? };
+        let done = Event::record(&stream)?;
+        Poller::global().wait(done).await
+    }
+}
+
+impl Drop for StagedSpan {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.staging.take() {
+            give_back(buffer);
+        }
+    }
+}
+
+/// Pinned buffers come in powers of two from this size up.
+const SMALLEST: usize = 64 << 10;
+/// Buffers of one size kept for reuse; more are freed.
+const KEPT_PER_SIZE: usize = 16;
+
+fn pool() -> &'static Mutex<HashMap<usize, Vec<PinnedBuffer>>> {
+    static POOL: OnceLock<Mutex<HashMap<usize, Vec<PinnedBuffer>>>> = OnceLock::new();
+    POOL.get_or_init(Mutex::default)
+}
+
+fn staging_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
+    let size = len.next_power_of_two().max(SMALLEST);
+    let reused = pool()
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .get_mut(&size)
+        .and_then(Vec::pop);
+    match reused {
+        Some(buffer) => Ok(buffer),
+        None => PinnedBuffer::new(Context::get(ordinal)?, size),
+    }
+}
+
+fn give_back(buffer: PinnedBuffer) {
+    let mut pool = pool().lock().unwrap_or_else(|poison| poison.into_inner());
+    let kept = pool.entry(buffer.len()).or_default();
+    if kept.len() < KEPT_PER_SIZE {
+        kept.push(buffer);
+    }
+}
+
+/// The stream of GPU `ordinal` that staging copies queue on.
+fn staging_stream(ordinal: u32) -> Result<Arc<Stream>, CudaError> {
+    static STREAMS: OnceLock<Mutex<HashMap<u32, Arc<Stream>>>> = OnceLock::new();
+    let mut streams = STREAMS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    if let Some(stream) = streams.get(&ordinal) {
+        return Ok(Arc::clone(stream));
+    }
+    let stream = Arc::new(Stream::new(Context::get(ordinal)?)?);
+    streams.insert(ordinal, Arc::clone(&stream));
+    Ok(stream)
+}
