@@ -34,6 +34,9 @@ struct Cli {
     /// first-touch page faults in the freshly allocated pool; the last shows the steady state.
     #[arg(long, default_value_t = 2)]
     requests: u32,
+    /// Send each block as its own batch entry instead of one paged block copy.
+    #[arg(long)]
+    entries: bool,
 }
 
 /// The roles the demo starts itself in; not meant to be typed by hand.
@@ -51,7 +54,7 @@ fn main() -> ExitCode {
     let outcome = match cli.role {
         Some(Role::Decode(args)) => kv::decode::run(args),
         Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
-        None => orchestrate(&cli.shape, cli.requests, placement(&cli)),
+        None => orchestrate(&cli.shape, cli.requests, cli.entries, placement(&cli)),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -184,6 +187,7 @@ fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
 fn orchestrate(
     shape: &kv::Shape,
     requests: u32,
+    entries: bool,
     placement: Placement,
 ) -> Result<bool, Box<dyn std::error::Error>> {
     shape.validate()?;
@@ -213,6 +217,9 @@ fn orchestrate(
         "--requests".to_owned(),
         requests.to_string(),
     ]);
+    if entries {
+        prefill_args.push("--entries".to_owned());
+    }
     let (mut prefill, prefill_lines) = start("prefill", &placement.prefill, prefill_args)?;
     let prefill_pid = prefill.0.id();
     let prefill_lines: Vec<String> = prefill_lines.collect();

@@ -21,6 +21,10 @@ pub(crate) struct PrefillArgs {
     /// the first pays for first-touch page faults in the decode pool, later ones do not.
     #[arg(long, default_value_t = 1)]
     pub(crate) requests: u32,
+    /// Send each block as its own batch entry instead of one paged block copy (the pools and
+    /// the two id lists).
+    #[arg(long)]
+    pub(crate) entries: bool,
 }
 
 /// Salts that make source and destination block ids different permutations.
@@ -61,15 +65,30 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         let started = Instant::now();
         let mut batch = engine.batch(&peer);
-        for (pool, target) in pools.iter().zip(&remote) {
-            for (&source, &destination) in sources.iter().zip(&destinations) {
-                batch = batch.write(
-                    pool,
-                    u64::from(source) * shape.block_bytes,
-                    target.addr + u64::from(destination) * shape.block_bytes,
-                    shape.block_bytes,
-                );
+        if args.entries {
+            for (pool, target) in pools.iter().zip(&remote) {
+                for (&source, &destination) in sources.iter().zip(&destinations) {
+                    batch = batch.write(
+                        pool,
+                        u64::from(source) * shape.block_bytes,
+                        target.addr + u64::from(destination) * shape.block_bytes,
+                        shape.block_bytes,
+                    );
+                }
             }
+        } else {
+            let layout = ferry::BlockLayout::packed(shape.pool_bytes(), shape.block_bytes);
+            let mut copy = ferry::BlockCopy::new(
+                shape.block_bytes,
+                layout,
+                layout,
+                sources.clone(),
+                destinations.clone(),
+            );
+            for (pool, target) in pools.iter().zip(&remote) {
+                copy = copy.pool(pool, 0, target.addr);
+            }
+            batch = batch.write_blocks(copy);
         }
         let done = batch
             .notify(encode_notification(request, &destinations))
