@@ -246,8 +246,12 @@ async fn a_peer_that_never_acknowledges_times_out() {
                     if read == 0 {
                         return;
                     }
-                    if !answered && buffer[..read].windows(4).filter(|w| *w == b"FRRY").count() >= 2
-                    {
+                    // Answer descriptor requests only (kind byte after magic and version): the
+                    // data connections' hello and write frames must go unanswered.
+                    let asks_descriptor = buffer[..read]
+                        .windows(6)
+                        .any(|w| &w[..4] == b"FRRY" && w[5] == Kind::DescriptorRequest as u8);
+                    if !answered && asks_descriptor {
                         answered = true;
                         let header = Header {
                             kind: Kind::DescriptorResponse,
