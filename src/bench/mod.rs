@@ -14,6 +14,7 @@ use ferry::{
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{quantile, Report, Row};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use workload::{Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
 
@@ -30,6 +31,7 @@ pub(crate) struct Options {
     pub(crate) streams: usize,
     pub(crate) kernel_blocks_per_sm: u32,
     pub(crate) kernel_chunk_bytes: u64,
+    pub(crate) copy_engine_share: u32,
     pub(crate) paths: Vec<CopyPath>,
     /// Move GPU memory over TCP (staged through pinned buffers) instead of NVLink.
     pub(crate) tcp: bool,
@@ -229,6 +231,7 @@ impl Side {
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
+                copy_engine_share: options.copy_engine_share,
             })
             .build_blocking()?;
         let gpu = options.prefill_gpu;
@@ -397,8 +400,8 @@ impl Side {
             paged.block_bytes,
             layout,
             layout,
-            paged.local_ids.clone(),
-            paged.remote_ids.clone(),
+            Arc::clone(&paged.local_ids),
+            Arc::clone(&paged.remote_ids),
         );
         for pool in 0..paged.pools {
             let offset = pool * paged.pool_bytes();

@@ -1,6 +1,8 @@
 //! The workloads of BENCHMARKS.md as block lists: which bytes of the sending side go where on
 //! the receiving side. Pure functions, so shapes and permutations are tested without a GPU.
 
+use std::sync::Arc;
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -89,8 +91,9 @@ pub(crate) struct Paged {
     pub(crate) pools: u64,
     pub(crate) pool_blocks: u64,
     pub(crate) block_bytes: u64,
-    pub(crate) local_ids: Vec<u32>,
-    pub(crate) remote_ids: Vec<u32>,
+    /// Shared, so a batch takes them without copying (as a server would keep a request's ids).
+    pub(crate) local_ids: Arc<[u32]>,
+    pub(crate) remote_ids: Arc<[u32]>,
 }
 
 impl Paged {
@@ -103,7 +106,7 @@ impl Paged {
         let mut blocks = Vec::with_capacity(self.local_ids.len() * self.pools as usize);
         for pool in 0..self.pools {
             let base = pool * self.pool_bytes();
-            for (&local, &remote) in self.local_ids.iter().zip(&self.remote_ids) {
+            for (&local, &remote) in self.local_ids.iter().zip(self.remote_ids.iter()) {
                 blocks.push((
                     base + u64::from(local) * self.block_bytes,
                     base + u64::from(remote) * self.block_bytes,
@@ -187,8 +190,8 @@ fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Paged {
         pools: 1,
         pool_blocks: slots,
         block_bytes: bytes,
-        local_ids: distinct_ids(slots, count, seed),
-        remote_ids: distinct_ids(slots, count, seed ^ 0xfeed),
+        local_ids: distinct_ids(slots, count, seed).into(),
+        remote_ids: distinct_ids(slots, count, seed ^ 0xfeed).into(),
     }
 }
 
@@ -199,8 +202,8 @@ impl Workload {
             pools: 160,
             pool_blocks: 4096,
             block_bytes: 32 * KIB,
-            local_ids: distinct_ids(4096, 256, seed),
-            remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed),
+            local_ids: distinct_ids(4096, 256, seed).into(),
+            remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed).into(),
         };
         match *self {
             Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
@@ -285,8 +288,8 @@ mod tests {
         }
         assert_ne!(paged.local_ids, paged.remote_ids);
         assert_ne!(
-            paged.local_ids,
-            (0..256).collect::<Vec<u32>>(),
+            &paged.local_ids[..],
+            &(0..256).collect::<Vec<u32>>()[..],
             "ids should be scattered"
         );
     }

@@ -168,6 +168,11 @@ impl BlockCopy {
             (Side::Remote, &self.remote_ids, &self.remote),
         ] {
             let blocks = layout.blocks();
+            // The maximum is one fast pass; the offending index is looked up only on failure.
+            let highest = ids.iter().copied().max().unwrap_or(0);
+            if u64::from(highest) < blocks {
+                continue;
+            }
             if let Some(index) = ids.iter().position(|&id| u64::from(id) >= blocks) {
                 return Err(fail(format!(
                     "{side} block id {} at index {index} is outside the pool's {blocks} blocks",

@@ -308,9 +308,54 @@ impl NvlinkLink {
         Ok(Some(Event::record(&lane.streams[0])?))
     }
 
+    /// Moves `ops` with the copy path `path`; resolves once all bytes are visible.
+    async fn transfer_on(&self, ops: Vec<TransferOp>, path: CopyPath) -> Result<()> {
+        // Usually one GPU, at most a handful: a short list beats a map here.
+        let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
+        for op in &ops {
+            let Location::Device { ordinal, .. } = op.region.info().location else {
+                return Err(self.refused("a local range is not GPU memory"));
+            };
+            match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
+                Some((_, gpu_ops)) => gpu_ops.push(op),
+                None => by_gpu.push((ordinal, vec![op])),
+            }
+        }
+        let mut events = Vec::new();
+        for (ordinal, gpu_ops) in by_gpu {
+            let lane = self.lane(ordinal)?;
+            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
+            events.extend(self.launch(&lane, &copies, path)?);
+        }
+        let waits = events.into_iter().map(|event| Poller::global().wait(event));
+        futures::future::try_join_all(waits).await?;
+        drop(ops);
+        Ok(())
+    }
+
+    /// Under [`CopyPath::Auto`], splits a block copy whose blocks are sized for sharing into
+    /// the part for the kernel and the part for the copy engines (its last blocks).
+    fn share_blocks(&self, blocks: BlockOps) -> (BlockOps, Option<BlockOps>) {
+        let share = u64::from(self.config.copy_engine_share.min(100));
+        let count = blocks.local_ids.len() as u64;
+        let to_engines = (count * share / 100) as usize;
+        let sized = blocks.len >= plan::SHARE_FROM && blocks.len < plan::ENGINE_FROM;
+        if self.config.copy_path != CopyPath::Auto || !sized || to_engines == 0 {
+            return (blocks, None);
+        }
+        let keep = blocks.local_ids.len() - to_engines;
+        let mut engines = blocks.clone();
+        engines.local_ids = blocks.local_ids[keep..].into();
+        engines.remote_ids = blocks.remote_ids[keep..].into();
+        let mut kernel = blocks;
+        kernel.local_ids = kernel.local_ids[..keep].into();
+        kernel.remote_ids = kernel.remote_ids[..keep].into();
+        (kernel, Some(engines))
+    }
+
     /// Queues `copies` on `lane` and returns the events that fire once they are done.
-    fn launch(&self, lane: &GpuLane, copies: &[Copy]) -> Result<Vec<Event>> {
-        let route = plan::route(copies, self.config.copy_path);
+    fn launch(&self, lane: &GpuLane, copies: &[Copy], path: CopyPath) -> Result<Vec<Event>> {
+        let route = plan::route(copies, path, self.config.copy_engine_share);
         let mut used = vec![false; lane.streams.len()];
         if !route.kernel.is_empty() {
             let kernels = lane
@@ -363,38 +408,35 @@ impl NvlinkLink {
 #[async_trait::async_trait]
 impl Link for NvlinkLink {
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
-        // Usually one GPU, at most a handful: a short list beats a map here.
-        let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
-        for op in &ops {
-            let Location::Device { ordinal, .. } = op.region.info().location else {
-                return Err(self.refused("a local range is not GPU memory"));
-            };
-            match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
-                Some((_, gpu_ops)) => gpu_ops.push(op),
-                None => by_gpu.push((ordinal, vec![op])),
-            }
-        }
-        let mut events = Vec::new();
-        for (ordinal, gpu_ops) in by_gpu {
-            let lane = self.lane(ordinal)?;
-            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
-            events.extend(self.launch(&lane, &copies)?);
-        }
-        let waits = events.into_iter().map(|event| Poller::global().wait(event));
-        futures::future::try_join_all(waits).await?;
-        drop(ops);
-        Ok(())
+        self.transfer_on(ops, self.config.copy_path).await
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
-        match self.launch_blocks(&blocks)? {
-            Some(event) => {
-                Poller::global().wait(event).await?;
-                drop(blocks);
-                Ok(())
+        let (kernel, engines) = self.share_blocks(blocks);
+        let engines = async {
+            match engines {
+                Some(blocks) => {
+                    self.transfer_on(blocks.into_ops(), CopyPath::CopyEngine)
+                        .await
+                }
+                None => Ok(()),
             }
-            None => self.transfer(blocks.into_ops()).await,
-        }
+        };
+        let kernel = async {
+            match self.launch_blocks(&kernel)? {
+                Some(event) => {
+                    Poller::global().wait(event).await?;
+                    drop(kernel);
+                    Ok(())
+                }
+                None => {
+                    self.transfer_on(kernel.into_ops(), self.config.copy_path)
+                        .await
+                }
+            }
+        };
+        futures::future::try_join(kernel, engines).await?;
+        Ok(())
     }
 
     async fn write_value(

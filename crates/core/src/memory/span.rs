@@ -45,25 +45,20 @@ impl Span {
         }
     }
 
-    /// Makes the region's current bytes readable through [`Span::as_slice`]; a copy from the
-    /// GPU for staged spans.
-    pub(crate) async fn load(&mut self) -> Result<(), CudaError> {
-        match self {
-            Span::Host(_) => Ok(()),
-            Span::Staged(span) => span.copy(CopyWay::FromGpu).await,
-        }
+    /// Makes the regions' current bytes readable through [`Span::as_slice`]: the copies from
+    /// the GPU of every staged span are queued together and awaited once.
+    pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), CudaError> {
+        copy_all(spans, CopyWay::FromGpu).await
     }
 
-    /// Makes what was written through [`Span::as_mut_slice`] land in the region; a copy to the
-    /// GPU for staged spans. The bytes are visible in the region when this returns.
-    pub(crate) async fn store(&mut self) -> Result<(), CudaError> {
-        match self {
-            Span::Host(_) => Ok(()),
-            Span::Staged(span) => span.copy(CopyWay::ToGpu).await,
-        }
+    /// Makes what was written through [`Span::receive_into`] land in the regions: the copies
+    /// to the GPU of every staged span are queued together and awaited once. The bytes are
+    /// visible in the regions when this returns.
+    pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), CudaError> {
+        copy_all(spans, CopyWay::ToGpu).await
     }
 
-    /// The bytes to send (after [`Span::load`] for GPU memory).
+    /// The bytes to send (after [`Span::load_all`] for GPU memory).
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Span::Host(span) => span.as_slice(),
@@ -71,7 +66,7 @@ impl Span {
         }
     }
 
-    /// Where received bytes go (then [`Span::store`] for GPU memory).
+    /// Where received bytes go (then [`Span::store_all`] for GPU memory).
     pub(crate) fn receive_into(&mut self) -> Result<&mut [u8], CudaError> {
         match self {
             Span::Host(span) => Ok(span.as_mut_slice()),
@@ -91,6 +86,7 @@ pub(crate) struct StagedSpan {
     _use: Arc<RegionUse>,
 }
 
+#[derive(Clone, Copy)]
 enum CopyWay {
     FromGpu,
     ToGpu,
@@ -119,22 +115,43 @@ impl StagedSpan {
         Ok(&mut self.buffer()?.as_mut_slice()[..len])
     }
 
-    async fn copy(&mut self, way: CopyWay) -> Result<(), CudaError> {
-        let (addr, len, ordinal) = (self.addr, self.len, self.ordinal);
+    /// Queues the copy between the GPU range and the staging buffer on `stream`.
+    ///
+    /// The caller must keep the span (and so its buffer) untouched until an event recorded on
+    /// `stream` after this call has fired.
+    fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), CudaError> {
+        let (addr, len) = (self.addr, self.len);
         let buffer = self.buffer()?;
-        let stream = staging_stream(ordinal)?;
         let (dst, src) = match way {
             CopyWay::FromGpu => (buffer.addr(), addr),
             CopyWay::ToGpu => (addr, buffer.addr()),
         };
         // SAFETY: the GPU range lies inside a registered region (checked in `Span::new`) that
         // the held RegionUse keeps registered; the pinned buffer holds at least `len` bytes and
-        // is owned by this span, which `&mut self` keeps from being read or dropped until the
-        // event below has fired; GPU memory and pinned host memory never overlap.
-        unsafe { stream.copy(dst, src, len)? };
-        let done = Event::record(&stream)?;
-        Poller::global().wait(done).await
+        // is owned by this span, which `copy_all` keeps borrowed until the event after this
+        // copy has fired; GPU memory and pinned host memory never overlap.
+        unsafe { stream.copy(dst, src, len) }
     }
+}
+
+async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
+    let mut streams: Vec<(u32, Arc<Stream>)> = Vec::new();
+    for span in spans.iter_mut() {
+        let Span::Staged(span) = span else { continue };
+        let stream = match streams.iter().find(|(ordinal, _)| *ordinal == span.ordinal) {
+            Some((_, stream)) => Arc::clone(stream),
+            None => {
+                let stream = staging_stream(span.ordinal)?;
+                streams.push((span.ordinal, Arc::clone(&stream)));
+                stream
+            }
+        };
+        span.queue(way, &stream)?;
+    }
+    for (_, stream) in streams {
+        Poller::global().wait(Event::record(&stream)?).await?;
+    }
+    Ok(())
 }
 
 impl Drop for StagedSpan {
@@ -147,8 +164,8 @@ impl Drop for StagedSpan {
 
 /// Pinned buffers come in powers of two from this size up.
 const SMALLEST: usize = 64 << 10;
-/// Buffers of one size kept for reuse; more are freed.
-const KEPT_PER_SIZE: usize = 16;
+/// Bytes of buffers of one size kept for reuse; more are freed.
+const KEPT_PER_SIZE: usize = 64 << 20;
 
 fn pool() -> &'static Mutex<HashMap<usize, Vec<PinnedBuffer>>> {
     static POOL: OnceLock<Mutex<HashMap<usize, Vec<PinnedBuffer>>>> = OnceLock::new();
@@ -171,7 +188,7 @@ fn staging_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
 fn give_back(buffer: PinnedBuffer) {
     let mut pool = pool().lock().unwrap_or_else(|poison| poison.into_inner());
     let kept = pool.entry(buffer.len()).or_default();
-    if kept.len() < KEPT_PER_SIZE {
+    if (kept.len() + 1) * buffer.len() <= KEPT_PER_SIZE {
         kept.push(buffer);
     }
 }

@@ -180,13 +180,6 @@ async fn write_frame(
     Ok(())
 }
 
-async fn load_all(data: &mut [Span]) -> Result<(), crate::cuda::CudaError> {
-    for span in data {
-        span.load().await?;
-    }
-    Ok(())
-}
-
 async fn write_loop(
     mut writer: OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
@@ -211,7 +204,7 @@ async fn write_loop(
         } = frame;
         // GPU memory is copied into its staging buffers first; this connection waits for
         // the copy while the others keep their sockets busy.
-        if let Err(error) = load_all(&mut data).await {
+        if let Err(error) = Span::load_all(&mut data).await {
             ticket.complete(Err(error.into()));
             continue;
         }
@@ -326,7 +319,9 @@ async fn read_response(
                 .await
                 .map_err(timed)??;
             // GPU memory: the bytes count as arrived once they are in the region.
-            let stored = span.store().await.map_err(Error::from);
+            let stored = Span::store_all(std::slice::from_mut(&mut span))
+                .await
+                .map_err(Error::from);
             ticket.complete(stored);
         }
         other => {

@@ -173,7 +173,9 @@ impl Session {
         match self.span(addr, len) {
             Some(mut span) => {
                 self.reader.read_exact(span.receive_into()?).await?;
-                let stored = span.store().await.map_err(|error| error.to_string());
+                let stored = Span::store_all(std::slice::from_mut(&mut span))
+                    .await
+                    .map_err(|error| error.to_string());
                 drop(span);
                 self.ack(header.id, stored).await?;
             }
@@ -219,13 +221,9 @@ impl Session {
         for span in &mut spans {
             self.reader.read_exact(span.receive_into()?).await?;
         }
-        let mut stored = Ok(());
-        for span in &mut spans {
-            if let Err(error) = span.store().await {
-                stored = Err(error.to_string());
-                break;
-            }
-        }
+        let stored = Span::store_all(&mut spans)
+            .await
+            .map_err(|error| error.to_string());
         drop(spans);
         self.ack(header.id, stored).await?;
         Ok(())
@@ -243,7 +241,7 @@ impl Session {
             .into());
         }
         match self.span(addr, u64::from(len)) {
-            Some(mut span) => match span.load().await {
+            Some(mut span) => match Span::load_all(std::slice::from_mut(&mut span)).await {
                 Ok(()) => {
                     self.respond(Kind::ReadData, header.id, span.as_slice())
                         .await?
