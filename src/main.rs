@@ -52,10 +52,7 @@ enum Command {
         /// Bytes one warp of the copy kernel copies at a time, at most.
         #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_chunk_bytes)]
         kernel_chunk_bytes: u64,
-        /// Percent of the bytes of mid-sized copies (512 KiB to 16 MiB) the copy engines take
-        /// beside the kernel under the auto path.
-        #[arg(long, default_value_t = ferry::NvlinkConfig::default().copy_engine_share)]
-        copy_engine_share: u32,
+
         /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
         #[arg(long, default_value = "auto", value_delimiter = ',')]
         paths: Vec<ferry::CopyPath>,
@@ -130,7 +127,6 @@ fn main() -> ExitCode {
             streams,
             kernel_blocks_per_sm,
             kernel_chunk_bytes,
-            copy_engine_share,
             paths,
             tcp,
             direction,
@@ -147,7 +143,6 @@ fn main() -> ExitCode {
                     streams,
                     kernel_blocks_per_sm,
                     kernel_chunk_bytes,
-                    copy_engine_share,
                     paths,
                     tcp,
                     direction,

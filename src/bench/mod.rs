@@ -31,7 +31,7 @@ pub(crate) struct Options {
     pub(crate) streams: usize,
     pub(crate) kernel_blocks_per_sm: u32,
     pub(crate) kernel_chunk_bytes: u64,
-    pub(crate) copy_engine_share: u32,
+
     pub(crate) paths: Vec<CopyPath>,
     /// Move GPU memory over TCP (staged through pinned buffers) instead of NVLink.
     pub(crate) tcp: bool,
@@ -231,7 +231,6 @@ impl Side {
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
-                copy_engine_share: options.copy_engine_share,
             })
             .build_blocking()?;
         let gpu = options.prefill_gpu;

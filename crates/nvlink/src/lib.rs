@@ -20,5 +20,5 @@ mod plan;
 mod transport;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
-pub use plan::{CopyPath, ENGINE_FROM, SHARE_FROM};
+pub use plan::{CopyPath, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

@@ -333,29 +333,9 @@ impl NvlinkLink {
         Ok(())
     }
 
-    /// Under [`CopyPath::Auto`], splits a block copy whose blocks are sized for sharing into
-    /// the part for the kernel and the part for the copy engines (its last blocks).
-    fn share_blocks(&self, blocks: BlockOps) -> (BlockOps, Option<BlockOps>) {
-        let share = u64::from(self.config.copy_engine_share.min(100));
-        let count = blocks.local_ids.len() as u64;
-        let to_engines = (count * share / 100) as usize;
-        let sized = blocks.len >= plan::SHARE_FROM && blocks.len < plan::ENGINE_FROM;
-        if self.config.copy_path != CopyPath::Auto || !sized || to_engines == 0 {
-            return (blocks, None);
-        }
-        let keep = blocks.local_ids.len() - to_engines;
-        let mut engines = blocks.clone();
-        engines.local_ids = blocks.local_ids[keep..].into();
-        engines.remote_ids = blocks.remote_ids[keep..].into();
-        let mut kernel = blocks;
-        kernel.local_ids = kernel.local_ids[..keep].into();
-        kernel.remote_ids = kernel.remote_ids[..keep].into();
-        (kernel, Some(engines))
-    }
-
     /// Queues `copies` on `lane` and returns the events that fire once they are done.
     fn launch(&self, lane: &GpuLane, copies: &[Copy], path: CopyPath) -> Result<Vec<Event>> {
-        let route = plan::route(copies, path, self.config.copy_engine_share);
+        let route = plan::route(copies, path);
         let mut used = vec![false; lane.streams.len()];
         if !route.kernel.is_empty() {
             let kernels = lane
@@ -412,31 +392,14 @@ impl Link for NvlinkLink {
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
-        let (kernel, engines) = self.share_blocks(blocks);
-        let engines = async {
-            match engines {
-                Some(blocks) => {
-                    self.transfer_on(blocks.into_ops(), CopyPath::CopyEngine)
-                        .await
-                }
-                None => Ok(()),
+        match self.launch_blocks(&blocks)? {
+            Some(event) => {
+                Poller::global().wait(event).await?;
+                drop(blocks);
+                Ok(())
             }
-        };
-        let kernel = async {
-            match self.launch_blocks(&kernel)? {
-                Some(event) => {
-                    Poller::global().wait(event).await?;
-                    drop(kernel);
-                    Ok(())
-                }
-                None => {
-                    self.transfer_on(kernel.into_ops(), self.config.copy_path)
-                        .await
-                }
-            }
-        };
-        futures::future::try_join(kernel, engines).await?;
-        Ok(())
+            None => self.transfer(blocks.into_ops()).await,
+        }
     }
 
     async fn write_value(

@@ -64,29 +64,13 @@ pub(crate) struct Route {
     pub(crate) copy_engine: Vec<usize>,
 }
 
-/// Under [`CopyPath::Auto`], copies from this long up to [`ENGINE_FROM`] are shared between
-/// the kernel and the copy engines (see [`crate::NvlinkConfig::copy_engine_share`]): each
-/// alone leaves part of the link idle at this size, together they fill it.
-pub const SHARE_FROM: u64 = 512 << 10;
-
-/// Splits `copies` between the kernel and the copy engines as `path` says; under `Auto`,
-/// about `engine_share` percent of the bytes of copies sized for sharing go to the engines.
-pub(crate) fn route(copies: &[Copy], path: CopyPath, engine_share: u32) -> Route {
+/// Splits `copies` between the kernel and the copy engines as `path` says.
+pub(crate) fn route(copies: &[Copy], path: CopyPath) -> Route {
     let mut route = Route::default();
-    let (mut shared, mut to_engines) = (0u64, 0u64);
     for (index, copy) in copies.iter().enumerate() {
         let kernel = copy.kernel_reaches
             && match path {
-                CopyPath::Auto if copy.len >= ENGINE_FROM => false,
-                CopyPath::Auto if copy.len >= SHARE_FROM && engine_share > 0 => {
-                    shared += copy.len;
-                    let behind = to_engines * 100 < shared * u64::from(engine_share.min(100));
-                    if behind {
-                        to_engines += copy.len;
-                    }
-                    !behind
-                }
-                CopyPath::Auto => true,
+                CopyPath::Auto => copy.len < ENGINE_FROM,
                 CopyPath::CopyEngine => false,
                 CopyPath::Kernel => true,
             };
@@ -202,39 +186,23 @@ mod tests {
             copy(1 << 20, true),
         ];
         assert_eq!(
-            route(&copies, CopyPath::Auto, 0),
+            route(&copies, CopyPath::Auto),
             Route {
                 kernel: vec![0, 3],
                 copy_engine: vec![1, 2],
             }
         );
         assert_eq!(
-            route(&copies, CopyPath::CopyEngine, 0).kernel,
+            route(&copies, CopyPath::CopyEngine).kernel,
             Vec::<usize>::new()
         );
         assert_eq!(
-            route(&copies, CopyPath::Kernel, 30),
+            route(&copies, CopyPath::Kernel),
             Route {
                 kernel: vec![0, 1, 3],
                 copy_engine: vec![2],
             }
         );
-    }
-
-    #[test]
-    fn auto_shares_mid_sized_copies_with_the_engines_by_bytes() {
-        let copies = vec![copy(1 << 20, true); 100];
-        let route = route(&copies, CopyPath::Auto, 30);
-        assert_eq!(route.copy_engine.len(), 30);
-        assert_eq!(route.kernel.len(), 70);
-        // Spread through the batch, not bunched at one end.
-        assert!(route.copy_engine[..3].contains(&0));
-        assert!(route.copy_engine.iter().any(|&index| index > 90));
-        // Small copies are never shared.
-        let small = vec![copy(64 << 10, true); 10];
-        assert!(super::route(&small, CopyPath::Auto, 30)
-            .copy_engine
-            .is_empty());
     }
 
     #[test]

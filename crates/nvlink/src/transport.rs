@@ -22,10 +22,6 @@ pub struct NvlinkConfig {
     /// The copy kernel's unit of work: one warp copies at most this many bytes at a time, so
     /// long copies are shared out among warps.
     pub kernel_chunk_bytes: u64,
-    /// Under [`CopyPath::Auto`], the percentage of the bytes of copies from
-    /// [`crate::SHARE_FROM`] up to [`crate::ENGINE_FROM`] long that go to the copy engines
-    /// while the kernel moves the rest; 0 leaves them all to the kernel.
-    pub copy_engine_share: u32,
 }
 
 impl Default for NvlinkConfig {
@@ -35,7 +31,6 @@ impl Default for NvlinkConfig {
             copy_path: CopyPath::Auto,
             kernel_blocks_per_sm: 2,
             kernel_chunk_bytes: 64 << 10,
-            copy_engine_share: 30,
         }
     }
 }
