@@ -47,7 +47,7 @@ step pd_demo timeout 180 "$here/pd_demo"
 step "pd_demo split CUDA_VISIBLE_DEVICES" timeout 180 "$here/pd_demo" --split-visible-devices --requests 1
 step "pd_demo entries" timeout 180 "$here/pd_demo" --entries
 step "pd_demo host memory" timeout 180 "$here/pd_demo" --host --requests 1
-step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine \
+step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
   --json "$logs/bench.json" --plot "$logs/bench.svg"
 step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
   --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write

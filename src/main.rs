@@ -53,7 +53,7 @@ enum Command {
         #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_chunk_bytes)]
         kernel_chunk_bytes: u64,
 
-        /// Copy paths, comma-separated: auto, kernel, copy-engine (one row each).
+        /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
         #[arg(long, default_value = "auto", value_delimiter = ',')]
         paths: Vec<ferry::CopyPath>,
         /// Move the GPU memory over TCP, staged through pinned host buffers, instead of NVLink
@@ -66,7 +66,7 @@ enum Command {
         /// Also write the rows as JSON to this file.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
-        /// Also sweep block sizes for the kernel and copy-engine paths and draw bandwidth
+        /// Also sweep block sizes for the kernel, copy-engine and batched paths and draw bandwidth
         /// against block size, with the baseline as a line, into this SVG file.
         #[arg(long)]
         plot: Option<std::path::PathBuf>,

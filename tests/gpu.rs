@@ -416,6 +416,7 @@ fn every_copy_path_moves_unaligned_entries_and_touches_nothing_else() {
     for path in [
         ferry::CopyPath::Kernel,
         ferry::CopyPath::CopyEngine,
+        ferry::CopyPath::Batched,
         ferry::CopyPath::Auto,
     ] {
         let engine = engine_with(path);

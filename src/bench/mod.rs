@@ -75,7 +75,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .max()
         .unwrap_or(0)
         .max(1);
-    let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine];
+    let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine, CopyPath::Batched];
     let total = shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len();
     let progress = ProgressBar::new(total as u64 + 1).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")

@@ -3,7 +3,7 @@ use crate::import::PeerMapping;
 use crate::kernels::{CopyKernels, THREADS_PER_BLOCK};
 use crate::plan::{self, Copy, CopyPath};
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{Context, DeviceInfo, Event, Kernel, KernelArg, Poller, Stream};
+use ferry_core::cuda::{Context, DeviceInfo, Driver, Event, Kernel, KernelArg, Poller, Stream};
 use ferry_core::{
     BlockOps, BufferDescriptor, Direction, Error, Export, Link, Location, Result, TransferOp,
 };
@@ -138,6 +138,11 @@ impl NvlinkLink {
         enabled
     }
 
+    fn host_len(&self, len: u64) -> Result<usize> {
+        usize::try_from(len)
+            .map_err(|_| self.refused("an op is longer than this machine's address space"))
+    }
+
     fn refused(&self, reason: &str) -> Error {
         Error::Unavailable {
             local: "GPU memory".into(),
@@ -228,7 +233,7 @@ impl NvlinkLink {
     /// reach).
     fn launch_blocks(&self, blocks: &BlockOps) -> Result<Option<Event>> {
         let wanted = match self.config.copy_path {
-            CopyPath::CopyEngine => false,
+            CopyPath::CopyEngine | CopyPath::Batched => false,
             CopyPath::Kernel => true,
             CopyPath::Auto => blocks.len < plan::ENGINE_FROM,
         };
@@ -362,11 +367,31 @@ impl NvlinkLink {
         } else {
             0..lane.streams.len()
         };
-        for (turn, &index) in route.copy_engine.iter().enumerate() {
+        let batched = path == CopyPath::Batched && Driver::get().has_batched_copies();
+        if batched && !route.copy_engine.is_empty() {
+            // One call per stream, each with an even share of the copies.
+            let share = route.copy_engine.len().div_ceil(engine_streams.len());
+            for (turn, indices) in route.copy_engine.chunks(share).enumerate() {
+                let stream = engine_streams.start + turn;
+                let mut dsts = Vec::with_capacity(indices.len());
+                let mut srcs = Vec::with_capacity(indices.len());
+                let mut sizes = Vec::with_capacity(indices.len());
+                for &index in indices {
+                    let copy = &copies[index];
+                    dsts.push(copy.dst);
+                    srcs.push(copy.src);
+                    sizes.push(self.host_len(copy.len)?);
+                }
+                // SAFETY: as for the single copies below, for every copy of the list.
+                unsafe { lane.streams[stream].copy_batch(&dsts, &srcs, &sizes)? };
+                used[stream] = true;
+            }
+        }
+        let singles: &[usize] = if batched { &[] } else { &route.copy_engine };
+        for (turn, &index) in singles.iter().enumerate() {
             let stream = engine_streams.start + turn % engine_streams.len();
             let copy = &copies[index];
-            let len = usize::try_from(copy.len)
-                .map_err(|_| self.refused("an op is longer than this machine's address space"))?;
+            let len = self.host_len(copy.len)?;
             // SAFETY: the engine checked the local range against a live registration (the
             // op's RegionUse keeps it registered until the ops drop, after the events below
             // fired) and the remote range against the peer's registered buffer, which the

@@ -8,8 +8,11 @@ pub enum CopyPath {
     /// everything smaller in one gather/scatter kernel launch per GPU.
     #[default]
     Auto,
-    /// Every copy on the copy engines.
+    /// Every copy on the copy engines, one `cuMemcpyAsync` each.
     CopyEngine,
+    /// Every copy on the copy engines, handed over with one `cuMemcpyBatchAsync` per stream
+    /// (drivers from CUDA 13.0; older ones get one call per copy).
+    Batched,
     /// Every copy the kernel can reach in the kernel; the rest on the copy engines.
     Kernel,
 }
@@ -21,9 +24,10 @@ impl std::str::FromStr for CopyPath {
         match text {
             "auto" => Ok(CopyPath::Auto),
             "copy-engine" | "ce" => Ok(CopyPath::CopyEngine),
+            "batched" => Ok(CopyPath::Batched),
             "kernel" => Ok(CopyPath::Kernel),
             other => Err(format!(
-                "unknown copy path {other:?}; use auto, copy-engine or kernel"
+                "unknown copy path {other:?}; use auto, kernel, copy-engine or batched"
             )),
         }
     }
@@ -34,6 +38,7 @@ impl std::fmt::Display for CopyPath {
         f.write_str(match self {
             CopyPath::Auto => "auto",
             CopyPath::CopyEngine => "copy-engine",
+            CopyPath::Batched => "batched",
             CopyPath::Kernel => "kernel",
         })
     }
@@ -71,7 +76,7 @@ pub(crate) fn route(copies: &[Copy], path: CopyPath) -> Route {
         let kernel = copy.kernel_reaches
             && match path {
                 CopyPath::Auto => copy.len < ENGINE_FROM,
-                CopyPath::CopyEngine => false,
+                CopyPath::CopyEngine | CopyPath::Batched => false,
                 CopyPath::Kernel => true,
             };
         if kernel {
@@ -257,7 +262,12 @@ mod tests {
 
     #[test]
     fn copy_paths_parse_and_print() {
-        for path in [CopyPath::Auto, CopyPath::CopyEngine, CopyPath::Kernel] {
+        for path in [
+            CopyPath::Auto,
+            CopyPath::CopyEngine,
+            CopyPath::Batched,
+            CopyPath::Kernel,
+        ] {
             assert_eq!(path.to_string().parse::<CopyPath>(), Ok(path));
         }
         assert!("dma".parse::<CopyPath>().is_err());

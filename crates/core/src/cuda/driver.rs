@@ -49,6 +49,28 @@ impl Driver {
         &self.status
     }
 
+    /// The CUDA version the driver implements, as `1000 * major + 10 * minor` (13000 for
+    /// CUDA 13.0); 0 without a usable driver.
+    pub fn version(&self) -> u32 {
+        if !self.is_ready() {
+            return 0;
+        }
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: the driver is initialised (is_ready) and `version` is a valid place.
+        let outcome = CudaError::check("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut version)
+        });
+        match outcome {
+            Ok(()) => u32::try_from(version).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether `cuMemcpyBatchAsync` (its CUDA 13 form) can be called: drivers from 13.0 on.
+    pub fn has_batched_copies(&self) -> bool {
+        self.version() >= 13000
+    }
+
     /// True when the driver initialised, so pointer queries and GPU transports can be used.
     pub fn is_ready(&self) -> bool {
         matches!(self.status, DriverStatus::Ready { .. })

@@ -45,6 +45,71 @@ impl Stream {
         })
     }
 
+    /// Queues `dsts.len()` copies (`sizes[i]` bytes from `srcs[i]` to `dsts[i]`) with one
+    /// `cuMemcpyBatchAsync` call, ordered after earlier work on this stream.
+    ///
+    /// # Safety
+    /// As [`Stream::copy`] for every copy; the three slices must have the same length.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_NOT_SUPPORTED` without a CUDA 13 driver
+    /// ([`super::Driver::has_batched_copies`]), else the driver's error.
+    pub unsafe fn copy_batch(
+        &self,
+        dsts: &[u64],
+        srcs: &[u64],
+        sizes: &[usize],
+    ) -> Result<(), CudaError> {
+        if dsts.len() != srcs.len() || dsts.len() != sizes.len() {
+            return Err(CudaError {
+                call: "Stream::copy_batch",
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE: the address and size lists differ in length"
+                    .into(),
+            });
+        }
+        if dsts.is_empty() {
+            return Ok(());
+        }
+        if !super::Driver::get().has_batched_copies() {
+            return Err(CudaError {
+                call: "cuMemcpyBatchAsync_v2",
+                code: 801,
+                name: "CUDA_ERROR_NOT_SUPPORTED: batched copies need a CUDA 13 driver".into(),
+            });
+        }
+        self.context.bind()?;
+        let nowhere = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
+            id: 0,
+        };
+        let mut attributes = sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: nowhere,
+            dstLocHint: nowhere,
+            flags: 0,
+        };
+        let mut first = 0usize;
+        // The driver takes mutable pointers but only reads the lists: copies keep the
+        // caller's slices untouched.
+        let (mut dsts, mut srcs, mut sizes) = (dsts.to_vec(), srcs.to_vec(), sizes.to_vec());
+        // SAFETY: the three lists hold `count` entries each (checked above) and outlive the
+        // call; one attribute applies from copy 0; the driver has the entry point (version
+        // checked above); the caller guarantees every range (see Stream::copy).
+        CudaError::check("cuMemcpyBatchAsync_v2", unsafe {
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                dsts.len(),
+                &mut attributes,
+                &mut first,
+                1,
+                self.raw,
+            )
+        })
+    }
+
     /// Queues a copy of the first `len` bytes of `src` into `dst`, on any two GPUs.
     ///
     /// Safe because both are whole allocations owned by their buffers, and freeing one
