@@ -11,6 +11,13 @@ pub unsafe fn upload(context: &Context, dst: u64, bytes: &[u8]) -> Result<(), Cu
     // SAFETY: the caller guarantees the destination (1); `bytes` is readable.
     CudaError::check("cuMemcpyHtoD_v2", unsafe {
         sys::cuMemcpyHtoD_v2(dst, bytes.as_ptr().cast(), bytes.len())
+    })?;
+    // From pageable memory the call returns once the bytes are staged, while the DMA into the
+    // GPU may still run on the legacy stream; a later copy on another stream could then be
+    // overwritten by it. Waiting for the legacy stream makes the upload complete on return.
+    // SAFETY: the null stream is the context's legacy default stream.
+    CudaError::check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
     })
 }
 
