@@ -4,7 +4,8 @@
 Needs only NVRTC: `pip install nvidia-cuda-nvrtc-cu12` (CUDA 12.x emits PTX that every driver
 from 12.x on, including the CUDA 13 drivers, can load). Run from anywhere:
 
-    python3 scripts/gen-ptx.py
+    python3 scripts/gen-ptx.py           # rewrite copy.ptx
+    python3 scripts/gen-ptx.py --check   # fail if copy.ptx is not what copy.cu compiles to
 """
 import ctypes
 import glob
@@ -65,8 +66,15 @@ def main():
     check(nvrtc, nvrtc.nvrtcGetPTX(program, ptx), "nvrtcGetPTX")
     nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
     header = "// Generated from copy.cu by scripts/gen-ptx.py; do not edit.\n"
+    text = header + ptx.value.decode()
+    if "--check" in sys.argv[1:]:
+        with open(OUTPUT) as handle:
+            if handle.read() != text:
+                sys.exit(f"{OUTPUT} is stale: run python3 scripts/gen-ptx.py and commit it")
+        print(f"{OUTPUT} matches copy.cu")
+        return
     with open(OUTPUT, "w") as handle:
-        handle.write(header + ptx.value.decode())
+        handle.write(text)
     print(f"wrote {OUTPUT} ({size.value} bytes)")
 
 

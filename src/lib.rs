@@ -47,7 +47,7 @@
 mod engine;
 
 pub use engine::{Engine, EngineBuilder};
-pub use ferry_nvlink::{CopyPath, NvlinkConfig, ENGINE_FROM, MNNVL, NVLINK};
+pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL, NVLINK};
 
 pub use ferry_core::{
     cuda, wire, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,

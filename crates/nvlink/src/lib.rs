@@ -1,11 +1,21 @@
 //! ferry-nvlink: moves GPU memory between processes of one host over NVLink (or PCIe where the
 //! GPUs have no NVLink), with the copy engines of the initiator's GPU.
 //!
-//! A peer's `cudaMalloc` buffers arrive in its descriptor with a CUDA IPC handle; the first
-//! transfer to a buffer maps its allocation into this process (cached until the link drops),
-//! and every op becomes one `cuMemcpyAsync` on one of a few streams of the local GPU. An event
-//! recorded after the copies completes the transfer through ferry-core's event poller, so no
-//! thread waits on the GPU.
+//! A peer's `cudaMalloc` buffers arrive in its descriptor with a CUDA IPC handle (VMM buffers
+//! with POSIX fds fetched over a Unix socket); the first transfer to a buffer maps its
+//! allocation into this process (cached until the link drops). Each transfer then takes one of
+//! three copy paths ([`CopyPath`], chosen per copy from measured crossovers, see
+//! `docs/copy-paths.md`):
+//!
+//! - the gather/scatter kernel of `kernels/copy.cu` (PTX committed beside it): one launch per
+//!   GPU for any number of small copies, warps copying 16-byte vectors straight into the
+//!   peer's memory through the P2P mapping; paged block copies compute their addresses on the
+//!   GPU from the block ids;
+//! - `cuMemcpyBatchAsync`, one call per stream, for large copies on CUDA 13 drivers;
+//! - one `cuMemcpyAsync` per copy otherwise.
+//!
+//! An event recorded after the work completes the transfer through ferry-core's event poller,
+//! so no thread waits on the GPU.
 //!
 //! The `mnnvl` transport ([`MnnvlTransport`]) reuses the same link for VMM memory shared by
 //! FABRIC handles across the nodes of a multi-node NVLink domain. It has not run on GB200
@@ -20,5 +30,5 @@ mod plan;
 mod transport;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
-pub use plan::{CopyPath, ENGINE_FROM};
+pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

@@ -235,7 +235,7 @@ impl NvlinkLink {
         let wanted = match self.config.copy_path {
             CopyPath::CopyEngine | CopyPath::Batched => false,
             CopyPath::Kernel => true,
-            CopyPath::Auto => blocks.len < plan::ENGINE_FROM,
+            CopyPath::Auto => blocks.len < plan::engines_from(Driver::get().has_batched_copies()),
         };
         let Some(first) = blocks.pools.first() else {
             return Ok(None);
@@ -340,7 +340,8 @@ impl NvlinkLink {
 
     /// Queues `copies` on `lane` and returns the events that fire once they are done.
     fn launch(&self, lane: &GpuLane, copies: &[Copy], path: CopyPath) -> Result<Vec<Event>> {
-        let route = plan::route(copies, path);
+        let batched_copies = Driver::get().has_batched_copies();
+        let route = plan::route(copies, path, batched_copies);
         let mut used = vec![false; lane.streams.len()];
         if !route.kernel.is_empty() {
             let kernels = lane
@@ -367,7 +368,7 @@ impl NvlinkLink {
         } else {
             0..lane.streams.len()
         };
-        let batched = path == CopyPath::Batched && Driver::get().has_batched_copies();
+        let batched = matches!(path, CopyPath::Batched | CopyPath::Auto) && batched_copies;
         if batched && !route.copy_engine.is_empty() {
             // One call per stream, each with an even share of the copies.
             let share = route.copy_engine.len().div_ceil(engine_streams.len());
