@@ -47,13 +47,14 @@ impl std::fmt::Display for CopyPath {
 
 /// Under [`CopyPath::Auto`] with batched copies, copies at least this long go to the copy
 /// engines. Measured on two H200s (NV18), scattered blocks, 256 MiB a point, as a fraction of
-/// the same-run `peer_copy`: kernel 0.886 / batched 0.893 at 1 MiB, 0.881 / 0.932 at 4 MiB,
-/// 0.879 / 0.947 at 16 MiB; below 1 MiB the kernel wins by far (0.877 / 0.747 at 256 KiB).
+/// the same-run `peer_copy` (kernel / batched): 0.880 / 0.882 at 1 MiB, 0.867 / 0.927 at
+/// 4 MiB, 0.876 / 0.939 at 16 MiB; below 1 MiB the kernel wins by far (0.874 / 0.745 at
+/// 256 KiB). `docs/copy-paths.md` has the whole sweep.
 pub const BATCHED_FROM: u64 = 2 << 20;
 
 /// Under [`CopyPath::Auto`] without batched copies, copies at least this long go to the copy
-/// engines, one `cuMemcpyAsync` each: measured 0.894 at 16 MiB against the kernel's 0.879,
-/// 0.773 / 0.881 at 4 MiB.
+/// engines, one `cuMemcpyAsync` each: measured 0.887 at 16 MiB against the kernel's 0.876,
+/// 0.769 against 0.867 at 4 MiB.
 pub const ENGINE_FROM: u64 = 16 << 20;
 
 /// Where the copy engines take over from the kernel under [`CopyPath::Auto`].
