@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_bytes_eq, engine, pattern, Pair};
 use ferry::metadata::MemoryStore;
-use ferry::Engine;
+use ferry::{Engine, Error};
 use std::time::Duration;
 
 #[tokio::test]
@@ -132,6 +132,38 @@ async fn standalone_notifications_keep_their_order() {
 }
 
 #[tokio::test]
+async fn a_polling_receiver_sees_nothing_then_the_notification_then_the_end() {
+    let decode = engine().await;
+    let mut inbox = decode.notifications().unwrap();
+    assert!(matches!(inbox.try_recv(), Ok(None)));
+    let prefill = engine().await;
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    prefill.notify(&peer, "polled").await.unwrap();
+    let note = inbox
+        .try_recv()
+        .unwrap()
+        .expect("delivered before notify returned");
+    assert_eq!(note.payload, b"polled");
+    drop(decode);
+    let mut ended = false;
+    for _ in 0..200 {
+        match inbox.try_recv() {
+            Err(Error::Shutdown { .. }) => {
+                ended = true;
+                break;
+            }
+            Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Ok(Some(note)) => panic!("no more notifications were sent, got {note:?}"),
+            Err(other) => panic!("expected the end of the stream, got {other}"),
+        }
+    }
+    assert!(
+        ended,
+        "the stream did not end within 2 s of dropping the engine"
+    );
+}
+
+#[tokio::test]
 async fn memory_registered_after_connect_is_found_by_refetching() {
     let pair = Pair::new(4096, 4096).await;
     pair.source.write_at(0, &pattern(9, 4096)).unwrap();
@@ -215,7 +247,7 @@ fn blocking_callers_need_no_runtime() {
     assert_eq!(note.unwrap().payload, b"second");
     let nothing = inbox.recv_timeout_blocking(Duration::from_millis(50));
     assert!(
-        matches!(nothing, Err(ferry::Error::Timeout { .. })),
+        matches!(nothing, Err(Error::Timeout { .. })),
         "{nothing:?}"
     );
     let mut landed = vec![0u8; 1 << 20];

@@ -30,6 +30,9 @@ pub struct Notifications {
     pub(crate) handle: tokio::runtime::Handle,
 }
 
+/// How long a blocking receive watches for a notification before it sleeps.
+const WATCH: Duration = Duration::from_millis(1);
+
 impl Notifications {
     /// Waits for the next notification; `None` once the engine is gone.
     ///
@@ -39,10 +42,45 @@ impl Notifications {
         self.receiver.recv().await
     }
 
+    /// The next notification if one is waiting, without waiting: for a scheduler loop that
+    /// polls. `Ok(None)` when none is waiting.
+    ///
+    /// # Errors
+    /// [`Error::Shutdown`] once the engine is gone and every notification was read.
+    pub fn try_recv(&mut self) -> Result<Option<Notification>> {
+        match self.receiver.try_recv() {
+            Ok(note) => Ok(Some(note)),
+            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::error::TryRecvError::Disconnected) => Err(Error::Shutdown {
+                what: "the engine's notification stream".into(),
+            }),
+        }
+    }
+
     /// Blocks the calling thread until the next notification arrives; for callers without an
     /// async runtime. Never call it from inside one.
+    ///
+    /// The thread watches for a notification for up to a millisecond before it sleeps, since
+    /// waking a sleeping thread costs more than most notifications take to arrive.
     pub fn recv_blocking(&mut self) -> Option<Notification> {
+        if let Some(note) = self.watch(WATCH) {
+            return note;
+        }
         self.receiver.blocking_recv()
+    }
+
+    /// Polls for up to `limit`: `Some(result)` when the stream answered, `None` when it
+    /// stayed empty.
+    fn watch(&mut self, limit: Duration) -> Option<Option<Notification>> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            match self.receiver.try_recv() {
+                Ok(note) => return Some(Some(note)),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
+            }
+        }
+        None
     }
 
     /// Like [`Self::recv_blocking`], but gives up after `timeout`. Never call it from inside
@@ -51,6 +89,9 @@ impl Notifications {
     /// # Errors
     /// [`Error::Timeout`] when nothing arrived in time.
     pub fn recv_timeout_blocking(&mut self, timeout: Duration) -> Result<Option<Notification>> {
+        if let Some(note) = self.watch(WATCH.min(timeout)) {
+            return Ok(note);
+        }
         let handle = self.handle.clone();
         // The timer is created inside `block_on`, where the engine's runtime is entered.
         handle
