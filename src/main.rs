@@ -254,7 +254,7 @@ fn probe() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("transports:");
-    println!("  tcp: available (host memory, any host)");
+    println!("  tcp: available (any host; GPU memory staged through pinned host buffers)");
     match gpus.is_empty() {
         true => println!("  nvlink: unavailable ({})", driver.status()),
         false => {
