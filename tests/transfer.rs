@@ -246,10 +246,7 @@ fn blocking_callers_need_no_runtime() {
         .unwrap();
     assert_eq!(note.unwrap().payload, b"second");
     let nothing = inbox.recv_timeout_blocking(Duration::from_millis(50));
-    assert!(
-        matches!(nothing, Err(Error::Timeout { .. })),
-        "{nothing:?}"
-    );
+    assert!(matches!(nothing, Err(Error::Timeout { .. })), "{nothing:?}");
     let mut landed = vec![0u8; 1 << 20];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(11, 1 << 20), "blocking write");

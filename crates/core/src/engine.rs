@@ -35,6 +35,7 @@ pub struct EngineBuilder {
     inbox_capacity: usize,
     metadata: Option<Arc<dyn MetadataStore>>,
     transports: Vec<Arc<dyn Transport>>,
+    liveness_interval: Duration,
 }
 
 impl Default for EngineBuilder {
@@ -49,6 +50,7 @@ impl Default for EngineBuilder {
             inbox_capacity: 4096,
             metadata: None,
             transports: Vec::new(),
+            liveness_interval: Duration::from_secs(2),
         }
     }
 }
@@ -92,6 +94,15 @@ impl EngineBuilder {
     /// Threads of the engine's own I/O runtime (2 by default).
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.worker_threads = threads.max(1);
+        self
+    }
+
+    /// How often the open peers are looked up again (2 s by default): a peer that vanished
+    /// from the metadata store (or whose listener stopped answering) or that came back as a
+    /// new process has its links and GPU mappings closed, transfers in flight to it fail with
+    /// [`Error::PeerGone`], and the next `connect` opens it afresh.
+    pub fn liveness_interval(mut self, interval: Duration) -> Self {
+        self.liveness_interval = interval.max(Duration::from_millis(10));
         self
     }
 
@@ -224,6 +235,7 @@ impl EngineBuilder {
         let publisher = Arc::clone(&inner);
         let published = runtime.spawn(async move { publisher.publish().await });
         runtime.spawn(republish_on_change(Arc::downgrade(&inner)));
+        runtime.spawn(watch_peers(Arc::downgrade(&inner), self.liveness_interval));
         tracing::info!(name = %inner.name, "ferry engine listening");
         Ok((
             Engine {
@@ -247,6 +259,58 @@ async fn republish_on_change(engine: std::sync::Weak<EngineInner>) {
         };
         if let Err(error) = engine.publish().await {
             tracing::warn!(%error, "republishing the descriptor failed; peers may see stale buffers");
+        }
+    }
+}
+
+/// Looks the open peers up again every `interval` and closes those that are gone or were
+/// replaced by another process, until the engine is gone.
+async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let open: Vec<(String, Peer)> = engine
+            .peers
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .iter()
+            .map(|(name, peer)| (name.clone(), peer.clone()))
+            .collect();
+        for (name, peer) in open {
+            let why = match engine.metadata.fetch(&name).await {
+                Ok(descriptor) => {
+                    let known = peer.view();
+                    if descriptor.process == known.descriptor.process
+                        && descriptor.host == known.descriptor.host
+                    {
+                        peer.update(descriptor);
+                        continue;
+                    }
+                    format!(
+                        "it is now process {} on {}",
+                        descriptor.process, descriptor.host.hostname
+                    )
+                }
+                Err(error @ (Error::NotPublished { .. } | Error::Unreachable { .. })) => {
+                    error.to_string()
+                }
+                // The store itself is in trouble: the peer may be fine, keep it.
+                Err(error) => {
+                    tracing::debug!(peer = %name, %error, "could not look a peer up; keeping it");
+                    continue;
+                }
+            };
+            tracing::info!(peer = %name, reason = %why, "peer gone; closing its links and mappings");
+            peer.close();
+            let mut peers = engine
+                .peers
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            if peers.get(&name).is_some_and(|current| current.same(&peer)) {
+                peers.remove(&name);
+            }
         }
     }
 }

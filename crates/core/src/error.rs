@@ -78,6 +78,14 @@ pub enum Error {
         /// The peer's reason, as it sent it.
         reason: String,
     },
+    /// No live engine has published this name in the metadata store.
+    #[error("no live engine is published as {name}: {reason}")]
+    NotPublished {
+        /// The segment name asked for.
+        name: String,
+        /// Where it was looked up, and what to check.
+        reason: String,
+    },
     /// Metadata could not be stored, fetched or parsed.
     #[error("metadata for {name}: {reason}")]
     Metadata {

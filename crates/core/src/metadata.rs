@@ -20,7 +20,9 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Fetches the current descriptor of segment `name`.
     ///
     /// # Errors
-    /// [`crate::Error::Unreachable`] or [`crate::Error::Metadata`] when there is none.
+    /// [`crate::Error::NotPublished`] when no live engine holds the name (with the
+    /// peer-to-peer default: [`crate::Error::Unreachable`], nothing answers there);
+    /// [`crate::Error::Metadata`] when the store itself fails or holds a bad value.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor>;
 
     /// Removes the descriptor of `name`, if present.

@@ -140,6 +140,11 @@ impl Peer {
         Ok(link)
     }
 
+    /// Whether both handles are the same opened peer.
+    pub(crate) fn same(&self, other: &Peer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Closes every link, failing whatever is still in flight on them.
     pub(crate) fn close(&self) {
         for link in lock(&self.inner.links).values() {

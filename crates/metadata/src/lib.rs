@@ -6,6 +6,12 @@
 //! |---|---|
 //! | `p2p` (default) | [`PeerToPeer`]: no service; a segment's name is its listener's `host:port` |
 //! | `memory` | [`MemoryStore`]: one process-wide map, for tests and single-process setups |
+//! | `etcd://host:port[,host:port]/prefix[?ttl=SECONDS]` | etcd (feature `etcd`): descriptors on a lease the engine keeps alive |
+//! | `redis://host:port/db[?ttl=SECONDS]` | redis (feature `redis`): descriptors with a key expiry the engine refreshes |
+//!
+//! With etcd and redis, a descriptor disappears within the time to live (10 s by default)
+//! after its engine dies, and a name is held by one live engine at a time: a second engine
+//! publishing it gets an error naming the holder.
 //!
 //! ```
 //! let store = ferry_metadata::from_url("p2p").unwrap();
@@ -13,7 +19,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod lease;
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 pub use ferry_core::{MetadataStore, PeerToPeer};
 pub use memory::MemoryStore;
@@ -24,6 +36,14 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The URL names a known store but is malformed.
+    #[error("metadata URL {url:?} is malformed: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The URL names a store this build does not have.
     #[error("metadata URL {url:?} is not supported by this build: {reason}")]
     UnsupportedUrl {
@@ -34,19 +54,32 @@ pub enum Error {
     },
 }
 
-/// The store a URL names: `p2p` (the default) or `memory`.
+/// The store a URL names (see the table above). Network stores connect on first use, so an
+/// unreachable server shows up when the engine first publishes, with the URL in the error.
 ///
 /// # Errors
-/// [`Error::UnsupportedUrl`] for any other URL, naming what is supported.
+/// [`Error::UnsupportedUrl`] for a store this build lacks, naming what is supported;
+/// [`Error::BadUrl`] for a malformed etcd or redis URL.
 pub fn from_url(url: &str) -> Result<Arc<dyn MetadataStore>, Error> {
-    match url.trim() {
+    let url = url.trim();
+    let bad = |reason: String| Error::BadUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    match url {
         "" | "p2p" => Ok(Arc::new(PeerToPeer::default())),
         "memory" => Ok(MemoryStore::global()),
-        other => Err(Error::UnsupportedUrl {
-            url: other.to_owned(),
-            reason: "use `p2p` (peers find each other by host:port) or `memory` (one process)"
-                .into(),
-        }),
+        #[cfg(feature = "etcd")]
+        url if url.starts_with("etcd://") => Ok(Arc::new(etcd::store(url).map_err(bad)?)),
+        #[cfg(feature = "redis")]
+        url if url.starts_with("redis://") => Ok(Arc::new(redis::store(url).map_err(bad)?)),
+        other => {
+            let _ = bad;
+            Err(Error::UnsupportedUrl {
+                url: other.to_owned(),
+                reason: "use `p2p` (peers find each other by host:port), `memory` (one process), or etcd:// and redis:// in a build with the `etcd` and `redis` features".into(),
+            })
+        }
     }
 }
 

@@ -39,7 +39,7 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        self.map().get(name).cloned().ok_or_else(|| Error::Metadata {
+        self.map().get(name).cloned().ok_or_else(|| Error::NotPublished {
             name: name.to_owned(),
             reason: "no engine published this name in the in-memory store; check the name, and that both engines use the same store".into(),
         })

@@ -138,6 +138,24 @@ impl NvlinkLink {
         enabled
     }
 
+    /// The peer's mappings as they are now, so that closing the link while copies run does
+    /// not unmap memory the GPU is still writing: they are released when the copies are done.
+    fn hold_mappings(&self) -> Vec<Arc<(PeerMapping, u64)>> {
+        lock(&self.mappings).values().cloned().collect()
+    }
+
+    /// After the copies: the link must not have been closed meanwhile (the peer was found
+    /// gone, or the transfer timed out), or the bytes went to memory nobody reads.
+    fn still_alive(&self) -> Result<()> {
+        match self.alive.load(Ordering::Acquire) {
+            true => Ok(()),
+            false => Err(Error::PeerGone {
+                peer: self.peer.clone(),
+                reason: "the peer went away while the copies ran; resend once it is back".into(),
+            }),
+        }
+    }
+
     fn host_len(&self, len: u64) -> Result<usize> {
         usize::try_from(len)
             .map_err(|_| self.refused("an op is longer than this machine's address space"))
@@ -332,10 +350,11 @@ impl NvlinkLink {
             let copies = self.copies(&lane, ordinal, &gpu_ops)?;
             events.extend(self.launch(&lane, &copies, path)?);
         }
+        let held = self.hold_mappings();
         let waits = events.into_iter().map(|event| Poller::global().wait(event));
         futures::future::try_join_all(waits).await?;
-        drop(ops);
-        Ok(())
+        drop((ops, held));
+        self.still_alive()
     }
 
     /// Queues `copies` on `lane` and returns the events that fire once they are done.
@@ -420,9 +439,10 @@ impl Link for NvlinkLink {
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
         match self.launch_blocks(&blocks)? {
             Some(event) => {
+                let held = self.hold_mappings();
                 Poller::global().wait(event).await?;
-                drop(blocks);
-                Ok(())
+                drop((blocks, held));
+                self.still_alive()
             }
             None => self.transfer(blocks.into_ops()).await,
         }
@@ -447,8 +467,10 @@ impl Link for NvlinkLink {
         // buffer and is 4-byte aligned; the mapping covers it and this GPU reaches it
         // (checked above); the event below is awaited before returning.
         unsafe { stream.write_value32(addr.wrapping_add(shift), value)? };
+        let held = self.hold_mappings();
         Poller::global().wait(Event::record(stream)?).await?;
-        Ok(())
+        drop(held);
+        self.still_alive()
     }
 
     fn is_alive(&self) -> bool {

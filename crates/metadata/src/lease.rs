@@ -1,0 +1,248 @@
+//! What the etcd and redis stores share: descriptors that expire unless their engine keeps
+//! renewing them, one owner per name, and the background renewal.
+
+use async_trait::async_trait;
+use ferry_core::{Error, MetadataStore, Result, SegmentDescriptor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The store-specific half: atomic claim, read and release of one name.
+#[async_trait]
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Writes `value` under `name`, expiring after the store's time to live, unless another
+    /// owner holds the name: then nothing is written and the holder is returned.
+    async fn claim(
+        &self,
+        name: &str,
+        owner: &str,
+        value: &[u8],
+    ) -> std::result::Result<Option<String>, String>;
+
+    /// The value under `name`, if any.
+    async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, String>;
+
+    /// Deletes `name` if `owner` holds it.
+    async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String>;
+
+    /// Renews whatever expiry the store keeps apart from the values (an etcd lease).
+    async fn renew(&self) -> std::result::Result<(), String>;
+
+    /// Where the key of `name` lives, for error messages.
+    fn key(&self, name: &str) -> String;
+}
+
+/// What a store published, by name: the owner and the value, renewed until unpublished.
+type Published = Mutex<HashMap<String, (String, Vec<u8>)>>;
+
+/// A [`MetadataStore`] over a [`Backend`]: descriptors live for `ttl` unless renewed, which
+/// a background task does every third of it while this store has names published.
+pub(crate) struct LeasedStore<B: Backend> {
+    backend: Arc<B>,
+    url: String,
+    ttl: Duration,
+    published: Arc<Published>,
+    renewing: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every update is one insert or remove, so a poisoned map is still consistent.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// Who holds a name: the publishing engine's process and host.
+fn owner_of(descriptor: &SegmentDescriptor) -> String {
+    format!(
+        "the engine of process {} on host {} (boot {})",
+        descriptor.process, descriptor.host.hostname, descriptor.host.boot_id
+    )
+}
+
+impl<B: Backend> LeasedStore<B> {
+    pub(crate) fn new(backend: B, url: String, ttl: Duration) -> Self {
+        LeasedStore {
+            backend: Arc::new(backend),
+            url,
+            ttl,
+            published: Arc::default(),
+            renewing: Mutex::new(None),
+        }
+    }
+
+    fn failed(&self, name: &str, reason: String) -> Error {
+        Error::Metadata {
+            name: name.to_owned(),
+            reason: format!(
+                "{} ({reason}); check that the store is running and reachable",
+                self.url
+            ),
+        }
+    }
+
+    /// Starts the renewal task once, on the runtime the first publish runs on.
+    fn keep_renewing(&self) {
+        let mut renewing = lock(&self.renewing);
+        if renewing.is_some() {
+            return;
+        }
+        let task = tokio::spawn(renew(
+            Arc::downgrade(&self.backend),
+            Arc::downgrade(&self.published),
+            self.ttl,
+            self.url.clone(),
+        ));
+        *renewing = Some(task.abort_handle());
+    }
+}
+
+impl<B: Backend> Drop for LeasedStore<B> {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.renewing).take() {
+            task.abort();
+        }
+    }
+}
+
+/// Renews every published name every third of the time to live; backs off while the store is
+/// down and claims the names again once it is back (the entries may have expired meanwhile).
+async fn renew<B: Backend>(
+    backend: Weak<B>,
+    published: Weak<Published>,
+    ttl: Duration,
+    url: String,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(100));
+    let mut wait = period;
+    loop {
+        tokio::time::sleep(wait).await;
+        let (Some(backend), Some(published)) = (backend.upgrade(), published.upgrade()) else {
+            return;
+        };
+        let names: Vec<(String, (String, Vec<u8>))> = lock(&published)
+            .iter()
+            .map(|(name, entry)| (name.clone(), entry.clone()))
+            .collect();
+        let mut healthy = backend
+            .renew()
+            .await
+            .map_err(|error| {
+                tracing::warn!(%url, %error, "renewing the metadata lease failed; retrying");
+            })
+            .is_ok();
+        for (name, (owner, value)) in names {
+            match backend.claim(&name, &owner, &value).await {
+                Ok(None) => {}
+                Ok(Some(holder)) => {
+                    tracing::error!(%url, %name, %holder, "another engine took this segment name while the store lost ours; peers now find that engine");
+                    lock(&published).remove(&name);
+                }
+                Err(error) => {
+                    tracing::warn!(%url, %name, %error, "refreshing a published descriptor failed; retrying");
+                    healthy = false;
+                }
+            }
+        }
+        wait = match healthy {
+            true => period,
+            false => (wait * 2).min(ttl.max(period)),
+        };
+    }
+}
+
+#[async_trait]
+impl<B: Backend> MetadataStore for LeasedStore<B> {
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
+        let name = &descriptor.name;
+        let owner = owner_of(descriptor);
+        let value = descriptor.to_json();
+        match self.backend.claim(name, &owner, &value).await {
+            Ok(None) => {}
+            Ok(Some(holder)) => {
+                return Err(Error::Metadata {
+                    name: name.clone(),
+                    reason: format!(
+                        "the name is held by {holder} in {}; give this engine another name, or if that engine is gone wait up to {:?} for its entry to expire",
+                        self.url, self.ttl
+                    ),
+                })
+            }
+            Err(error) => return Err(self.failed(name, error)),
+        }
+        lock(&self.published).insert(name.clone(), (owner, value));
+        self.keep_renewing();
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        let value = self
+            .backend
+            .read(name)
+            .await
+            .map_err(|error| self.failed(name, error))?;
+        let Some(value) = value else {
+            return Err(Error::NotPublished {
+                name: name.to_owned(),
+                reason: format!(
+                    "nothing under key {} in {}: the engine is not running, its entry expired, or the name is wrong",
+                    self.backend.key(name),
+                    self.url
+                ),
+            });
+        };
+        SegmentDescriptor::from_json(name, &value).map_err(|error| Error::Metadata {
+            name: name.to_owned(),
+            reason: format!(
+                "the value under key {} is not a ferry segment descriptor of this version ({error}); remove it or use another prefix",
+                self.backend.key(name)
+            ),
+        })
+    }
+
+    async fn unpublish(&self, name: &str) -> Result<()> {
+        let entry = lock(&self.published).remove(name);
+        if let Some((owner, _)) = entry {
+            self.backend
+                .release(name, &owner)
+                .await
+                .map_err(|error| self.failed(name, error))?;
+        }
+        Ok(())
+    }
+}
+
+/// Splits `?ttl=SECONDS` off a URL: the rest and the time to live (10 s by default).
+pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), String> {
+    let Some((rest, query)) = url.split_once('?') else {
+        return Ok((url, Duration::from_secs(10)));
+    };
+    let seconds = query
+        .strip_prefix("ttl=")
+        .and_then(|value| value.parse::<u64>().ok())
+        .filter(|&seconds| seconds > 0)
+        .ok_or_else(|| {
+            format!(
+                "the only query the URL takes is ttl=SECONDS (a positive integer), not {query:?}"
+            )
+        })?;
+    Ok((rest, Duration::from_secs(seconds)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_ttl;
+    use std::time::Duration;
+
+    #[test]
+    fn the_time_to_live_comes_from_the_query() {
+        assert_eq!(
+            split_ttl("redis://h:1/0?ttl=3"),
+            Ok(("redis://h:1/0", Duration::from_secs(3)))
+        );
+        assert_eq!(
+            split_ttl("etcd://h:1/p"),
+            Ok(("etcd://h:1/p", Duration::from_secs(10)))
+        );
+        assert!(split_ttl("redis://h:1/0?ttl=0").is_err());
+        assert!(split_ttl("redis://h:1/0?lease=3").is_err());
+    }
+}
