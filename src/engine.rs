@@ -90,6 +90,15 @@ impl EngineBuilder {
         }
     }
 
+    /// How often open peers are looked up again, to close those that are gone (2 s by
+    /// default).
+    pub fn liveness_interval(self, interval: Duration) -> Self {
+        EngineBuilder {
+            core: self.core.liveness_interval(interval),
+            ..self
+        }
+    }
+
     /// Notifications kept for the reader before senders are refused (4096 by default).
     pub fn notification_capacity(self, capacity: usize) -> Self {
         EngineBuilder {

@@ -73,6 +73,9 @@ enum Command {
         /// Seed of the block ids and the data.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Metadata store URL both processes use (`p2p`, `etcd://...`, `redis://...`).
+        #[arg(long, default_value = "p2p")]
+        metadata: String,
     },
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
             json,
             plot,
             seed,
+            metadata,
         } => bench_options(&workloads, block_bytes.zip(blocks), &direction).and_then(
             |(workloads, direction)| {
                 let options = bench::Options {
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
                     json,
                     plot,
                     seed,
+                    metadata,
                 };
                 match bench::run(&options) {
                     Ok(true) => Ok(()),

@@ -17,6 +17,7 @@ impl ServeChild {
         bytes: u64,
         gpu: u32,
         echo: bool,
+        metadata: &str,
     ) -> Result<ServeChild, Box<dyn std::error::Error>> {
         let mut command = Command::new(std::env::current_exe()?);
         command.args([
@@ -25,6 +26,8 @@ impl ServeChild {
             &bytes.to_string(),
             "--gpu",
             &gpu.to_string(),
+            "--metadata",
+            metadata,
         ]);
         if echo {
             command.arg("--echo");

@@ -413,3 +413,58 @@ async fn a_peer_restarted_at_the_same_address_is_reached_again() {
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(31, 4096), "write to the restarted engine");
 }
+
+#[test]
+fn a_peer_replaced_by_a_new_process_is_closed_and_reopened_afresh() {
+    let first = ServeProcess::start(1 << 20);
+    let prefill = ferry::Engine::builder()
+        .liveness_interval(Duration::from_millis(100))
+        .transfer_timeout(Duration::from_secs(10))
+        .build_blocking()
+        .unwrap();
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(31, 1 << 20)).unwrap();
+    let old = prefill.connect_blocking(&first.name).unwrap();
+    prefill
+        .batch(&old)
+        .write(&source, 0, first.buffer_addr, 4096)
+        .submit_blocking()
+        .unwrap();
+    let name = first.name.clone();
+    drop(first); // SIGKILL
+                 // Within a few liveness rounds the engine notices the listener is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while old.is_alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!old.is_alive(), "the dead peer's links are still open");
+    // A new process under the same name is a new peer: opened afresh, with its own buffer.
+    let second = start_on(&name);
+    let fresh = prefill.connect_blocking(&name).unwrap();
+    assert_eq!(fresh.buffers()[0].addr, second.buffer_addr);
+    prefill
+        .batch(&fresh)
+        .write(&source, 0, second.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let back = prefill.allocate(1 << 20).unwrap();
+    prefill
+        .batch(&fresh)
+        .read(&back, 0, second.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0u8; 1 << 20];
+    back.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(31, 1 << 20), "bytes in the new process");
+}
+
+/// `ferry serve` listening on `address`, retrying while the old listener's port is released.
+fn start_on(address: &str) -> ServeProcess {
+    for _ in 0..50 {
+        if std::net::TcpListener::bind(address).is_ok() {
+            return ServeProcess::start_with(1 << 20, &["--listen", address], &[]);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{address} did not become free within 5 s");
+}

@@ -39,6 +39,8 @@ pub(crate) struct Options {
     pub(crate) json: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) seed: u64,
+    /// Metadata store URL of both processes.
+    pub(crate) metadata: String,
 }
 
 type BoxError = Box<dyn std::error::Error>;
@@ -86,7 +88,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         area as f64 / GIB as f64,
         options.decode_gpu
     ));
-    let decode = ServeChild::start(area, options.decode_gpu, true)?;
+    let decode = ServeChild::start(area, options.decode_gpu, true, &options.metadata)?;
     progress.set_message("peer_copy baseline");
     let baseline = peer_copy(options.prefill_gpu, options.decode_gpu, options.iterations)?;
     progress.inc(1);
@@ -224,6 +226,7 @@ impl Side {
         decode: &ServeChild,
     ) -> Result<Side, BoxError> {
         let engine = Engine::builder()
+            .metadata(ferry::metadata::from_url(&options.metadata)?)
             .gpu_links(!options.tcp)
             .transfer_timeout(Duration::from_secs(60))
             .nvlink(NvlinkConfig {

@@ -229,8 +229,115 @@ pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), Stri
 
 #[cfg(test)]
 mod tests {
-    use super::split_ttl;
-    use std::time::Duration;
+    use super::*;
+    use ferry_core::{HostIdentity, DESCRIPTOR_VERSION};
+
+    /// An in-memory backend: names with owner and value, and a switch for a corrupt value.
+    #[derive(Default)]
+    struct Fake {
+        entries: Mutex<HashMap<String, (String, Vec<u8>)>>,
+    }
+
+    #[async_trait]
+    impl Backend for Fake {
+        async fn claim(
+            &self,
+            name: &str,
+            owner: &str,
+            value: &[u8],
+        ) -> std::result::Result<Option<String>, String> {
+            let mut entries = lock(&self.entries);
+            match entries.get(name) {
+                Some((holder, _)) if holder != owner => Ok(Some(holder.clone())),
+                _ => {
+                    entries.insert(name.to_owned(), (owner.to_owned(), value.to_vec()));
+                    Ok(None)
+                }
+            }
+        }
+
+        async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, String> {
+            Ok(lock(&self.entries)
+                .get(name)
+                .map(|(_, value)| value.clone()))
+        }
+
+        async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String> {
+            let mut entries = lock(&self.entries);
+            if entries.get(name).is_some_and(|(holder, _)| holder == owner) {
+                entries.remove(name);
+            }
+            Ok(())
+        }
+
+        async fn renew(&self) -> std::result::Result<(), String> {
+            Ok(())
+        }
+
+        fn key(&self, name: &str) -> String {
+            format!("fake/{name}")
+        }
+    }
+
+    fn descriptor(name: &str, process: u32) -> SegmentDescriptor {
+        SegmentDescriptor {
+            version: DESCRIPTOR_VERSION,
+            name: name.into(),
+            host: HostIdentity::current(),
+            generation: 1,
+            process,
+            endpoints: Vec::new(),
+            gpus: Vec::new(),
+            buffers: Vec::new(),
+        }
+    }
+
+    fn store() -> LeasedStore<Fake> {
+        LeasedStore::new(Fake::default(), "fake://".into(), Duration::from_secs(5))
+    }
+
+    #[tokio::test]
+    async fn a_name_is_found_while_published_and_gone_after() {
+        let store = store();
+        store.publish(&descriptor("a:1", 10)).await.unwrap();
+        assert_eq!(store.fetch("a:1").await.unwrap().process, 10);
+        store.unpublish("a:1").await.unwrap();
+        assert!(matches!(
+            store.fetch("a:1").await,
+            Err(Error::NotPublished { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_held_name_is_refused_naming_the_holder_and_kept() {
+        let store = store();
+        store.publish(&descriptor("a:1", 10)).await.unwrap();
+        match store.publish(&descriptor("a:1", 11)).await {
+            Err(Error::Metadata { reason, .. }) => {
+                assert!(reason.contains("process 10"), "{reason}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(store.fetch("a:1").await.unwrap().process, 10);
+        // Only the holder can remove it.
+        store.unpublish("a:1").await.unwrap();
+        assert!(store.fetch("a:1").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_foreign_value_is_an_error_naming_its_key_and_others_still_resolve() {
+        let store = store();
+        store.publish(&descriptor("good:1", 10)).await.unwrap();
+        lock(&store.backend.entries).insert("bad:1".into(), ("x".into(), b"{not json".to_vec()));
+        match store.fetch("bad:1").await {
+            Err(Error::Metadata { name, reason }) => {
+                assert_eq!(name, "bad:1");
+                assert!(reason.contains("fake/bad:1"), "{reason}");
+            }
+            other => panic!("expected the bad value to be refused, got {other:?}"),
+        }
+        assert_eq!(store.fetch("good:1").await.unwrap().process, 10);
+    }
 
     #[test]
     fn the_time_to_live_comes_from_the_query() {
