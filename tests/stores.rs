@@ -52,25 +52,39 @@ fn engine_on(url: &str) -> Engine {
         .unwrap_or_else(|error| panic!("engine on {url}: {error}"))
 }
 
+/// Writes 1 MiB of `pattern(seed)` from `prefill` into `peer`'s first buffer, which is `pool`
+/// of the other engine, and checks it landed.
+fn write_and_check(
+    prefill: &Engine,
+    peer: &ferry::Peer,
+    pool: &ferry::Region,
+    seed: u64,
+    what: &str,
+) {
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(seed, 1 << 20)).unwrap();
+    prefill
+        .batch(peer)
+        .write(&source, 0, peer.buffers()[0].addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0u8; 1 << 20];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &pattern(seed, 1 << 20), what);
+}
+
 #[test]
 fn engines_find_each_other_through_the_store_and_move_bytes() {
     for url in stores() {
         let decode = engine_on(&url);
         let pool = decode.allocate(1 << 20).unwrap();
         let prefill = engine_on(&url);
-        let source = prefill.allocate(1 << 20).unwrap();
-        source.write_at(0, &pattern(51, 1 << 20)).unwrap();
         let peer = prefill.connect_blocking(decode.name()).unwrap();
-        prefill
-            .batch(&peer)
-            .write(&source, 0, peer.buffers()[0].addr, 1 << 20)
-            .submit_blocking()
-            .unwrap();
-        let mut landed = vec![0u8; 1 << 20];
-        pool.read_at(0, &mut landed).unwrap();
-        assert_bytes_eq(
-            &landed,
-            &pattern(51, 1 << 20),
+        write_and_check(
+            &prefill,
+            &peer,
+            &pool,
+            51,
             &format!("bytes found through {url}"),
         );
         // A registration made after connecting is published and found.
@@ -238,23 +252,16 @@ fn open_peers_outlive_a_store_restart_and_engines_publish_again() {
     let decode = engine_on(&url);
     let pool = decode.allocate(1 << 20).unwrap();
     let prefill = engine_on(&url);
-    let source = prefill.allocate(1 << 20).unwrap();
-    source.write_at(0, &pattern(52, 1 << 20)).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
     drop(server);
     // The store is gone: open peers keep working and are not closed as if gone.
     std::thread::sleep(Duration::from_millis(500));
     assert!(peer.is_alive(), "a store outage closed a live peer");
-    prefill
-        .batch(&peer)
-        .write(&source, 0, peer.buffers()[0].addr, 1 << 20)
-        .submit_blocking()
-        .unwrap();
-    let mut landed = vec![0u8; 1 << 20];
-    pool.read_at(0, &mut landed).unwrap();
-    assert_bytes_eq(
-        &landed,
-        &pattern(52, 1 << 20),
+    write_and_check(
+        &prefill,
+        &peer,
+        &pool,
+        52,
         "bytes moved while the store was down",
     );
     // The store comes back empty: the engines put their descriptors back in it.
