@@ -22,10 +22,10 @@ for line in sys.stdin:
   while read -r executable; do
     cp "$executable" "$out/tests/"
   done
-for binary in target/release/ferry target/release/examples/{pd_demo,decode,prefill}; do
+for binary in target/release/ferry target/release/examples/{pd_demo,decode,prefill,tp_demo}; do
   cp "$binary" "$out/"
 done
 cp scripts/gpu-run.sh "$out/"
-strip "$out"/tests/* "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill
+strip "$out"/tests/* "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill "$out"/tp_demo
 du -sh "$out"
 ls "$out" "$out/tests"

@@ -47,13 +47,16 @@ step pd_demo timeout 180 "$here/pd_demo"
 step "pd_demo split CUDA_VISIBLE_DEVICES" timeout 180 "$here/pd_demo" --split-visible-devices --requests 1
 step "pd_demo entries" timeout 180 "$here/pd_demo" --entries
 step "pd_demo host memory" timeout 180 "$here/pd_demo" --host --requests 1
+step "tp_demo prefill TP=2 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 2
+step "tp_demo prefill TP=2 -> decode TP=1" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 1
+step "tp_demo prefill TP=4 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 4 --decode-tp 2
 step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
   --json "$logs/bench.json" --plot "$logs/bench.svg"
 step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
   --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
 {
   echo
-  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|workload|contiguous|blocks-|kv-llama|small-write)" "$full"
+  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|workload|contiguous|blocks-|kv-llama|small-write|tp_demo|decode [0-9]|prefill [0-9])" "$full"
 } >>"$summary"
 cat "$summary"
 exit $status

@@ -45,6 +45,7 @@
 #![forbid(unsafe_code)]
 
 mod engine;
+pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};
 pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL, NVLINK};

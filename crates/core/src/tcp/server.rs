@@ -261,20 +261,30 @@ impl Session {
         let from = self.peer.clone().unwrap_or_default();
         // Never wait for room: this connection also carries data, which must not stall
         // behind a receiver that stopped reading. The sender learns at once instead.
-        let outcome = self
-            .context
-            .inbox
-            .try_send(Notification { from, payload })
-            .map_err(|error| match error {
-                mpsc::error::TrySendError::Full(_) => format!(
-                    "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
-                    self.context.inbox.max_capacity()
-                ),
-                mpsc::error::TrySendError::Closed(_) => {
-                    "the engine is shutting down and takes no notifications".to_owned()
-                }
-            });
-        self.ack(header.id, outcome).await?;
+        // A slot is reserved first and the notification handed over only once the ack is on
+        // the wire: a receiver that acts on it at once (and exits, say) never cuts the sender
+        // off before its ack left.
+        let context = Arc::clone(&self.context);
+        let slot = context.inbox.try_reserve().map_err(|error| match error {
+            mpsc::error::TrySendError::Full(()) => format!(
+                "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
+                context.inbox.max_capacity()
+            ),
+            mpsc::error::TrySendError::Closed(()) => {
+                "the engine is shutting down and takes no notifications".to_owned()
+            }
+        });
+        match slot {
+            Ok(slot) => {
+                let acked = match self.ack(header.id, Ok(())).await {
+                    Ok(()) => self.writer.flush().await,
+                    Err(error) => Err(error),
+                };
+                slot.send(Notification { from, payload });
+                acked?;
+            }
+            Err(reason) => self.ack(header.id, Err(reason)).await?,
+        }
         Ok(())
     }
 

@@ -1,0 +1,417 @@
+//! Tensor-parallel KV transfer between process groups: `--prefill-tp P` prefill ranks send one
+//! request's KV cache to `--decode-tp D` decode ranks, each rank its own process and engine,
+//! each prefill rank writing to every decode rank that holds some of its heads the byte slice
+//! of each block those heads occupy (one paged block copy per pair, concurrently). Every decode
+//! rank checks every head of every block it received, byte for byte.
+//!
+//! With two or more GPUs the prefill ranks share GPU 0 and the decode ranks GPU 1; with one,
+//! all share GPU 0; without, host memory over TCP.
+//!
+//! `cargo run --release --example tp_demo -- --prefill-tp 2 --decode-tp 1`
+
+// Only the block pattern, the block ids and the logging set-up of the shared module are used.
+#[allow(dead_code)]
+mod kv;
+
+use clap::{Args, Parser, Subcommand};
+use ferry::tp::HeadSplit;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(about = "Moves a TP-sharded KV cache from P prefill ranks to D decode ranks")]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    split: Split,
+    /// Keep the caches in host memory even when GPUs are present.
+    #[arg(long)]
+    host: bool,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    #[command(hide = true)]
+    Decode(RankArgs),
+    #[command(hide = true)]
+    Prefill(RankArgs),
+}
+
+/// The model and the two splits.
+#[derive(Args, Clone, Debug)]
+struct Split {
+    /// Layers; each has a K and a V tensor per rank.
+    #[arg(long, default_value_t = 80)]
+    layers: u32,
+    /// KV heads of the model.
+    #[arg(long, default_value_t = 8)]
+    heads: u32,
+    /// Bytes of one head in one block (16 tokens x 128 dim x 2 B).
+    #[arg(long, default_value_t = 4096)]
+    head_bytes: u64,
+    /// Blocks in each tensor's pool.
+    #[arg(long, default_value_t = 1024)]
+    pool_blocks: u32,
+    /// Blocks of the request in every tensor.
+    #[arg(long, default_value_t = 256)]
+    request_blocks: u32,
+    /// Prefill tensor-parallel ranks.
+    #[arg(long, default_value_t = 2)]
+    prefill_tp: u32,
+    /// Decode tensor-parallel ranks.
+    #[arg(long, default_value_t = 2)]
+    decode_tp: u32,
+    /// Metadata store URL.
+    #[arg(long, default_value = "p2p")]
+    metadata: String,
+}
+
+#[derive(Args, Clone, Debug)]
+struct RankArgs {
+    #[command(flatten)]
+    split: Split,
+    /// This process's rank on its side.
+    #[arg(long)]
+    rank: u32,
+    /// GPU of the pools (host memory when absent).
+    #[arg(long)]
+    gpu: Option<u32>,
+    /// Decode ranks' segment names, in rank order (prefill ranks only).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+}
+
+impl Split {
+    fn heads(&self) -> HeadSplit {
+        HeadSplit {
+            heads: self.heads,
+            head_bytes: self.head_bytes,
+            prefill_tp: self.prefill_tp,
+            decode_tp: self.decode_tp,
+        }
+    }
+
+    fn ids(&self, salt: u64) -> Vec<u32> {
+        kv::Shape {
+            layers: self.layers,
+            block_bytes: self.head_bytes,
+            pool_blocks: self.pool_blocks,
+            request_blocks: self.request_blocks,
+            seed: 42,
+            metadata: self.metadata.clone(),
+        }
+        .block_ids(salt)
+    }
+
+    fn args(&self) -> Vec<String> {
+        [
+            ("--layers", self.layers.to_string()),
+            ("--heads", self.heads.to_string()),
+            ("--head-bytes", self.head_bytes.to_string()),
+            ("--pool-blocks", self.pool_blocks.to_string()),
+            ("--request-blocks", self.request_blocks.to_string()),
+            ("--prefill-tp", self.prefill_tp.to_string()),
+            ("--decode-tp", self.decode_tp.to_string()),
+            ("--metadata", self.metadata.clone()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect()
+    }
+}
+
+/// What head `head` of logical block `block` of tensor `tensor` holds: the kv module's block
+/// pattern, keyed by block and head.
+fn fill_head(bytes: &mut [u8], tensor: u32, block: u32, head: u32) {
+    kv::fill_block(bytes, 0, tensor, block * 1024 + head);
+}
+
+fn engine(split: &Split) -> Result<ferry::Engine, Box<dyn std::error::Error>> {
+    Ok(ferry::Engine::builder()
+        .metadata(ferry::metadata::from_url(&split.metadata)?)
+        .build_blocking()?)
+}
+
+fn pools(
+    engine: &ferry::Engine,
+    split: &Split,
+    block_bytes: u64,
+    gpu: Option<u32>,
+) -> Result<Vec<ferry::Region>, ferry::Error> {
+    let bytes = u64::from(split.pool_blocks) * block_bytes;
+    (0..split.layers * 2)
+        .map(|_| match gpu {
+            Some(ordinal) => engine.allocate_device(ordinal, bytes as usize),
+            None => engine.allocate(bytes as usize),
+        })
+        .collect()
+}
+
+fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
+    let heads = args.split.heads();
+    let engine = engine(&args.split)?;
+    let block = heads.prefill_block_bytes();
+    let pools = pools(&engine, &args.split, block, args.gpu)?;
+    let sources: Arc<[u32]> = args.split.ids(1).into();
+    let destinations: Arc<[u32]> = args.split.ids(2).into();
+    let first = args.rank * (args.split.heads / args.split.prefill_tp);
+    let mut head = vec![0u8; args.split.head_bytes as usize];
+    let mut bytes = vec![0u8; block as usize];
+    for (tensor, pool) in pools.iter().enumerate() {
+        for (logical, &slot) in sources.iter().enumerate() {
+            for (index, chunk) in bytes.chunks_exact_mut(head.len()).enumerate() {
+                fill_head(
+                    &mut head,
+                    tensor as u32,
+                    logical as u32,
+                    first + index as u32,
+                );
+                chunk.copy_from_slice(&head);
+            }
+            pool.write_at(u64::from(slot) * block, &bytes)?;
+        }
+    }
+    let mut inbox = engine.notifications()?;
+    let started = Instant::now();
+    let mut transfers = Vec::new();
+    for slice in heads
+        .slices()
+        .iter()
+        .filter(|s| s.prefill_rank == args.rank)
+    {
+        let name = args
+            .peers
+            .get(slice.decode_rank as usize)
+            .ok_or("fewer --peers than decode ranks")?;
+        let peer = engine.connect_blocking(name)?;
+        let remote = peer.buffers();
+        let mut copy = heads.block_copy(
+            slice,
+            u64::from(args.split.pool_blocks),
+            Arc::clone(&sources),
+            Arc::clone(&destinations),
+        );
+        for (pool, target) in pools.iter().zip(&remote) {
+            copy = copy.pool(pool, 0, target.addr);
+        }
+        let note = format!(
+            "tp from={} heads={}+{}",
+            args.rank, slice.first_head, slice.heads
+        );
+        transfers.push((
+            slice.decode_rank,
+            engine
+                .batch(&peer)
+                .write_blocks(copy)
+                .notify(note)
+                .submit()?,
+        ));
+    }
+    let mut stdout = std::io::stdout().lock();
+    let mut answers = 0;
+    for (decode_rank, transfer) in transfers {
+        let done = transfer.wait()?;
+        answers += 1;
+        writeln!(
+            stdout,
+            "prefill {} -> decode {decode_rank}: {} bytes over {} in {:.3} ms ({:.1} GB/s)",
+            args.rank,
+            done.bytes,
+            done.transports.join(","),
+            done.elapsed.as_secs_f64() * 1e3,
+            done.bytes as f64 / done.elapsed.as_secs_f64() / 1e9
+        )?;
+    }
+    writeln!(
+        stdout,
+        "prefill {}: all pairs done in {:.3} ms",
+        args.rank,
+        started.elapsed().as_secs_f64() * 1e3
+    )?;
+    stdout.flush()?;
+    // Every decode rank that got data answers once it checked it.
+    let mut good = true;
+    for _ in 0..answers {
+        let verdict = inbox
+            .recv_timeout_blocking(Duration::from_secs(120))?
+            .ok_or("the engine stopped before the decode ranks answered")?;
+        good &= verdict.payload == b"tp verified ok";
+    }
+    Ok(good)
+}
+
+fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
+    let heads = args.split.heads();
+    let engine = engine(&args.split)?;
+    let block = heads.decode_block_bytes();
+    let pools = pools(&engine, &args.split, block, args.gpu)?;
+    let mut inbox = engine.notifications()?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "segment: {}", engine.name())?;
+    stdout.flush()?;
+    let senders = heads
+        .slices()
+        .iter()
+        .filter(|slice| slice.decode_rank == args.rank)
+        .count();
+    let mut from = Vec::new();
+    for _ in 0..senders {
+        from.push(
+            inbox
+                .recv_blocking()
+                .ok_or("the engine stopped before every prefill rank sent")?
+                .from,
+        );
+    }
+    let destinations = args.split.ids(2);
+    let first = args.rank * (args.split.heads / args.split.decode_tp);
+    let mut landed = vec![0u8; block as usize];
+    let mut expected = vec![0u8; args.split.head_bytes as usize];
+    let mut bad = None;
+    'check: for (tensor, pool) in pools.iter().enumerate() {
+        for (logical, &slot) in destinations.iter().enumerate() {
+            pool.read_at(u64::from(slot) * block, &mut landed)?;
+            for (index, chunk) in landed.chunks_exact(expected.len()).enumerate() {
+                let head = first + index as u32;
+                fill_head(&mut expected, tensor as u32, logical as u32, head);
+                if chunk != expected.as_slice() {
+                    bad = Some((tensor, logical, head));
+                    break 'check;
+                }
+            }
+        }
+    }
+    let verdict: &[u8] = if bad.is_none() {
+        b"tp verified ok"
+    } else {
+        b"tp verified bad"
+    };
+    for name in from {
+        let peer = engine.connect_blocking(&name)?;
+        futures::executor::block_on(engine.notify(&peer, verdict.to_vec()))?;
+    }
+    match bad {
+        None => writeln!(
+            stdout,
+            "decode {}: heads {}..{} of {} blocks in {} tensors verified",
+            args.rank,
+            first,
+            first + args.split.heads / args.split.decode_tp,
+            destinations.len(),
+            pools.len()
+        )?,
+        Some((tensor, logical, head)) => writeln!(
+            stdout,
+            "decode {}: tensor {tensor} block {logical} head {head} differs",
+            args.rank
+        )?,
+    }
+    Ok(bad.is_none())
+}
+
+/// A child killed when the demo ends early.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(
+    role: &str,
+    args: Vec<String>,
+) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(role)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("child stdout was not captured")?;
+    Ok((
+        Process(child),
+        BufReader::new(stdout).lines().map_while(Result::ok),
+    ))
+}
+
+fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let split = &cli.split;
+    split.heads().validate()?;
+    let gpus = ferry::cuda::Driver::get()
+        .devices()
+        .map(|gpus| gpus.len())
+        .unwrap_or(0);
+    let (prefill_gpu, decode_gpu) = match gpus {
+        _ if cli.host => (None, None),
+        0 => (None, None),
+        1 => (Some(0), Some(0)),
+        _ => (Some(0), Some(1)),
+    };
+    println!(
+        "tp_demo: {} KV heads, prefill TP={} (GPU {}) -> decode TP={} (GPU {}), {} layers x {{K,V}} x {} blocks",
+        split.heads,
+        split.prefill_tp,
+        prefill_gpu.map_or("none".into(), |gpu| gpu.to_string()),
+        split.decode_tp,
+        decode_gpu.map_or("none".into(), |gpu| gpu.to_string()),
+        split.layers,
+        split.request_blocks
+    );
+    let rank_args = |rank: u32, gpu: Option<u32>| {
+        let mut args = split.args();
+        args.extend(["--rank".to_owned(), rank.to_string()]);
+        if let Some(gpu) = gpu {
+            args.extend(["--gpu".to_owned(), gpu.to_string()]);
+        }
+        args
+    };
+    let mut decoders = Vec::new();
+    let mut names = Vec::new();
+    for rank in 0..split.decode_tp {
+        let (process, mut lines) = spawn("decode", rank_args(rank, decode_gpu))?;
+        let name = lines
+            .next()
+            .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
+            .ok_or("a decode rank did not print its segment name")?;
+        names.push(name);
+        decoders.push((process, lines));
+    }
+    let mut prefills = Vec::new();
+    for rank in 0..split.prefill_tp {
+        let mut args = rank_args(rank, prefill_gpu);
+        args.extend(["--peers".to_owned(), names.join(",")]);
+        prefills.push(spawn("prefill", args)?);
+    }
+    let mut all_good = true;
+    for (mut process, lines) in prefills.into_iter().chain(decoders) {
+        for line in lines {
+            println!("{line}");
+        }
+        all_good &= process.0.wait()?.success();
+    }
+    println!("verified: {all_good}");
+    Ok(all_good)
+}
+
+fn main() -> ExitCode {
+    kv::init_logging();
+    let cli = Cli::parse();
+    let (who, outcome) = match cli.role {
+        Some(Role::Decode(args)) => (format!("decode rank {}", args.rank), run_decode(args)),
+        Some(Role::Prefill(args)) => (format!("prefill rank {}", args.rank), run_prefill(args)),
+        None => ("orchestrator".to_owned(), orchestrate(&cli)),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("tp_demo ({who}): {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
