@@ -456,19 +456,22 @@ async fn run(
         pending.push(Box::pin(async move { link.transfer_blocks(blocks).await }));
     }
     let limit = engine.transfer_timeout;
-    let moved = tokio::time::timeout(limit, futures::future::try_join_all(pending)).await;
-    match moved {
-        Ok(outcome) => {
-            outcome?;
-        }
+    // Every part runs to its end, even after another failed or the time ran out: a part
+    // dropped half-way would release its regions and mappings while a GPU may still be
+    // copying through them. Closing the peer makes the network parts fail at once.
+    let mut moved = std::pin::pin!(futures::future::join_all(pending));
+    let outcomes = match tokio::time::timeout(limit, &mut moved).await {
+        Ok(outcomes) => outcomes,
         Err(_) => {
             peer.close();
+            moved.await;
             return Err(Error::Timeout {
                 what: format!("a transfer of {bytes} bytes to {}", peer.name()),
                 after: limit,
             });
         }
-    }
+    };
+    outcomes.into_iter().collect::<Result<Vec<()>>>()?;
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         tokio::time::timeout(limit, link.write_value(remote, addr, value, gpu))
