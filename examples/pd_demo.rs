@@ -67,17 +67,14 @@ fn main() -> ExitCode {
 }
 
 fn shape_args(shape: &kv::Shape) -> Vec<String> {
-    [
+    kv::flag_args([
         ("--layers", shape.layers.to_string()),
         ("--block-bytes", shape.block_bytes.to_string()),
         ("--pool-blocks", shape.pool_blocks.to_string()),
         ("--request-blocks", shape.request_blocks.to_string()),
         ("--seed", shape.seed.to_string()),
         ("--metadata", shape.metadata.clone()),
-    ]
-    .into_iter()
-    .flat_map(|(flag, value)| [flag.to_owned(), value])
-    .collect()
+    ])
 }
 
 /// A child process that is killed if the demo exits early.

@@ -9,7 +9,7 @@
 //!
 //! `cargo run --release --example tp_demo -- --prefill-tp 2 --decode-tp 1`
 
-// Only the block pattern, the block ids and the logging set-up of the shared module are used.
+// Only the block pattern, block ids, argument and logging helpers of the shared module are used.
 #[allow(dead_code)]
 mod kv;
 
@@ -95,19 +95,11 @@ impl Split {
     }
 
     fn ids(&self, salt: u64) -> Vec<u32> {
-        kv::Shape {
-            layers: self.layers,
-            block_bytes: self.head_bytes,
-            pool_blocks: self.pool_blocks,
-            request_blocks: self.request_blocks,
-            seed: 42,
-            metadata: self.metadata.clone(),
-        }
-        .block_ids(salt)
+        kv::block_ids(self.pool_blocks, self.request_blocks, 42 ^ salt)
     }
 
     fn args(&self) -> Vec<String> {
-        [
+        kv::flag_args([
             ("--layers", self.layers.to_string()),
             ("--heads", self.heads.to_string()),
             ("--head-bytes", self.head_bytes.to_string()),
@@ -116,10 +108,7 @@ impl Split {
             ("--prefill-tp", self.prefill_tp.to_string()),
             ("--decode-tp", self.decode_tp.to_string()),
             ("--metadata", self.metadata.clone()),
-        ]
-        .into_iter()
-        .flat_map(|(flag, value)| [flag.to_owned(), value])
-        .collect()
+        ])
     }
 }
 

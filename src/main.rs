@@ -24,59 +24,7 @@ mod serve_child;
 enum Command {
     /// Measure GPU to GPU transfers between two processes (this one and a `ferry serve` it
     /// starts) against the same-run `peer_copy` baseline, verifying every destination byte.
-    Bench {
-        /// Comma-separated workloads (BENCHMARKS.md); `all` for every one.
-        #[arg(long, default_value = "all", value_delimiter = ',')]
-        workloads: Vec<String>,
-        /// Instead of the named workloads, `--blocks` scattered blocks of this many bytes.
-        #[arg(long, requires = "blocks")]
-        block_bytes: Option<u64>,
-        /// Number of blocks for `--block-bytes`.
-        #[arg(long, requires = "block_bytes")]
-        blocks: Option<u64>,
-        /// GPU of the sending (prefill) process.
-        #[arg(long, default_value_t = 0)]
-        prefill_gpu: u32,
-        /// GPU of the receiving (decode) process.
-        #[arg(long, default_value_t = 1)]
-        decode_gpu: u32,
-        /// Timed rounds per row (after two warm-up rounds); the median is reported.
-        #[arg(long, default_value_t = 20)]
-        iterations: usize,
-        /// Copy streams per GPU.
-        #[arg(long, default_value_t = 4)]
-        streams: usize,
-        /// Thread blocks of the copy kernel per multiprocessor, at most.
-        #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_blocks_per_sm)]
-        kernel_blocks_per_sm: u32,
-        /// Bytes one warp of the copy kernel copies at a time, at most.
-        #[arg(long, default_value_t = ferry::NvlinkConfig::default().kernel_chunk_bytes)]
-        kernel_chunk_bytes: u64,
-
-        /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
-        #[arg(long, default_value = "auto", value_delimiter = ',')]
-        paths: Vec<ferry::CopyPath>,
-        /// Move the GPU memory over TCP, staged through pinned host buffers, instead of NVLink
-        /// (the path GPUs of different hosts take without RDMA).
-        #[arg(long)]
-        tcp: bool,
-        /// `write` (prefill pushes) or `read` (prefill pulls).
-        #[arg(long, default_value = "write")]
-        direction: String,
-        /// Also write the rows as JSON to this file.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-        /// Also sweep block sizes for the kernel, copy-engine and batched paths and draw bandwidth
-        /// against block size, with the baseline as a line, into this SVG file.
-        #[arg(long)]
-        plot: Option<std::path::PathBuf>,
-        /// Seed of the block ids and the data.
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Metadata store URL both processes use (`p2p`, `etcd://...`, `redis://...`).
-        #[arg(long, default_value = "p2p")]
-        metadata: String,
-    },
+    Bench(bench::Options),
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
     /// Run an engine that owns one host buffer peers can read and write, and print every
@@ -120,48 +68,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let outcome = match Cli::parse().command {
-        Command::Bench {
-            workloads,
-            block_bytes,
-            blocks,
-            prefill_gpu,
-            decode_gpu,
-            iterations,
-            streams,
-            kernel_blocks_per_sm,
-            kernel_chunk_bytes,
-            paths,
-            tcp,
-            direction,
-            json,
-            plot,
-            seed,
-            metadata,
-        } => bench_options(&workloads, block_bytes.zip(blocks), &direction).and_then(
-            |(workloads, direction)| {
-                let options = bench::Options {
-                    workloads,
-                    prefill_gpu,
-                    decode_gpu,
-                    iterations: iterations.max(1),
-                    streams,
-                    kernel_blocks_per_sm,
-                    kernel_chunk_bytes,
-                    paths,
-                    tcp,
-                    direction,
-                    json,
-                    plot,
-                    seed,
-                    metadata,
-                };
-                match bench::run(&options) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err("some bytes did not verify".into()),
-                    Err(error) => Err(error),
-                }
-            },
-        ),
+        Command::Bench(options) => match bench::run(&options) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("some bytes did not verify".into()),
+            Err(error) => Err(error),
+        },
         Command::Probe => probe(),
         Command::Serve {
             listen,
@@ -189,34 +100,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The workloads and direction `ferry bench` was asked for.
-fn bench_options(
-    names: &[String],
-    custom: Option<(u64, u64)>,
-    direction: &str,
-) -> Result<(Vec<bench::Workload>, ferry::Direction), Box<dyn std::error::Error>> {
-    let direction = match direction {
-        "write" => ferry::Direction::Write,
-        "read" => ferry::Direction::Read,
-        other => return Err(format!("--direction {other:?}: use write or read").into()),
-    };
-    if let Some((bytes, count)) = custom {
-        if bytes == 0 || count == 0 {
-            return Err("--block-bytes and --blocks must be positive".into());
-        }
-        return Ok((vec![bench::Workload::Blocks { bytes, count }], direction));
-    }
-    let names: Vec<&str> = match names {
-        [all] if all == "all" => bench::ALL_WORKLOADS.split(',').collect(),
-        names => names.iter().map(String::as_str).collect(),
-    };
-    let workloads = names
-        .iter()
-        .map(|name| name.parse())
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((workloads, direction))
 }
 
 fn probe() -> Result<(), Box<dyn std::error::Error>> {

@@ -64,17 +64,30 @@ impl Shape {
 
     /// The request's block ids in a pool: the first `request_blocks` of a seeded permutation.
     pub(crate) fn block_ids(&self, salt: u64) -> Vec<u32> {
-        let mut ids: Vec<u32> = (0..self.pool_blocks).collect();
-        let mut state = (self.seed ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        for index in (1..ids.len()).rev() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ids.swap(index, (state % (index as u64 + 1)) as usize);
-        }
-        ids.truncate(self.request_blocks as usize);
-        ids
+        block_ids(self.pool_blocks, self.request_blocks, self.seed ^ salt)
     }
+}
+
+/// The first `take` ids of a permutation of `0..pool_blocks` drawn from `seed`.
+pub(crate) fn block_ids(pool_blocks: u32, take: u32, seed: u64) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..pool_blocks).collect();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for index in (1..ids.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ids.swap(index, (state % (index as u64 + 1)) as usize);
+    }
+    ids.truncate(take as usize);
+    ids
+}
+
+/// `--flag value` pairs as a child process's arguments.
+pub(crate) fn flag_args(pairs: impl IntoIterator<Item = (&'static str, String)>) -> Vec<String> {
+    pairs
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect()
 }
 
 /// One pool per K and V tensor of every layer, registered in that order: on GPU `gpu`

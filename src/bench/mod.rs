@@ -18,29 +18,86 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use workload::{Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
 
-pub(crate) use workload::{Workload, ALL as ALL_WORKLOADS};
+use workload::{Workload, ALL as ALL_WORKLOADS};
 
 const GIB: u64 = 1 << 30;
 
-/// Everything `ferry bench` was asked for.
+/// Everything `ferry bench` was asked for (its command-line options).
+#[derive(clap::Args, Debug)]
 pub(crate) struct Options {
+    /// Comma-separated workloads (BENCHMARKS.md); all of them by default.
+    #[arg(long, default_value = ALL_WORKLOADS, value_delimiter = ',')]
     pub(crate) workloads: Vec<Workload>,
+    /// Instead of the named workloads, `--blocks` scattered blocks of this many bytes.
+    #[arg(long, requires = "blocks", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) block_bytes: Option<u64>,
+    /// Number of blocks for `--block-bytes`.
+    #[arg(long, requires = "block_bytes", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) blocks: Option<u64>,
+    /// GPU of the sending (prefill) process.
+    #[arg(long, default_value_t = 0)]
     pub(crate) prefill_gpu: u32,
+    /// GPU of the receiving (decode) process.
+    #[arg(long, default_value_t = 1)]
     pub(crate) decode_gpu: u32,
-    pub(crate) iterations: usize,
+    /// Timed rounds per row (after two warm-up rounds); the median is reported.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) iterations: u32,
+    /// Copy streams per GPU.
+    #[arg(long, default_value_t = 4)]
     pub(crate) streams: usize,
+    /// Thread blocks of the copy kernel per multiprocessor, at most.
+    #[arg(long, default_value_t = NvlinkConfig::default().kernel_blocks_per_sm)]
     pub(crate) kernel_blocks_per_sm: u32,
+    /// Bytes one warp of the copy kernel copies at a time, at most.
+    #[arg(long, default_value_t = NvlinkConfig::default().kernel_chunk_bytes)]
     pub(crate) kernel_chunk_bytes: u64,
-
+    /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
+    #[arg(long, default_value = "auto", value_delimiter = ',')]
     pub(crate) paths: Vec<CopyPath>,
-    /// Move GPU memory over TCP (staged through pinned buffers) instead of NVLink.
+    /// Move the GPU memory over TCP, staged through pinned host buffers, instead of NVLink
+    /// (the path GPUs of different hosts take without RDMA).
+    #[arg(long)]
     pub(crate) tcp: bool,
+    /// `write` (prefill pushes) or `read` (prefill pulls).
+    #[arg(long, default_value = "write", value_parser = parse_direction)]
     pub(crate) direction: Direction,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
     pub(crate) json: Option<PathBuf>,
+    /// Also sweep block sizes for the kernel, copy-engine and batched paths and draw bandwidth
+    /// against block size, with the baseline as a line, into this SVG file.
+    #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
+    /// Seed of the block ids and the data.
+    #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
-    /// Metadata store URL of both processes.
+    /// Metadata store URL both processes use (`p2p`, `etcd://...`, `redis://...`).
+    #[arg(long, default_value = "p2p")]
     pub(crate) metadata: String,
+}
+
+fn parse_direction(text: &str) -> Result<Direction, String> {
+    match text {
+        "write" => Ok(Direction::Write),
+        "read" => Ok(Direction::Read),
+        other => Err(format!("{other:?}: use write or read")),
+    }
+}
+
+impl Options {
+    /// Timed rounds per row.
+    fn rounds(&self) -> usize {
+        self.iterations as usize
+    }
+
+    /// The workloads to run: the custom blocks when given, else the named ones.
+    fn workloads(&self) -> Vec<Workload> {
+        match self.block_bytes.zip(self.blocks) {
+            Some((bytes, count)) => vec![Workload::Blocks { bytes, count }],
+            None => self.workloads.clone(),
+        }
+    }
 }
 
 type BoxError = Box<dyn std::error::Error>;
@@ -49,7 +106,7 @@ type BoxError = Box<dyn std::error::Error>;
 /// bytes did not verify.
 pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     let shapes: Vec<(Workload, Shape)> = options
-        .workloads
+        .workloads()
         .iter()
         .map(|workload| (*workload, workload.shape(options.seed)))
         .collect();
@@ -90,7 +147,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     ));
     let decode = ServeChild::start(area, options.decode_gpu, true, &options.metadata)?;
     progress.set_message("peer_copy baseline");
-    let baseline = peer_copy(options.prefill_gpu, options.decode_gpu, options.iterations)?;
+    let baseline = peer_copy(options.prefill_gpu, options.decode_gpu, options.rounds())?;
     progress.inc(1);
     let mut report = Report {
         prefill_gpu: options.prefill_gpu,
@@ -270,7 +327,7 @@ impl Side {
         self.prepare(&blocks, direction, base)?;
         let (gbps, timing) = match shape {
             Shape::Ping(len) => {
-                let latencies = self.ping(*len, options.iterations.max(200))?;
+                let latencies = self.ping(*len, options.rounds().max(200))?;
                 let timing = Timing {
                     latencies,
                     ..Timing::default()
@@ -278,7 +335,7 @@ impl Side {
                 (None, timing)
             }
             _ => {
-                let (gbps, timing) = self.measure(shape, direction, options.iterations)?;
+                let (gbps, timing) = self.measure(shape, direction, options.rounds())?;
                 (Some(gbps), timing)
             }
         };

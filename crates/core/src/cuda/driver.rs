@@ -34,6 +34,8 @@ impl std::fmt::Display for DriverStatus {
 #[derive(Debug)]
 pub struct Driver {
     status: DriverStatus,
+    /// `cuDriverGetVersion`, read once with the probe; 0 without a usable driver.
+    version: u32,
 }
 
 impl Driver {
@@ -41,7 +43,14 @@ impl Driver {
     /// machine without libcuda or without a GPU gets a status that says so.
     pub fn get() -> &'static Driver {
         static DRIVER: OnceLock<Driver> = OnceLock::new();
-        DRIVER.get_or_init(|| Driver { status: probe() })
+        DRIVER.get_or_init(|| {
+            let status = probe();
+            let version = match status {
+                DriverStatus::Ready { .. } => read_version(),
+                _ => 0,
+            };
+            Driver { status, version }
+        })
     }
 
     /// What the probe found.
@@ -52,18 +61,7 @@ impl Driver {
     /// The CUDA version the driver implements, as `1000 * major + 10 * minor` (13000 for
     /// CUDA 13.0); 0 without a usable driver.
     pub fn version(&self) -> u32 {
-        if !self.is_ready() {
-            return 0;
-        }
-        let mut version: std::ffi::c_int = 0;
-        // SAFETY: the driver is initialised (is_ready) and `version` is a valid place.
-        let outcome = CudaError::check("cuDriverGetVersion", unsafe {
-            sys::cuDriverGetVersion(&mut version)
-        });
-        match outcome {
-            Ok(()) => u32::try_from(version).unwrap_or(0),
-            Err(_) => 0,
-        }
+        self.version
     }
 
     /// Whether `cuMemcpyBatchAsync` (its CUDA 13 form) can be called: drivers from 13.0 on.
@@ -118,6 +116,18 @@ impl Driver {
                 name: "CUDA_ERROR_NOT_INITIALIZED: no CUDA driver library (libcuda) found".into(),
             }),
         }
+    }
+}
+
+fn read_version() -> u32 {
+    let mut version: std::ffi::c_int = 0;
+    // SAFETY: the driver is initialised (the probe succeeded) and `version` is a valid place.
+    let outcome = CudaError::check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut version)
+    });
+    match outcome {
+        Ok(()) => u32::try_from(version).unwrap_or(0),
+        Err(_) => 0,
     }
 }
 

@@ -4,10 +4,7 @@
 
 use super::context::Context;
 use super::error::CudaError;
-use cudarc::driver::sys::{
-    self, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
-    CUmemAllocationProp_st__bindgen_ty_1, CUmemAllocationType, CUmemLocation, CUmemLocationType,
-};
+use cudarc::driver::sys::{self, CUmemAllocationHandleType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -52,36 +49,14 @@ pub fn probe_fabric(ordinal: u32) -> FabricSupport {
 
 fn try_fabric_allocation(ordinal: u32) -> Result<(), CudaError> {
     let context = Context::get(ordinal)?;
-    context.bind()?;
-    let prop = CUmemAllocationProp {
-        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-        location: CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal as i32,
-        },
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
-    };
-    let mut granularity = 0usize;
-    // SAFETY: the context is current; `prop` is fully initialised and `granularity` is a
-    // valid place for the answer.
-    CudaError::check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granularity,
-            &prop,
-            CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    })?;
+    let (prop, granularity) = super::vmm::device_allocation(
+        &context,
+        CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+    )?;
     let mut handle = 0;
     // SAFETY: as above; on success the handle is released right below.
     CudaError::check("cuMemCreate(FABRIC)", unsafe {
-        sys::cuMemCreate(&mut handle, granularity.max(1), &prop, 0)
+        sys::cuMemCreate(&mut handle, granularity, &prop, 0)
     })?;
     // SAFETY: `handle` came from the successful cuMemCreate above and is released once.
     CudaError::check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })

@@ -206,18 +206,16 @@ impl Drop for VmmMapping {
     }
 }
 
-/// Creates `pieces` VMM allocations of `piece_bytes` (rounded up to the GPU's granularity)
-/// with POSIX-fd handles, mapped back to back, as PyTorch's expandable segments are. For tests
-/// and tools; servers register the memory they already have.
-pub fn create_vmm(
-    context: Arc<Context>,
-    piece_bytes: usize,
-    pieces: usize,
-) -> Result<VmmMapping, CudaError> {
+/// The properties of a pinned VMM allocation on `context`'s GPU exportable as `handles`, with
+/// the GPU's minimum granularity for it (at least 1). Binds the context.
+pub(super) fn device_allocation(
+    context: &Context,
+    handles: CUmemAllocationHandleType,
+) -> Result<(CUmemAllocationProp, usize), CudaError> {
     context.bind()?;
     let prop = CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        requestedHandleTypes: handles,
         location: CUmemLocation {
             type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: context.ordinal() as i32,
@@ -231,7 +229,8 @@ pub fn create_vmm(
         },
     };
     let mut granularity = 0usize;
-    // SAFETY: `prop` is fully initialised and `granularity` is a valid place.
+    // SAFETY: the context is current; `prop` is fully initialised and `granularity` is a
+    // valid place for the answer.
     CudaError::check("cuMemGetAllocationGranularity", unsafe {
         sys::cuMemGetAllocationGranularity(
             &mut granularity,
@@ -239,7 +238,21 @@ pub fn create_vmm(
             CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
     })?;
-    let granularity = granularity.max(1);
+    Ok((prop, granularity.max(1)))
+}
+
+/// Creates `pieces` VMM allocations of `piece_bytes` (rounded up to the GPU's granularity)
+/// with POSIX-fd handles, mapped back to back, as PyTorch's expandable segments are. For tests
+/// and tools; servers register the memory they already have.
+pub fn create_vmm(
+    context: Arc<Context>,
+    piece_bytes: usize,
+    pieces: usize,
+) -> Result<VmmMapping, CudaError> {
+    let (prop, granularity) = device_allocation(
+        &context,
+        CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    )?;
     let size = piece_bytes.max(1).div_ceil(granularity) * granularity;
     let mut handles = Vec::with_capacity(pieces);
     for _ in 0..pieces.max(1) {

@@ -101,12 +101,9 @@ impl StagedSpan {
     }
 
     fn buffer(&mut self) -> Result<&mut PinnedBuffer, CudaError> {
-        if self.staging.is_none() {
-            self.staging = Some(staging_buffer(self.ordinal, self.len)?);
-        }
-        match &mut self.staging {
-            Some(buffer) => Ok(buffer),
-            None => unreachable!("the staging buffer was set just above"),
+        match self.staging {
+            Some(ref mut buffer) => Ok(buffer),
+            None => Ok(self.staging.insert(staging_buffer(self.ordinal, self.len)?)),
         }
     }
 
