@@ -169,7 +169,7 @@ impl Batch {
     /// Checks every entry and starts the transfer.
     ///
     /// The returned [`Transfer`] resolves when all bytes are visible at their destinations and
-    /// the notification, if any, is in the peer's hands.
+    /// the notification, if any, was accepted by the peer (it reaches the peer's notification stream right after).
     ///
     /// # Errors
     /// Before anything moves: [`Error::Range`] for an empty entry, a local range past its
