@@ -29,34 +29,64 @@ step() {
   fi
 }
 
-step nvidia-smi nvidia-smi
-step probe "$here/ferry" probe
-# Each test binary, and each GPU test on its own, under a time limit: a hang is reported as
-# a failure (exit 124) instead of eating the whole session.
-for test in "$here"/tests/*; do
-  case $(basename "$test") in
-    gpu-*)
-      for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
-        step "gpu $name" timeout 120 "$test" --exact "$name" --nocapture
-      done
-      ;;
-    *) step "test $(basename "$test")" timeout 300 "$test" --test-threads=2 ;;
-  esac
-done
-step pd_demo timeout 180 "$here/pd_demo"
-step "pd_demo split CUDA_VISIBLE_DEVICES" timeout 180 "$here/pd_demo" --split-visible-devices --requests 1
-step "pd_demo entries" timeout 180 "$here/pd_demo" --entries
-step "pd_demo host memory" timeout 180 "$here/pd_demo" --host --requests 1
-step "tp_demo prefill TP=2 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 2
-step "tp_demo prefill TP=2 -> decode TP=1" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 1
-step "tp_demo prefill TP=4 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 4 --decode-tp 2
-step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
-  --json "$logs/bench.json" --plot "$logs/bench.svg"
-step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
-  --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
+suite() {
+  step nvidia-smi nvidia-smi
+  step probe "$here/ferry" probe
+  # Each test binary, and each GPU test on its own, under a time limit: a hang is reported as
+  # a failure (exit 124) instead of eating the whole session.
+  for test in "$here"/tests/*; do
+    case $(basename "$test") in
+      gpu-*)
+        for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
+          step "gpu $name" timeout 120 "$test" --exact "$name" --nocapture
+        done
+        ;;
+      *) step "test $(basename "$test")" timeout 300 "$test" --test-threads=2 ;;
+    esac
+  done
+  step pd_demo timeout 180 "$here/pd_demo"
+  step "pd_demo split CUDA_VISIBLE_DEVICES" timeout 180 "$here/pd_demo" --split-visible-devices --requests 1
+  step "pd_demo entries" timeout 180 "$here/pd_demo" --entries
+  step "pd_demo host memory" timeout 180 "$here/pd_demo" --host --requests 1
+  step "tp_demo prefill TP=2 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 2
+  step "tp_demo prefill TP=2 -> decode TP=1" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 1
+  step "tp_demo prefill TP=4 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 4 --decode-tp 2
+  step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
+    --json "$logs/bench.json" --plot "$logs/bench.svg"
+  step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
+    --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
+}
+
+# Multi-pair ferry bench: one process per rank, every rank writing at once. The shapes that fit
+# the GPUs this machine has; several ranks may share a GPU.
+pairs() {
+  local gpus
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  local bench=("$here/ferry" bench --json)
+  if [ "$gpus" -ge 8 ]; then
+    step "bench pairs 4P4D TP4->TP4" timeout 300 "${bench[@]}" "$logs/pairs-4p4d-tp4-tp4.json" --prefill-gpus 0,1,2,3 --decode-gpus 4,5,6,7
+    step "bench pairs 4P4D TP4->TP2" timeout 300 "${bench[@]}" "$logs/pairs-4p4d-tp4-tp2.json" --prefill-gpus 0,1,2,3 --decode-gpus 4,5
+    step "bench pairs 2P2D TP2->TP2" timeout 300 "${bench[@]}" "$logs/pairs-2p2d-tp2-tp2.json" --prefill-gpus 0,1 --decode-gpus 2,3
+  elif [ "$gpus" -ge 4 ]; then
+    step "bench pairs 2P2D TP2->TP2" timeout 300 "${bench[@]}" "$logs/pairs-2p2d-tp2-tp2.json" --prefill-gpus 0,1 --decode-gpus 2,3
+    step "bench pairs 2P2D TP2->TP1" timeout 300 "${bench[@]}" "$logs/pairs-2p2d-tp2-tp1.json" --prefill-gpus 0,1 --decode-gpus 2
+  fi
+  if [ "$gpus" -ge 2 ]; then
+    step "bench pairs TP2 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp2.json" --prefill-gpus 0,0 --decode-gpus 1,1
+    step "bench pairs TP2 on GPU0 -> TP1 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp1.json" --prefill-gpus 0,0 --decode-gpus 1
+    step "bench pairs TP1 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp2.json" --prefill-gpus 0 --decode-gpus 1,1
+    step "bench pairs TP1 on GPU0 -> TP4 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp4.json" --prefill-gpus 0 --decode-gpus 1,1,1,1
+    step "bench pairs both ways GPU0 <-> GPU1" timeout 300 "${bench[@]}" "$logs/pairs-both-ways.json" --prefill-gpus 0,1 --decode-gpus 1,0
+  fi
+}
+
+case ${2:-all} in
+  pairs) pairs ;;
+  *) suite; pairs ;;
+esac
 {
   echo
-  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|workload|contiguous|blocks-|kv-llama|small-write|tp_demo|decode [0-9]|prefill [0-9])" "$full"
+  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|path |  p[0-9]|  pair|workload|contiguous|blocks-|kv-llama|small-write|tp_demo|decode [0-9]|prefill [0-9])" "$full"
 } >>"$summary"
 cat "$summary"
 exit $status

@@ -25,6 +25,9 @@ enum Command {
     /// Measure GPU to GPU transfers between two processes (this one and a `ferry serve` it
     /// starts) against the same-run `peer_copy` baseline, verifying every destination byte.
     Bench(bench::Options),
+    /// One prefill rank of `ferry bench`'s multi-pair mode, driven by its parent.
+    #[command(hide = true)]
+    BenchRank(bench::RankOptions),
     /// Show what this machine offers: CUDA driver, GPUs, available transports.
     Probe,
     /// Run an engine that owns one host buffer peers can read and write, and print every
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
             Ok(false) => Err("some bytes did not verify".into()),
             Err(error) => Err(error),
         },
+        Command::BenchRank(options) => bench::run_rank(&options),
         Command::Probe => probe(),
         Command::Serve {
             listen,

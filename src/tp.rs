@@ -94,6 +94,32 @@ impl HeadSplit {
         slices
     }
 
+    /// The block layouts of `slice` over pools of `pool_blocks` blocks: the prefill rank's
+    /// side first, the decode rank's second; each names the byte sub-range of its rank's block
+    /// that the slice's heads occupy.
+    pub fn layouts(&self, slice: &HeadSlice, pool_blocks: u64) -> (BlockLayout, BlockLayout) {
+        let (from, to) = (
+            self.per_rank(self.prefill_tp),
+            self.per_rank(self.decode_tp),
+        );
+        let prefill = BlockLayout {
+            pool_bytes: pool_blocks * self.prefill_block_bytes(),
+            block_stride: self.prefill_block_bytes(),
+            offset: u64::from(slice.first_head - slice.prefill_rank * from) * self.head_bytes,
+        };
+        let decode = BlockLayout {
+            pool_bytes: pool_blocks * self.decode_block_bytes(),
+            block_stride: self.decode_block_bytes(),
+            offset: u64::from(slice.first_head - slice.decode_rank * to) * self.head_bytes,
+        };
+        (prefill, decode)
+    }
+
+    /// Bytes of `slice` in one block.
+    pub fn slice_bytes(&self, slice: &HeadSlice) -> u64 {
+        u64::from(slice.heads) * self.head_bytes
+    }
+
     /// The block copy for `slice` over pools of `pool_blocks` blocks on both sides, moving
     /// block `local_ids[i]` of the prefill rank to block `remote_ids[i]` of the decode rank;
     /// add the pools (one per layer and K/V) with [`BlockCopy::pool`].
@@ -104,22 +130,9 @@ impl HeadSplit {
         local_ids: Arc<[u32]>,
         remote_ids: Arc<[u32]>,
     ) -> BlockCopy {
-        let (from, to) = (
-            self.per_rank(self.prefill_tp),
-            self.per_rank(self.decode_tp),
-        );
-        let local = BlockLayout {
-            pool_bytes: pool_blocks * self.prefill_block_bytes(),
-            block_stride: self.prefill_block_bytes(),
-            offset: u64::from(slice.first_head - slice.prefill_rank * from) * self.head_bytes,
-        };
-        let remote = BlockLayout {
-            pool_bytes: pool_blocks * self.decode_block_bytes(),
-            block_stride: self.decode_block_bytes(),
-            offset: u64::from(slice.first_head - slice.decode_rank * to) * self.head_bytes,
-        };
+        let (local, remote) = self.layouts(slice, pool_blocks);
         BlockCopy::new(
-            u64::from(slice.heads) * self.head_bytes,
+            self.slice_bytes(slice),
             local,
             remote,
             local_ids,

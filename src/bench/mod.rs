@@ -3,8 +3,12 @@
 //! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
 //! checked after each row.
 
+mod pairs;
+mod rank;
 mod report;
 mod workload;
+
+pub(crate) use rank::{run as run_rank, RankOptions};
 
 use crate::serve_child::ServeChild;
 use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
@@ -40,6 +44,15 @@ pub(crate) struct Options {
     /// GPU of the receiving (decode) process.
     #[arg(long, default_value_t = 1)]
     pub(crate) decode_gpu: u32,
+    /// Multi-pair mode: one prefill process per GPU listed (a GPU may repeat), the prefill
+    /// side's tensor-parallel ranks in order. `kv-llama70b-4k` is split by KV heads over
+    /// these ranks and `--decode-gpus`'s, and every rank writes at once.
+    #[arg(long, value_delimiter = ',', requires = "decode_gpus",
+          conflicts_with_all = ["workloads", "block_bytes", "plot", "tcp", "direction", "prefill_gpu", "decode_gpu"])]
+    pub(crate) prefill_gpus: Vec<u32>,
+    /// Multi-pair mode: one decode process per GPU listed, the decode side's ranks in order.
+    #[arg(long, value_delimiter = ',', requires = "prefill_gpus")]
+    pub(crate) decode_gpus: Vec<u32>,
     /// Timed rounds per row (after two warm-up rounds); the median is reported.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) iterations: u32,
@@ -105,6 +118,9 @@ type BoxError = Box<dyn std::error::Error>;
 /// Runs every row, prints the table, writes the JSON and the plot; `Ok(false)` when some
 /// bytes did not verify.
 pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
+    if !options.prefill_gpus.is_empty() {
+        return pairs::run(options);
+    }
     let shapes: Vec<(Workload, Shape)> = options
         .workloads()
         .iter()

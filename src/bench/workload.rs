@@ -195,16 +195,22 @@ fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Paged {
     }
 }
 
+/// The pools and block ids of `kv-llama70b-4k`: 80 layers x {K, V} pools of 4,096 blocks of
+/// 32 KiB (16 tokens x 8 KV heads x 128 dim x 2 bytes), 256 blocks a request.
+pub(crate) fn llama(seed: u64) -> Paged {
+    Paged {
+        pools: 160,
+        pool_blocks: 4096,
+        block_bytes: 32 * KIB,
+        local_ids: distinct_ids(4096, 256, seed).into(),
+        remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed).into(),
+    }
+}
+
 impl Workload {
     /// The blocks of this workload; deterministic for a seed.
     pub(crate) fn shape(&self, seed: u64) -> Shape {
-        let llama = || Paged {
-            pools: 160,
-            pool_blocks: 4096,
-            block_bytes: 32 * KIB,
-            local_ids: distinct_ids(4096, 256, seed).into(),
-            remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed).into(),
-        };
+        let llama = || llama(seed);
         match *self {
             Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
             Workload::KvLlama70b4k => Shape::Paged(llama()),

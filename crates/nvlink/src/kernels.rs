@@ -3,6 +3,8 @@
 
 use ferry_core::cuda::{Context, CudaError, Kernel, Module};
 use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const COPY_PTX: &str = include_str!("../kernels/copy.ptx");
@@ -13,6 +15,10 @@ pub(crate) const THREADS_PER_BLOCK: u32 = 512;
 /// Items one warp should have, at least, before another block is worth launching.
 const ITEMS_PER_WARP: u64 = 2;
 
+/// Peers whose copies split a GPU evenly, at most: a launch never gets less than this share
+/// of the grid, so beyond it launches queue for the GPU first come, first served.
+const MOST_SHARERS: u32 = 4;
+
 /// The copy kernels of one GPU.
 #[derive(Debug)]
 pub(crate) struct CopyKernels {
@@ -21,6 +27,8 @@ pub(crate) struct CopyKernels {
     /// `ferry_copy_paged(...)`, see copy.cu.
     pub(crate) paged: Kernel,
     multiprocessors: u32,
+    /// Peer links of this process that copy with these kernels ([`KernelShare`]s alive).
+    sharers: AtomicU32,
 }
 
 impl CopyKernels {
@@ -39,17 +47,78 @@ impl CopyKernels {
             list: module.kernel("ferry_copy_list")?,
             paged: module.kernel("ferry_copy_paged")?,
             multiprocessors: context.multiprocessors()?,
+            sharers: AtomicU32::new(0),
         });
         loaded.insert(context.ordinal(), Arc::clone(&kernels));
         Ok(kernels)
     }
 
-    /// Blocks to launch for `items` items: up to `blocks_per_sm` per multiprocessor, fewer
-    /// when there is not enough work to give every warp a couple of items.
+    /// A share of this GPU's copy kernels for one peer link, held as long as the link is.
+    pub(crate) fn share(self: &Arc<Self>) -> KernelShare {
+        self.sharers.fetch_add(1, Ordering::Relaxed);
+        KernelShare(Arc::clone(self))
+    }
+}
+
+/// One peer link's use of a GPU's copy kernels. Launches are sized so that the links sharing
+/// a GPU each get an even part of its multiprocessors: a full-size grid keeps every block
+/// resident until its copy ends, so another pair's launch would wait behind it.
+#[derive(Debug)]
+pub(crate) struct KernelShare(Arc<CopyKernels>);
+
+impl KernelShare {
+    /// Blocks to launch for `items` items: up to `blocks_per_sm` per multiprocessor divided
+    /// among the links sharing the GPU (at most [`MOST_SHARERS`] ways), fewer when there is
+    /// not enough work to give every warp a couple of items.
     pub(crate) fn grid(&self, items: u64, blocks_per_sm: u32) -> u32 {
-        let warps_per_block = u64::from(THREADS_PER_BLOCK / 32);
-        let wanted = items.div_ceil(warps_per_block * ITEMS_PER_WARP).max(1);
-        let most = u64::from(self.multiprocessors) * u64::from(blocks_per_sm.max(1));
-        wanted.min(most) as u32
+        grid(
+            items,
+            self.0.multiprocessors * blocks_per_sm.max(1),
+            self.0.sharers.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Deref for KernelShare {
+    type Target = CopyKernels;
+
+    fn deref(&self) -> &CopyKernels {
+        &self.0
+    }
+}
+
+impl Drop for KernelShare {
+    fn drop(&mut self) {
+        self.0.sharers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Blocks for `items` items out of a full grid of `most` blocks split `sharers` ways.
+fn grid(items: u64, most: u32, sharers: u32) -> u32 {
+    let warps_per_block = u64::from(THREADS_PER_BLOCK / 32);
+    let wanted = items.div_ceil(warps_per_block * ITEMS_PER_WARP).max(1);
+    let share = (most / sharers.clamp(1, MOST_SHARERS)).max(1);
+    wanted.min(u64::from(share)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid;
+
+    #[test]
+    fn a_lone_link_gets_the_whole_grid_and_small_copies_fewer_blocks() {
+        assert_eq!(grid(1 << 20, 264, 1), 264);
+        assert_eq!(grid(1 << 20, 264, 0), 264);
+        // 16 warps per block, two items each.
+        assert_eq!(grid(64, 264, 1), 2);
+        assert_eq!(grid(1, 264, 1), 1);
+    }
+
+    #[test]
+    fn links_sharing_a_gpu_split_it_evenly_down_to_a_quarter() {
+        assert_eq!(grid(1 << 20, 264, 2), 132);
+        assert_eq!(grid(1 << 20, 264, 4), 66);
+        assert_eq!(grid(1 << 20, 264, 16), 66);
+        assert_eq!(grid(1 << 20, 2, 4), 1);
     }
 }

@@ -1,6 +1,6 @@
 use crate::args::ArgumentPool;
 use crate::import::PeerMapping;
-use crate::kernels::{CopyKernels, THREADS_PER_BLOCK};
+use crate::kernels::{CopyKernels, KernelShare, THREADS_PER_BLOCK};
 use crate::plan::{self, Copy, CopyPath};
 use crate::transport::NvlinkConfig;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Event, Kernel, KernelArg, Poller, Stream};
@@ -31,7 +31,7 @@ pub(crate) struct NvlinkLink {
 struct GpuLane {
     streams: Vec<Stream>,
     /// `None` when the kernels could not be loaded; every copy then uses the copy engines.
-    kernels: Option<Arc<CopyKernels>>,
+    kernels: Option<Arc<KernelShare>>,
     args: ArgumentPool,
     /// Peer GPUs (ordinals) whose memory this GPU's kernels may touch, by whether enabling
     /// peer access to them worked.
@@ -71,7 +71,7 @@ impl NvlinkLink {
             .map(|_| Stream::new(Arc::clone(&context)))
             .collect::<Result<Vec<_>, _>>()?;
         let kernels = match CopyKernels::of(&context) {
-            Ok(kernels) => Some(kernels),
+            Ok(kernels) => Some(Arc::new(kernels.share())),
             Err(error) => {
                 tracing::warn!(gpu = ordinal, %error, "the copy kernels did not load; every nvlink copy on this GPU uses the copy engines");
                 None

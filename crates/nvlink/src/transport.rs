@@ -13,7 +13,8 @@ pub const NVLINK: &str = "nvlink";
 /// How the nvlink transport spreads copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NvlinkConfig {
-    /// Streams per local GPU that copies are dealt over.
+    /// Streams per local GPU and peer that copies are dealt over (each peer link has its own,
+    /// so one pair's copies never queue behind another's in a stream).
     pub streams_per_gpu: usize,
     /// Which copies go to the copy kernel and which to the copy engines.
     pub copy_path: CopyPath,

@@ -1,0 +1,473 @@
+//! `ferry bench --prefill-gpus A,B.. --decode-gpus X,Y..`: the `kv-llama70b-4k` request split
+//! over tensor-parallel ranks, one process per rank. Prefill rank p (on the p-th prefill GPU)
+//! writes every decode rank that holds some of its KV heads the slice of each block those heads
+//! occupy, all ranks starting at the same instant. Reports aggregate GB/s and per-pair GB/s
+//! against same-run `peer_copy` baselines (each pair alone, and all pairs at once), and checks
+//! every byte of every slice that landed.
+
+use super::rank::Sharded;
+use super::report::quantile;
+use super::workload::llama;
+use super::{median, now_ns, peer_copy, BoxError, Options, GIB};
+use crate::serve_child::ServeChild;
+use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
+use ferry::tp::{HeadSlice, HeadSplit};
+use ferry::CopyPath;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::hash_map::{Entry, HashMap};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+/// KV heads of Llama-3-70B.
+const HEADS: u32 = 8;
+
+/// How far ahead of now a round is scheduled, so every rank is waiting when it starts.
+const ROUND_LEAD: Duration = Duration::from_millis(20);
+
+/// The head split of `kv-llama70b-4k` (8 heads of 4 KiB per 32 KiB block) over the two sides.
+pub(crate) fn split(prefill_tp: u32, decode_tp: u32) -> HeadSplit {
+    HeadSplit {
+        heads: HEADS,
+        head_bytes: llama(0).block_bytes / u64::from(HEADS),
+        prefill_tp,
+        decode_tp,
+    }
+}
+
+/// One (prefill rank, decode rank) pair's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct PairRow {
+    pub(crate) prefill_rank: u32,
+    pub(crate) prefill_gpu: u32,
+    pub(crate) decode_rank: u32,
+    pub(crate) decode_gpu: u32,
+    /// KV heads the pair moves.
+    pub(crate) heads: u32,
+    /// Bytes one request moves over this pair.
+    pub(crate) bytes: u64,
+    /// Median GB/s, from its prefill rank's start to this pair's completion.
+    pub(crate) gbps: f64,
+    /// Same-run `peer_copy` of this GPU pair alone, GB/s.
+    pub(crate) peer_copy_gbps: f64,
+}
+
+/// One copy path's run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct PairsRun {
+    pub(crate) path: String,
+    /// Median over rounds of all bytes over the time from the first rank's start to the last
+    /// pair's completion, GB/s.
+    pub(crate) aggregate_gbps: f64,
+    /// 10th and 90th percentiles of the same.
+    pub(crate) aggregate_p10_gbps: f64,
+    pub(crate) aggregate_p90_gbps: f64,
+    /// `aggregate_gbps` over the sum of the pairs' `peer_copy` baselines.
+    pub(crate) ratio_to_sum: f64,
+    /// `aggregate_gbps` over the all-pairs-at-once `peer_copy`.
+    pub(crate) ratio_to_all_at_once: f64,
+    pub(crate) pairs: Vec<PairRow>,
+    /// Whether every byte of every slice matched what its prefill rank sent.
+    pub(crate) verified: bool,
+}
+
+/// The whole multi-pair run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct PairsReport {
+    pub(crate) workload: String,
+    pub(crate) prefill_gpus: Vec<u32>,
+    pub(crate) decode_gpus: Vec<u32>,
+    pub(crate) direction: String,
+    /// Bytes one request moves over all pairs.
+    pub(crate) bytes: u64,
+    /// Sum of the pairs' `peer_copy` baselines, each pair alone, GB/s.
+    pub(crate) peer_copy_sum_gbps: f64,
+    /// `peer_copy` of every pair at once (1 GiB each, one stream per pair), aggregate GB/s.
+    pub(crate) peer_copy_all_at_once_gbps: f64,
+    pub(crate) runs: Vec<PairsRun>,
+}
+
+/// Runs the multi-pair mode; `Ok(false)` when some bytes did not verify.
+pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
+    let (prefill_gpus, decode_gpus) = (&options.prefill_gpus, &options.decode_gpus);
+    let sharded = Sharded {
+        split: split(prefill_gpus.len() as u32, decode_gpus.len() as u32),
+        paged: llama(options.seed),
+    };
+    sharded.split.validate()?;
+    let slices = sharded.split.slices();
+    let gpu_pairs: Vec<(u32, u32)> = slices
+        .iter()
+        .map(|slice| {
+            (
+                prefill_gpus[slice.prefill_rank as usize],
+                decode_gpus[slice.decode_rank as usize],
+            )
+        })
+        .collect();
+    let progress = ProgressBar::new(options.paths.len() as u64 + 1).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress.set_message("peer_copy baselines");
+    let mut alone: HashMap<(u32, u32), f64> = HashMap::new();
+    for &(from, to) in &gpu_pairs {
+        if let Entry::Vacant(slot) = alone.entry((from, to)) {
+            slot.insert(peer_copy(from, to, options.rounds())?);
+        }
+    }
+    let all_at_once = peer_copy_all(&gpu_pairs, options.rounds())?;
+    let sum: f64 = gpu_pairs.iter().map(|pair| alone[pair]).sum();
+    progress.inc(1);
+    progress.set_message(format!(
+        "starting {} decode processes ({:.1} GiB each)",
+        decode_gpus.len(),
+        sharded.decode_area() as f64 / GIB as f64
+    ));
+    let decoders = decode_gpus
+        .iter()
+        .map(|&gpu| ServeChild::start(sharded.decode_area(), gpu, false, &options.metadata))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut report = PairsReport {
+        workload: format!(
+            "kv-llama70b-4k TP{}->TP{}",
+            prefill_gpus.len(),
+            decode_gpus.len()
+        ),
+        prefill_gpus: prefill_gpus.clone(),
+        decode_gpus: decode_gpus.clone(),
+        direction: "write".into(),
+        bytes: slices
+            .iter()
+            .map(|slice| sharded.slice_request_bytes(slice))
+            .sum(),
+        peer_copy_sum_gbps: sum,
+        peer_copy_all_at_once_gbps: all_at_once,
+        runs: Vec::new(),
+    };
+    for (index, &path) in options.paths.iter().enumerate() {
+        progress.set_message(format!(
+            "{} ({path}): starting {} prefill processes",
+            report.workload,
+            prefill_gpus.len()
+        ));
+        let mut ranks = prefill_gpus
+            .iter()
+            .enumerate()
+            .map(|(rank, &gpu)| {
+                RankChild::start(options, rank as u32, gpu, &decoders, path, index as u64)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for rank in &mut ranks {
+            rank.expect("ready")?;
+        }
+        progress.set_message(format!("{} ({path})", report.workload));
+        let run = measure(options, &mut ranks, &sharded, &slices, path)?;
+        report.runs.push(finish(
+            run,
+            &sharded,
+            &slices,
+            &gpu_pairs,
+            &alone,
+            sum,
+            all_at_once,
+        ));
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    print!("{}", table(&report));
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+        println!("wrote {}", path.display());
+    }
+    Ok(report.runs.iter().all(|run| run.verified))
+}
+
+/// What the rounds of one path measured, before the baselines are put beside it.
+struct Measured {
+    path: CopyPath,
+    aggregates: Vec<f64>,
+    /// GB/s per round, by slice.
+    pairs: Vec<Vec<f64>>,
+    verified: bool,
+}
+
+fn measure(
+    options: &Options,
+    ranks: &mut [RankChild],
+    sharded: &Sharded,
+    slices: &[HeadSlice],
+    path: CopyPath,
+) -> Result<Measured, BoxError> {
+    let mut measured = Measured {
+        path,
+        aggregates: Vec::new(),
+        pairs: vec![Vec::new(); slices.len()],
+        verified: true,
+    };
+    for round in 0..options.rounds() + 2 {
+        let at = now_ns() + ROUND_LEAD.as_nanos() as u64;
+        for rank in ranks.iter_mut() {
+            rank.say(&format!("round {at}"))?;
+        }
+        let (mut first, mut last, mut bytes) = (u64::MAX, 0u64, 0u64);
+        let mut gbps = vec![0.0; slices.len()];
+        for (prefill_rank, rank) in ranks.iter_mut().enumerate() {
+            let line = rank.expect("done")?;
+            let mut words = line.split(' ').skip(1);
+            let start: u64 = words
+                .next()
+                .ok_or("a round answer without its start")?
+                .parse()?;
+            first = first.min(start);
+            for word in words {
+                let fields: Vec<u64> = word.split(':').map(str::parse).collect::<Result<_, _>>()?;
+                let [decode_rank, moved, end] = fields[..] else {
+                    return Err(format!("unexpected pair figures {word:?}").into());
+                };
+                let slice = slices
+                    .iter()
+                    .position(|slice| {
+                        slice.prefill_rank as usize == prefill_rank
+                            && u64::from(slice.decode_rank) == decode_rank
+                    })
+                    .ok_or("a rank reported a pair it does not have")?;
+                if moved != sharded.slice_request_bytes(&slices[slice]) {
+                    return Err(format!("pair {word} moved an unexpected number of bytes").into());
+                }
+                gbps[slice] = moved as f64 / (end.saturating_sub(start).max(1) as f64);
+                last = last.max(end);
+                bytes += moved;
+            }
+        }
+        if round >= 2 {
+            measured
+                .aggregates
+                .push(bytes as f64 / (last.saturating_sub(first).max(1) as f64));
+            for (samples, sample) in measured.pairs.iter_mut().zip(gbps) {
+                samples.push(sample);
+            }
+        }
+    }
+    for rank in ranks.iter_mut() {
+        rank.say("verify")?;
+    }
+    for (prefill_rank, rank) in ranks.iter_mut().enumerate() {
+        let verdict = rank.expect("verified")?;
+        if verdict != "verified yes" {
+            eprintln!("prefill rank {prefill_rank}: {verdict}");
+            measured.verified = false;
+        }
+    }
+    Ok(measured)
+}
+
+fn finish(
+    measured: Measured,
+    sharded: &Sharded,
+    slices: &[HeadSlice],
+    gpu_pairs: &[(u32, u32)],
+    alone: &HashMap<(u32, u32), f64>,
+    sum: f64,
+    all_at_once: f64,
+) -> PairsRun {
+    let aggregate = median(&measured.aggregates);
+    PairsRun {
+        path: measured.path.to_string(),
+        aggregate_gbps: aggregate,
+        aggregate_p10_gbps: quantile(&measured.aggregates, 0.1),
+        aggregate_p90_gbps: quantile(&measured.aggregates, 0.9),
+        ratio_to_sum: aggregate / sum,
+        ratio_to_all_at_once: aggregate / all_at_once,
+        pairs: slices
+            .iter()
+            .zip(gpu_pairs)
+            .zip(&measured.pairs)
+            .map(|((slice, &(from, to)), samples)| PairRow {
+                prefill_rank: slice.prefill_rank,
+                prefill_gpu: from,
+                decode_rank: slice.decode_rank,
+                decode_gpu: to,
+                heads: slice.heads,
+                bytes: sharded.slice_request_bytes(slice),
+                gbps: median(samples),
+                peer_copy_gbps: alone[&(from, to)],
+            })
+            .collect(),
+        verified: measured.verified,
+    }
+}
+
+fn table(report: &PairsReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: prefill GPUs {:?} -> decode GPUs {:?}, {} per request, write, one process per rank",
+        report.workload,
+        report.prefill_gpus,
+        report.decode_gpus,
+        super::workload::size(report.bytes)
+    );
+    let _ = writeln!(
+        out,
+        "peer_copy (1 GiB per pair, same run): sum of pairs alone {:.1} GB/s, all pairs at once {:.1} GB/s",
+        report.peer_copy_sum_gbps, report.peer_copy_all_at_once_gbps
+    );
+    for run in &report.runs {
+        let _ = writeln!(
+            out,
+            "path {}: aggregate {:.1} GB/s (p10 {:.1}, p90 {:.1}) = {:.3} of the sum, {:.3} of all at once; verified {}",
+            run.path,
+            run.aggregate_gbps,
+            run.aggregate_p10_gbps,
+            run.aggregate_p90_gbps,
+            run.ratio_to_sum,
+            run.ratio_to_all_at_once,
+            if run.verified { "yes" } else { "NO" }
+        );
+        let _ = writeln!(
+            out,
+            "  {:<22} {:>5} {:>9} {:>8} {:>9} {:>6}",
+            "pair", "heads", "bytes", "GB/s", "peer_copy", "ratio"
+        );
+        for pair in &run.pairs {
+            let _ = writeln!(
+                out,
+                "  {:<22} {:>5} {:>9} {:>8.1} {:>9.1} {:>6.3}",
+                format!(
+                    "p{} (GPU{}) -> d{} (GPU{})",
+                    pair.prefill_rank, pair.prefill_gpu, pair.decode_rank, pair.decode_gpu
+                ),
+                pair.heads,
+                super::workload::size(pair.bytes),
+                pair.gbps,
+                pair.peer_copy_gbps,
+                pair.gbps / pair.peer_copy_gbps
+            );
+        }
+    }
+    out
+}
+
+/// `peer_copy` of every pair at once: 1 GiB each, one stream per pair on its source GPU;
+/// median aggregate GB/s.
+fn peer_copy_all(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
+    let mut copies = Vec::with_capacity(pairs.len());
+    for &(from, to) in pairs {
+        let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
+        if from != to {
+            source_context.enable_peer_access(&target_context)?;
+        }
+        let source = DeviceBuffer::new(source_context.clone(), GIB as usize)?;
+        let target = DeviceBuffer::new(target_context, GIB as usize)?;
+        copies.push((Stream::new(source_context)?, source, target));
+    }
+    let mut samples = Vec::new();
+    for round in 0..iterations.max(10) + 2 {
+        let started = std::time::Instant::now();
+        for (stream, source, target) in &copies {
+            stream.copy_buffer(target, source, GIB as usize)?;
+        }
+        for (stream, _, _) in &copies {
+            let event = Event::record(stream)?;
+            stream.synchronize()?;
+            while !event.query()? {}
+        }
+        if round >= 2 {
+            samples
+                .push((GIB * copies.len() as u64) as f64 / started.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    Ok(median(&samples))
+}
+
+/// A running `ferry bench-rank`, killed on drop.
+struct RankChild {
+    rank: u32,
+    child: Child,
+    input: ChildStdin,
+    output: Lines<BufReader<ChildStdout>>,
+}
+
+impl RankChild {
+    fn start(
+        options: &Options,
+        rank: u32,
+        gpu: u32,
+        decoders: &[ServeChild],
+        path: CopyPath,
+        run: u64,
+    ) -> Result<RankChild, BoxError> {
+        let names: Vec<&str> = decoders.iter().map(|child| child.name.as_str()).collect();
+        let addrs: Vec<String> = decoders
+            .iter()
+            .map(|child| child.buffer_addr.to_string())
+            .collect();
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("bench-rank")
+            .args(["--rank", &rank.to_string(), "--gpu", &gpu.to_string()])
+            .args(["--prefill-tp", &options.prefill_gpus.len().to_string()])
+            .args(["--decode-tp", &options.decode_gpus.len().to_string()])
+            .args([
+                "--peers",
+                &names.join(","),
+                "--peer-addrs",
+                &addrs.join(","),
+            ])
+            .args(["--path", &path.to_string()])
+            .args(["--streams", &options.streams.to_string()])
+            .args([
+                "--kernel-blocks-per-sm",
+                &options.kernel_blocks_per_sm.to_string(),
+            ])
+            .args([
+                "--kernel-chunk-bytes",
+                &options.kernel_chunk_bytes.to_string(),
+            ])
+            .args(["--seed", &options.seed.to_string()])
+            .args([
+                "--data-seed",
+                &(options.seed ^ (run << 32) ^ u64::from(rank) << 16 ^ 0x5eed).to_string(),
+            ])
+            .args(["--metadata", &options.metadata])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("a prefill rank's input and output were not captured".into());
+        };
+        Ok(RankChild {
+            rank,
+            child,
+            input,
+            output: BufReader::new(output).lines(),
+        })
+    }
+
+    fn say(&mut self, line: &str) -> Result<(), BoxError> {
+        writeln!(self.input, "{line}")?;
+        self.input.flush()?;
+        Ok(())
+    }
+
+    /// The rank's next line, which must start with `word`.
+    fn expect(&mut self, word: &str) -> Result<String, BoxError> {
+        let line = self
+            .output
+            .next()
+            .ok_or_else(|| format!("prefill rank {} exited (its error is above)", self.rank))??;
+        match line.split(' ').next() == Some(word) {
+            true => Ok(line),
+            false => Err(format!("prefill rank {} said {line:?}, not {word}", self.rank).into()),
+        }
+    }
+}
+
+impl Drop for RankChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
