@@ -200,6 +200,22 @@ mod tests {
     }
 
     #[test]
+    fn tp2_to_tp4_sends_each_half_of_a_prefill_block_to_its_own_decode_rank() {
+        let split = split(2, 4);
+        let slices = split.slices();
+        // Prefill rank 0 holds heads 0-3: heads 0-1 to decode rank 0, heads 2-3 to rank 1.
+        let (first, second) = (slices[0], slices[1]);
+        assert_eq!((first.decode_rank, second.decode_rank), (0, 1));
+        let (prefill, decode) = split.layouts(&second, 16);
+        assert_eq!(prefill.block_stride, 4 * 4096);
+        assert_eq!(prefill.offset, 2 * 4096);
+        assert_eq!(prefill.pool_bytes, 16 * 4 * 4096);
+        assert_eq!(decode.block_stride, 2 * 4096);
+        assert_eq!(decode.offset, 0);
+        assert_eq!(split.slice_bytes(&second), 2 * 4096);
+    }
+
+    #[test]
     fn uneven_splits_are_refused_naming_the_side() {
         let error = split(3, 2).validate().unwrap_err();
         assert!(error.contains("prefill TP=3"), "{error}");

@@ -49,6 +49,9 @@ pub(crate) struct PairRow {
     pub(crate) bytes: u64,
     /// Median GB/s, from its prefill rank's start to this pair's completion.
     pub(crate) gbps: f64,
+    /// Median GB/s with only this pair's prefill rank writing (its other pairs too): what
+    /// the pair gets through ferry without the other ranks competing.
+    pub(crate) rank_alone_gbps: f64,
     /// Same-run `peer_copy` of this GPU pair alone, GB/s.
     pub(crate) peer_copy_gbps: f64,
 }
@@ -190,6 +193,8 @@ struct Measured {
     aggregates: Vec<f64>,
     /// GB/s per round, by slice.
     pairs: Vec<Vec<f64>>,
+    /// The same with the slice's prefill rank writing alone.
+    rank_alone: Vec<Vec<f64>>,
     verified: bool,
 }
 
@@ -204,49 +209,26 @@ fn measure(
         path,
         aggregates: Vec::new(),
         pairs: vec![Vec::new(); slices.len()],
+        rank_alone: vec![Vec::new(); slices.len()],
         verified: true,
     };
+    let everyone: Vec<usize> = (0..ranks.len()).collect();
     for round in 0..options.rounds() + 2 {
-        let at = now_ns() + ROUND_LEAD.as_nanos() as u64;
-        for rank in ranks.iter_mut() {
-            rank.say(&format!("round {at}"))?;
-        }
-        let (mut first, mut last, mut bytes) = (u64::MAX, 0u64, 0u64);
-        let mut gbps = vec![0.0; slices.len()];
-        for (prefill_rank, rank) in ranks.iter_mut().enumerate() {
-            let line = rank.expect("done")?;
-            let mut words = line.split(' ').skip(1);
-            let start: u64 = words
-                .next()
-                .ok_or("a round answer without its start")?
-                .parse()?;
-            first = first.min(start);
-            for word in words {
-                let fields: Vec<u64> = word.split(':').map(str::parse).collect::<Result<_, _>>()?;
-                let [decode_rank, moved, end] = fields[..] else {
-                    return Err(format!("unexpected pair figures {word:?}").into());
-                };
-                let slice = slices
-                    .iter()
-                    .position(|slice| {
-                        slice.prefill_rank as usize == prefill_rank
-                            && u64::from(slice.decode_rank) == decode_rank
-                    })
-                    .ok_or("a rank reported a pair it does not have")?;
-                if moved != sharded.slice_request_bytes(&slices[slice]) {
-                    return Err(format!("pair {word} moved an unexpected number of bytes").into());
-                }
-                gbps[slice] = moved as f64 / (end.saturating_sub(start).max(1) as f64);
-                last = last.max(end);
-                bytes += moved;
+        let figures = together(ranks, &everyone, sharded, slices)?;
+        if round >= 2 {
+            measured.aggregates.push(figures.aggregate);
+            for (samples, sample) in measured.pairs.iter_mut().zip(figures.pairs) {
+                samples.extend(sample);
             }
         }
-        if round >= 2 {
-            measured
-                .aggregates
-                .push(bytes as f64 / (last.saturating_sub(first).max(1) as f64));
-            for (samples, sample) in measured.pairs.iter_mut().zip(gbps) {
-                samples.push(sample);
+    }
+    for rank in 0..ranks.len() {
+        for round in 0..options.rounds() + 2 {
+            let figures = together(ranks, &[rank], sharded, slices)?;
+            if round >= 2 {
+                for (samples, sample) in measured.rank_alone.iter_mut().zip(figures.pairs) {
+                    samples.extend(sample);
+                }
             }
         }
     }
@@ -261,6 +243,61 @@ fn measure(
         }
     }
     Ok(measured)
+}
+
+/// What one round measured.
+struct RoundFigures {
+    /// All bytes over the first start to the last completion, GB/s.
+    aggregate: f64,
+    /// GB/s by slice, for the slices of the ranks that took part.
+    pairs: Vec<Option<f64>>,
+}
+
+/// One round in which the prefill ranks `which` all start writing at the same instant.
+fn together(
+    ranks: &mut [RankChild],
+    which: &[usize],
+    sharded: &Sharded,
+    slices: &[HeadSlice],
+) -> Result<RoundFigures, BoxError> {
+    let at = now_ns() + ROUND_LEAD.as_nanos() as u64;
+    for &rank in which {
+        ranks[rank].say(&format!("round {at}"))?;
+    }
+    let (mut first, mut last, mut bytes) = (u64::MAX, 0u64, 0u64);
+    let mut pairs = vec![None; slices.len()];
+    for &prefill_rank in which {
+        let line = ranks[prefill_rank].expect("done")?;
+        let mut words = line.split(' ').skip(1);
+        let start: u64 = words
+            .next()
+            .ok_or("a round answer without its start")?
+            .parse()?;
+        first = first.min(start);
+        for word in words {
+            let fields: Vec<u64> = word.split(':').map(str::parse).collect::<Result<_, _>>()?;
+            let [decode_rank, moved, end] = fields[..] else {
+                return Err(format!("unexpected pair figures {word:?}").into());
+            };
+            let slice = slices
+                .iter()
+                .position(|slice| {
+                    slice.prefill_rank as usize == prefill_rank
+                        && u64::from(slice.decode_rank) == decode_rank
+                })
+                .ok_or("a rank reported a pair it does not have")?;
+            if moved != sharded.slice_request_bytes(&slices[slice]) {
+                return Err(format!("pair {word} moved an unexpected number of bytes").into());
+            }
+            pairs[slice] = Some(moved as f64 / (end.saturating_sub(start).max(1) as f64));
+            last = last.max(end);
+            bytes += moved;
+        }
+    }
+    Ok(RoundFigures {
+        aggregate: bytes as f64 / (last.saturating_sub(first).max(1) as f64),
+        pairs,
+    })
 }
 
 fn finish(
@@ -283,8 +320,8 @@ fn finish(
         pairs: slices
             .iter()
             .zip(gpu_pairs)
-            .zip(&measured.pairs)
-            .map(|((slice, &(from, to)), samples)| PairRow {
+            .zip(measured.pairs.iter().zip(&measured.rank_alone))
+            .map(|((slice, &(from, to)), (samples, alone_samples))| PairRow {
                 prefill_rank: slice.prefill_rank,
                 prefill_gpu: from,
                 decode_rank: slice.decode_rank,
@@ -292,6 +329,7 @@ fn finish(
                 heads: slice.heads,
                 bytes: sharded.slice_request_bytes(slice),
                 gbps: median(samples),
+                rank_alone_gbps: median(alone_samples),
                 peer_copy_gbps: alone[&(from, to)],
             })
             .collect(),
@@ -328,13 +366,13 @@ fn table(report: &PairsReport) -> String {
         );
         let _ = writeln!(
             out,
-            "  {:<22} {:>5} {:>9} {:>8} {:>9} {:>6}",
-            "pair", "heads", "bytes", "GB/s", "peer_copy", "ratio"
+            "  {:<22} {:>5} {:>9} {:>8} {:>10} {:>9} {:>6}",
+            "pair", "heads", "bytes", "GB/s", "rank alone", "peer_copy", "ratio"
         );
         for pair in &run.pairs {
             let _ = writeln!(
                 out,
-                "  {:<22} {:>5} {:>9} {:>8.1} {:>9.1} {:>6.3}",
+                "  {:<22} {:>5} {:>9} {:>8.1} {:>10.1} {:>9.1} {:>6.3}",
                 format!(
                     "p{} (GPU{}) -> d{} (GPU{})",
                     pair.prefill_rank, pair.prefill_gpu, pair.decode_rank, pair.decode_gpu
@@ -342,6 +380,7 @@ fn table(report: &PairsReport) -> String {
                 pair.heads,
                 super::workload::size(pair.bytes),
                 pair.gbps,
+                pair.rank_alone_gbps,
                 pair.peer_copy_gbps,
                 pair.gbps / pair.peer_copy_gbps
             );
@@ -469,5 +508,62 @@ impl Drop for RankChild {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    #[test]
+    fn every_split_moves_the_whole_request_once() {
+        let whole = {
+            let paged = llama(3);
+            paged.pools * paged.local_ids.len() as u64 * paged.block_bytes
+        };
+        for (prefill, decode) in [(1, 1), (2, 2), (4, 4), (4, 2), (2, 4), (1, 4), (8, 8)] {
+            let sharded = Sharded {
+                split: split(prefill, decode),
+                paged: llama(3),
+            };
+            sharded.split.validate().unwrap();
+            let moved: u64 = sharded
+                .split
+                .slices()
+                .iter()
+                .map(|slice| sharded.slice_request_bytes(slice))
+                .sum();
+            assert_eq!(moved, whole, "TP{prefill}->TP{decode}");
+            assert_eq!(
+                sharded.decode_area() * u64::from(decode),
+                sharded.prefill_area() * u64::from(prefill)
+            );
+        }
+    }
+
+    #[test]
+    fn the_multi_pair_mode_refuses_options_it_does_not_measure() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["bench"], args].concat());
+        let cli = parse(&["--prefill-gpus", "0,1,2,3", "--decode-gpus", "4,5"]).unwrap();
+        assert_eq!(cli.options.prefill_gpus, [0, 1, 2, 3]);
+        assert_eq!(cli.options.decode_gpus, [4, 5]);
+        for extra in [
+            &["--tcp"][..],
+            &["--direction", "read"],
+            &["--workloads", "blocks-4k"],
+            &["--plot", "x.svg"],
+            &["--prefill-gpu", "1"],
+        ] {
+            let args = [&["--prefill-gpus", "0", "--decode-gpus", "1"], extra].concat();
+            assert!(parse(&args).is_err(), "{extra:?} was accepted");
+        }
+        assert!(parse(&["--prefill-gpus", "0"]).is_err());
     }
 }
