@@ -23,7 +23,8 @@ mod serve_child;
 #[derive(Subcommand)]
 enum Command {
     /// Measure GPU to GPU transfers between two processes (this one and a `ferry serve` it
-    /// starts) against the same-run `peer_copy` baseline, verifying every destination byte.
+    /// starts) against the same-run `peer_copy` baseline, verifying every destination byte;
+    /// with --prefill-gpus/--decode-gpus, between tensor-parallel groups of processes.
     Bench(bench::Options),
     /// One prefill rank of `ferry bench`'s multi-pair mode, driven by its parent.
     #[command(hide = true)]

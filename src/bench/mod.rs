@@ -163,7 +163,10 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     ));
     let decode = ServeChild::start(area, options.decode_gpu, true, &options.metadata)?;
     progress.set_message("peer_copy baseline");
-    let baseline = peer_copy(options.prefill_gpu, options.decode_gpu, options.rounds())?;
+    let baseline = peer_copy(
+        &[(options.prefill_gpu, options.decode_gpu)],
+        options.rounds(),
+    )?;
     progress.inc(1);
     let mut report = Report {
         prefill_gpu: options.prefill_gpu,
@@ -241,24 +244,34 @@ fn median(samples: &[f64]) -> f64 {
     quantile(samples, 0.5)
 }
 
-/// One in-process copy of a contiguous 1 GiB buffer GPU `from` -> GPU `to`, median GB/s.
-fn peer_copy(from: u32, to: u32, iterations: usize) -> Result<f64, BoxError> {
-    let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
-    if from != to {
-        source_context.enable_peer_access(&target_context)?;
+/// In-process copies of a contiguous 1 GiB buffer for every (from, to) GPU pair at once, one
+/// stream per pair on its source GPU: median aggregate GB/s. One pair is the `peer_copy`
+/// baseline.
+fn peer_copy(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
+    let mut copies = Vec::with_capacity(pairs.len());
+    for &(from, to) in pairs {
+        let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
+        if from != to {
+            source_context.enable_peer_access(&target_context)?;
+        }
+        let source = DeviceBuffer::new(source_context.clone(), GIB as usize)?;
+        let target = DeviceBuffer::new(target_context, GIB as usize)?;
+        copies.push((Stream::new(source_context)?, source, target));
     }
-    let source = DeviceBuffer::new(source_context.clone(), GIB as usize)?;
-    let target = DeviceBuffer::new(target_context, GIB as usize)?;
-    let stream = Stream::new(source_context)?;
     let mut samples = Vec::new();
     for round in 0..iterations.max(10) + 2 {
         let started = Instant::now();
-        stream.copy_buffer(&target, &source, GIB as usize)?;
-        let event = Event::record(&stream)?;
-        stream.synchronize()?;
-        while !event.query()? {}
+        for (stream, source, target) in &copies {
+            stream.copy_buffer(target, source, GIB as usize)?;
+        }
+        for (stream, _, _) in &copies {
+            let event = Event::record(stream)?;
+            stream.synchronize()?;
+            while !event.query()? {}
+        }
         if round >= 2 {
-            samples.push(GIB as f64 / started.elapsed().as_secs_f64() / 1e9);
+            samples
+                .push((GIB * copies.len() as u64) as f64 / started.elapsed().as_secs_f64() / 1e9);
         }
     }
     Ok(median(&samples))

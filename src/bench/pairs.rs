@@ -10,7 +10,6 @@ use super::report::quantile;
 use super::workload::llama;
 use super::{median, now_ns, peer_copy, BoxError, Options, GIB};
 use crate::serve_child::ServeChild;
-use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::CopyPath;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -117,10 +116,10 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     let mut alone: HashMap<(u32, u32), f64> = HashMap::new();
     for &(from, to) in &gpu_pairs {
         if let Entry::Vacant(slot) = alone.entry((from, to)) {
-            slot.insert(peer_copy(from, to, options.rounds())?);
+            slot.insert(peer_copy(&[(from, to)], options.rounds())?);
         }
     }
-    let all_at_once = peer_copy_all(&gpu_pairs, options.rounds())?;
+    let all_at_once = peer_copy(&gpu_pairs, options.rounds())?;
     let sum: f64 = gpu_pairs.iter().map(|pair| alone[pair]).sum();
     progress.inc(1);
     progress.set_message(format!(
@@ -387,38 +386,6 @@ fn table(report: &PairsReport) -> String {
         }
     }
     out
-}
-
-/// `peer_copy` of every pair at once: 1 GiB each, one stream per pair on its source GPU;
-/// median aggregate GB/s.
-fn peer_copy_all(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
-    let mut copies = Vec::with_capacity(pairs.len());
-    for &(from, to) in pairs {
-        let (source_context, target_context) = (Context::get(from)?, Context::get(to)?);
-        if from != to {
-            source_context.enable_peer_access(&target_context)?;
-        }
-        let source = DeviceBuffer::new(source_context.clone(), GIB as usize)?;
-        let target = DeviceBuffer::new(target_context, GIB as usize)?;
-        copies.push((Stream::new(source_context)?, source, target));
-    }
-    let mut samples = Vec::new();
-    for round in 0..iterations.max(10) + 2 {
-        let started = std::time::Instant::now();
-        for (stream, source, target) in &copies {
-            stream.copy_buffer(target, source, GIB as usize)?;
-        }
-        for (stream, _, _) in &copies {
-            let event = Event::record(stream)?;
-            stream.synchronize()?;
-            while !event.query()? {}
-        }
-        if round >= 2 {
-            samples
-                .push((GIB * copies.len() as u64) as f64 / started.elapsed().as_secs_f64() / 1e9);
-        }
-    }
-    Ok(median(&samples))
 }
 
 /// A running `ferry bench-rank`, killed on drop.
