@@ -11,6 +11,7 @@ use crate::transport::{Direction, Reach, TransferOp};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -268,7 +269,12 @@ impl Batch {
                 blocks,
                 signal,
             };
-            let outcome = run(&engine, &peer, work, notification).await;
+            let outcome = match run(&engine, &peer, work, notification).await {
+                Err(_) if engine.shutting_down.load(Ordering::Acquire) => Err(Error::Shutdown {
+                    what: "the transfer".into(),
+                }),
+                outcome => outcome,
+            };
             let _ = sender.send(outcome);
         });
         // Route and launch on the caller's thread, so the copies start without waiting for a

@@ -18,6 +18,7 @@ use crate::wire::Limits;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
@@ -217,6 +218,7 @@ impl EngineBuilder {
             transfer_timeout: self.transfer_timeout,
             gpus,
             fd_socket,
+            shutting_down: AtomicBool::new(false),
         });
         let describer = Arc::downgrade(&inner);
         let context = Arc::new(ServerContext {
@@ -363,6 +365,9 @@ pub(crate) struct EngineInner {
     gpus: Vec<crate::cuda::DeviceInfo>,
     /// The abstract Unix socket that hands out VMM file descriptors, when it could be opened.
     fd_socket: Option<String>,
+    /// Set when the engine is dropped, before its runtime stops: a transfer that fails from
+    /// then on failed because of the shutdown (its connections closing under it).
+    pub(crate) shutting_down: AtomicBool,
 }
 
 impl EngineInner {
@@ -700,6 +705,7 @@ impl std::fmt::Debug for Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        self.inner.shutting_down.store(true, Ordering::Release);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
