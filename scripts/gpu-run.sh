@@ -2,6 +2,7 @@
 # Runs the GPU suite that scripts/gpu-build.sh collected, on the GPU machine. Writes two files
 # into LOG_DIR (first argument, else $OUT, else dist/gpu/logs): summary.txt (one line per
 # step, then every test binary's result line) and full.log (everything every step printed).
+# Usage: gpu-run.sh [LOG_DIR] [all|pairs]; `pairs` runs only the multi-pair benchmarks.
 # Exits non-zero when any step failed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,7 +62,17 @@ suite() {
 # the GPUs this machine has; several ranks may share a GPU.
 pairs() {
   local gpus
-  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  # The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else all nvidia-smi lists.
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+  else
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  fi
+  if [ "$gpus" -lt 2 ]; then
+    echo "FAIL bench pairs: need 2 or more GPUs, found $gpus" >>"$summary"
+    status=1
+    return
+  fi
   local bench=("$here/ferry" bench --json)
   if [ "$gpus" -ge 8 ]; then
     step "bench pairs 4P4D TP4->TP4" timeout 300 "${bench[@]}" "$logs/pairs-4p4d-tp4-tp4.json" --prefill-gpus 0,1,2,3 --decode-gpus 4,5,6,7
@@ -71,13 +82,12 @@ pairs() {
     step "bench pairs 2P2D TP2->TP2" timeout 300 "${bench[@]}" "$logs/pairs-2p2d-tp2-tp2.json" --prefill-gpus 0,1 --decode-gpus 2,3
     step "bench pairs 2P2D TP2->TP1" timeout 300 "${bench[@]}" "$logs/pairs-2p2d-tp2-tp1.json" --prefill-gpus 0,1 --decode-gpus 2
   fi
-  if [ "$gpus" -ge 2 ]; then
-    step "bench pairs TP2 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp2.json" --prefill-gpus 0,0 --decode-gpus 1,1
-    step "bench pairs TP2 on GPU0 -> TP1 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp1.json" --prefill-gpus 0,0 --decode-gpus 1
-    step "bench pairs TP1 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp2.json" --prefill-gpus 0 --decode-gpus 1,1
-    step "bench pairs TP1 on GPU0 -> TP4 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp4.json" --prefill-gpus 0 --decode-gpus 1,1,1,1
-    step "bench pairs both ways GPU0 <-> GPU1" timeout 300 "${bench[@]}" "$logs/pairs-both-ways.json" --prefill-gpus 0,1 --decode-gpus 1,0
-  fi
+  step "bench pairs TP2 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp2.json" --prefill-gpus 0,0 --decode-gpus 1,1
+  step "bench pairs TP2 on GPU0 -> TP1 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp2-tp1.json" --prefill-gpus 0,0 --decode-gpus 1
+  step "bench pairs TP1 on GPU0 -> TP2 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp2.json" --prefill-gpus 0 --decode-gpus 1,1
+  step "bench pairs TP1 on GPU0 -> TP4 on GPU1" timeout 300 "${bench[@]}" "$logs/pairs-tp1-tp4.json" --prefill-gpus 0 --decode-gpus 1,1,1,1
+  step "bench pairs both ways GPU0 <-> GPU1" timeout 300 "${bench[@]}" "$logs/pairs-both-ways.json" --prefill-gpus 0,1 --decode-gpus 1,0
+  step "bench pairs TP4 on GPU0 -> TP4 on GPU1 (the 4P4D pair shape)" timeout 300 "${bench[@]}" "$logs/pairs-tp4-tp4-2gpu.json" --prefill-gpus 0,0,0,0 --decode-gpus 1,1,1,1
 }
 
 case ${2:-all} in

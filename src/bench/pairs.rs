@@ -27,6 +27,9 @@ const HEADS: u32 = 8;
 /// idle gap of 20 ms the same rounds measured 2-4% slower.
 const ROUND_LEAD: Duration = Duration::from_millis(2);
 
+/// A rank that starts this long after its round's instant counts the round as late.
+const LATE: Duration = Duration::from_micros(200);
+
 /// The head split of `kv-llama70b-4k` (8 heads of 4 KiB per 32 KiB block) over the two sides.
 pub(crate) fn split(prefill_tp: u32, decode_tp: u32) -> HeadSplit {
     HeadSplit {
@@ -40,8 +43,10 @@ pub(crate) fn split(prefill_tp: u32, decode_tp: u32) -> HeadSplit {
 /// One (prefill rank, decode rank) pair's figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct PairRow {
+    /// The sending rank and its GPU.
     pub(crate) prefill_rank: u32,
     pub(crate) prefill_gpu: u32,
+    /// The receiving rank and its GPU.
     pub(crate) decode_rank: u32,
     pub(crate) decode_gpu: u32,
     /// KV heads the pair moves.
@@ -60,17 +65,24 @@ pub(crate) struct PairRow {
 /// One copy path's run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct PairsRun {
+    /// Copy path asked for.
     pub(crate) path: String,
     /// Median over rounds of all bytes over the time from the first rank's start to the last
     /// pair's completion, GB/s.
     pub(crate) aggregate_gbps: f64,
-    /// 10th and 90th percentiles of the same.
+    /// 10th percentile of the same.
     pub(crate) aggregate_p10_gbps: f64,
+    /// 90th percentile of the same.
     pub(crate) aggregate_p90_gbps: f64,
     /// `aggregate_gbps` over the sum of the pairs' `peer_copy` baselines.
     pub(crate) ratio_to_sum: f64,
     /// `aggregate_gbps` over the all-pairs-at-once `peer_copy`.
     pub(crate) ratio_to_all_at_once: f64,
+    /// Timed rounds in which some rank started more than [`LATE`] after the scheduled
+    /// instant (its figures still count; many such rounds mean the ranks did not start
+    /// together).
+    pub(crate) late_rounds: usize,
+    /// Every pair's figures.
     pub(crate) pairs: Vec<PairRow>,
     /// Whether every byte of every slice matched what its prefill rank sent.
     pub(crate) verified: bool,
@@ -79,9 +91,13 @@ pub(crate) struct PairsRun {
 /// The whole multi-pair run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct PairsReport {
+    /// The workload and the two TP degrees.
     pub(crate) workload: String,
+    /// GPU of each prefill rank, in rank order.
     pub(crate) prefill_gpus: Vec<u32>,
+    /// GPU of each decode rank, in rank order.
     pub(crate) decode_gpus: Vec<u32>,
+    /// Always `write`: prefill ranks push.
     pub(crate) direction: String,
     /// Bytes one request moves over all pairs.
     pub(crate) bytes: u64,
@@ -89,6 +105,7 @@ pub(crate) struct PairsReport {
     pub(crate) peer_copy_sum_gbps: f64,
     /// `peer_copy` of every pair at once (1 GiB each, one stream per pair), aggregate GB/s.
     pub(crate) peer_copy_all_at_once_gbps: f64,
+    /// One run per copy path.
     pub(crate) runs: Vec<PairsRun>,
 }
 
@@ -196,6 +213,7 @@ struct Measured {
     pairs: Vec<Vec<f64>>,
     /// The same with the slice's prefill rank writing alone.
     rank_alone: Vec<Vec<f64>>,
+    late_rounds: usize,
     verified: bool,
 }
 
@@ -211,12 +229,14 @@ fn measure(
         aggregates: Vec::new(),
         pairs: vec![Vec::new(); slices.len()],
         rank_alone: vec![Vec::new(); slices.len()],
+        late_rounds: 0,
         verified: true,
     };
     let everyone: Vec<usize> = (0..ranks.len()).collect();
     for round in 0..options.rounds() + 2 {
         let figures = together(ranks, &everyone, sharded, slices)?;
         if round >= 2 {
+            measured.late_rounds += usize::from(figures.late);
             measured.aggregates.push(figures.aggregate);
             for (samples, sample) in measured.pairs.iter_mut().zip(figures.pairs) {
                 samples.extend(sample);
@@ -252,6 +272,8 @@ struct RoundFigures {
     aggregate: f64,
     /// GB/s by slice, for the slices of the ranks that took part.
     pairs: Vec<Option<f64>>,
+    /// Whether some rank started more than [`LATE`] after the scheduled instant.
+    late: bool,
 }
 
 /// One round in which the prefill ranks `which` all start writing at the same instant.
@@ -267,6 +289,7 @@ fn together(
     }
     let (mut first, mut last, mut bytes) = (u64::MAX, 0u64, 0u64);
     let mut pairs = vec![None; slices.len()];
+    let mut late = false;
     for &prefill_rank in which {
         let line = ranks[prefill_rank].expect("done")?;
         let mut words = line.split(' ').skip(1);
@@ -275,6 +298,7 @@ fn together(
             .ok_or("a round answer without its start")?
             .parse()?;
         first = first.min(start);
+        late |= start > at + LATE.as_nanos() as u64;
         for word in words {
             let fields: Vec<u64> = word.split(':').map(str::parse).collect::<Result<_, _>>()?;
             let [decode_rank, moved, end] = fields[..] else {
@@ -298,6 +322,7 @@ fn together(
     Ok(RoundFigures {
         aggregate: bytes as f64 / (last.saturating_sub(first).max(1) as f64),
         pairs,
+        late,
     })
 }
 
@@ -318,6 +343,7 @@ fn finish(
         aggregate_p90_gbps: quantile(&measured.aggregates, 0.9),
         ratio_to_sum: aggregate / sum,
         ratio_to_all_at_once: aggregate / all_at_once,
+        late_rounds: measured.late_rounds,
         pairs: slices
             .iter()
             .zip(gpu_pairs)
@@ -365,6 +391,14 @@ fn table(report: &PairsReport) -> String {
             run.ratio_to_all_at_once,
             if run.verified { "yes" } else { "NO" }
         );
+        if run.late_rounds > 0 {
+            let _ = writeln!(
+                out,
+                "  {} of the timed rounds had a rank start over {} us late",
+                run.late_rounds,
+                LATE.as_micros()
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<22} {:>5} {:>9} {:>8} {:>10} {:>9} {:>6}",
@@ -436,7 +470,7 @@ impl RankChild {
             .args(["--seed", &options.seed.to_string()])
             .args([
                 "--data-seed",
-                &(options.seed ^ (run << 32) ^ u64::from(rank) << 16 ^ 0x5eed).to_string(),
+                &(options.seed ^ (run << 32) ^ (u64::from(rank) << 16) ^ 0x5eed).to_string(),
             ])
             .args(["--metadata", &options.metadata])
             .stdin(Stdio::piped())
@@ -466,9 +500,10 @@ impl RankChild {
             .output
             .next()
             .ok_or_else(|| format!("prefill rank {} exited (its error is above)", self.rank))??;
-        match line.split(' ').next() == Some(word) {
-            true => Ok(line),
-            false => Err(format!("prefill rank {} said {line:?}, not {word}", self.rank).into()),
+        if line.split(' ').next() == Some(word) {
+            Ok(line)
+        } else {
+            Err(format!("prefill rank {} said {line:?}, not {word}", self.rank).into())
         }
     }
 }
@@ -529,10 +564,22 @@ mod tests {
             &["--workloads", "blocks-4k"],
             &["--plot", "x.svg"],
             &["--prefill-gpu", "1"],
+            &["--decode-gpu", "0"],
         ] {
             let args = [&["--prefill-gpus", "0", "--decode-gpus", "1"], extra].concat();
-            assert!(parse(&args).is_err(), "{extra:?} was accepted");
+            let error = parse(&args)
+                .err()
+                .expect("a conflicting option was accepted");
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{extra:?}: {error}"
+            );
         }
-        assert!(parse(&["--prefill-gpus", "0"]).is_err());
+        let error = parse(&["--prefill-gpus", "0"]).err().expect("accepted");
+        assert_eq!(
+            error.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
     }
 }

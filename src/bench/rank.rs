@@ -12,9 +12,10 @@ use super::now_ns;
 use super::workload::Paged;
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::{BlockCopy, BlockLayout, CopyPath, Engine, NvlinkConfig, Peer, Region};
+use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -226,11 +227,13 @@ fn round(
             )
         })
         .collect();
-    let wait = at.saturating_sub(now_ns());
-    if wait > 200_000 {
-        std::thread::sleep(Duration::from_nanos(wait - 200_000));
+    // Spin on the monotonic clock: a wall clock stepped back must not stretch the wait.
+    let wait = Duration::from_nanos(at.saturating_sub(now_ns()));
+    let deadline = Instant::now() + wait;
+    if let Some(nap) = wait.checked_sub(Duration::from_micros(200)) {
+        std::thread::sleep(nap);
     }
-    while now_ns() < at {
+    while Instant::now() < deadline {
         std::hint::spin_loop();
     }
     let start = now_ns();
@@ -263,7 +266,7 @@ fn round(
     let mut answer = format!("done {start}");
     for (target, end) in targets.iter().zip(ends) {
         let (bytes, end) = end?;
-        answer += &format!(" {}:{bytes}:{end}", target.slice.decode_rank);
+        let _ = write!(answer, " {}:{bytes}:{end}", target.slice.decode_rank);
     }
     Ok(answer)
 }

@@ -270,9 +270,11 @@ impl Batch {
                 signal,
             };
             let outcome = match run(&engine, &peer, work, notification).await {
-                Err(_) if engine.shutting_down.load(Ordering::Acquire) => Err(Error::Shutdown {
-                    what: "the transfer".into(),
-                }),
+                Err(error) if engine.shutting_down.load(Ordering::Acquire) => {
+                    Err(Error::Shutdown {
+                        what: format!("the transfer (it stopped with: {error})"),
+                    })
+                }
                 outcome => outcome,
             };
             let _ = sender.send(outcome);

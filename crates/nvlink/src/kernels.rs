@@ -73,7 +73,7 @@ impl KernelShare {
     pub(crate) fn grid(&self, items: u64, blocks_per_sm: u32) -> u32 {
         grid(
             items,
-            self.0.multiprocessors * blocks_per_sm.max(1),
+            self.0.multiprocessors.saturating_mul(blocks_per_sm.max(1)),
             self.0.sharers.load(Ordering::Relaxed),
         )
     }
