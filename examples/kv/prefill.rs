@@ -40,8 +40,9 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let engine = ferry::Engine::builder()
         .metadata(ferry::metadata::from_url(&shape.metadata)?)
         .build_blocking()?;
-    let sources = shape.block_ids(SOURCE_SALT);
-    let destinations = shape.block_ids(DESTINATION_SALT);
+    // Shared, so each request's block copy takes them without copying.
+    let sources: std::sync::Arc<[u32]> = shape.block_ids(SOURCE_SALT).into();
+    let destinations: std::sync::Arc<[u32]> = shape.block_ids(DESTINATION_SALT).into();
     let pools = allocate_pools(&engine, shape, args.gpu)?;
     let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
@@ -67,7 +68,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         let mut batch = engine.batch(&peer);
         if args.entries {
             for (pool, target) in pools.iter().zip(&remote) {
-                for (&source, &destination) in sources.iter().zip(&destinations) {
+                for (&source, &destination) in sources.iter().zip(destinations.iter()) {
                     batch = batch.write(
                         pool,
                         u64::from(source) * shape.block_bytes,
@@ -82,8 +83,8 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
                 shape.block_bytes,
                 layout,
                 layout,
-                sources.clone(),
-                destinations.clone(),
+                std::sync::Arc::clone(&sources),
+                std::sync::Arc::clone(&destinations),
             );
             for (pool, target) in pools.iter().zip(&remote) {
                 copy = copy.pool(pool, 0, target.addr);

@@ -20,7 +20,7 @@ use report::{quantile, Report, Row};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use workload::{Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
+use workload::{Paged, Shape, Xorshift, SWEEP_BYTES, SWEEP_SIZES};
 
 use workload::{Workload, ALL as ALL_WORKLOADS};
 
@@ -152,10 +152,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .max(1);
     let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine, CopyPath::Batched];
     let total = shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len();
-    let progress = ProgressBar::new(total as u64 + 1).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(total as u64 + 1);
     progress.set_message(format!(
         "starting the decode process ({:.1} GiB on GPU{})",
         area as f64 / GIB as f64,
@@ -218,18 +215,18 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .all(|row| row.verified))
 }
 
+/// A progress bar of `len` steps (drawn only on a terminal).
+fn progress_bar(len: u64) -> ProgressBar {
+    ProgressBar::new(len).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
+}
+
 /// Random bytes that the blocks' contents are cut from: 1 GiB plus room to shift each block's
 /// window, so no two blocks look alike.
 fn pattern(seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut bytes = Vec::with_capacity((GIB + SHIFT_SPAN) as usize);
-    while bytes.len() < (GIB + SHIFT_SPAN) as usize {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes
+    Xorshift::new(seed).bytes((GIB + SHIFT_SPAN) as usize)
 }
 
 const SHIFT_SPAN: u64 = 64 << 20;
@@ -379,7 +376,7 @@ impl Side {
                 Direction::Write => "write".into(),
                 Direction::Read => "read".into(),
             },
-            block_bytes: shape.block_bytes(),
+            block_bytes: blocks.iter().map(|block| block.2).max().unwrap_or(0),
             bytes: shape.bytes(),
             gbps,
             ratio: gbps.map(|gbps| gbps / baseline),
@@ -570,7 +567,8 @@ impl Side {
     }
 }
 
-fn now_ns() -> u64 {
+/// Wall-clock nanoseconds since the Unix epoch, shared by every process of the host.
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|since| since.as_nanos() as u64)

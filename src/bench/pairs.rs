@@ -7,12 +7,11 @@
 
 use super::rank::Sharded;
 use super::report::quantile;
-use super::workload::llama;
-use super::{median, now_ns, peer_copy, BoxError, Options, GIB};
+use super::workload::{llama, LLAMA_BLOCK_BYTES};
+use super::{median, now_ns, peer_copy, progress_bar, BoxError, Options, GIB};
 use crate::serve_child::ServeChild;
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::CopyPath;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::hash_map::{Entry, HashMap};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Lines, Write};
@@ -34,7 +33,7 @@ const LATE: Duration = Duration::from_micros(200);
 pub(crate) fn split(prefill_tp: u32, decode_tp: u32) -> HeadSplit {
     HeadSplit {
         heads: HEADS,
-        head_bytes: llama(0).block_bytes / u64::from(HEADS),
+        head_bytes: LLAMA_BLOCK_BYTES / u64::from(HEADS),
         prefill_tp,
         decode_tp,
     }
@@ -127,10 +126,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
             )
         })
         .collect();
-    let progress = ProgressBar::new(options.paths.len() as u64 + 1).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(options.paths.len() as u64 + 1);
     progress.set_message("peer_copy baselines");
     let mut alone: HashMap<(u32, u32), f64> = HashMap::new();
     for &(from, to) in &gpu_pairs {

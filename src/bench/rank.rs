@@ -8,16 +8,14 @@
 //! `done START DECODE_RANK:BYTES:END ...`; `verify` answers `verified yes` or
 //! `verified no WHERE`; end of input ends it.
 
-use super::now_ns;
-use super::workload::Paged;
+use super::workload::{Paged, Xorshift};
+use super::{now_ns, BoxError};
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::{BlockCopy, BlockLayout, CopyPath, Engine, NvlinkConfig, Peer, Region};
 use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-type BoxError = Box<dyn std::error::Error>;
 
 /// What one prefill rank is told by its parent (`ferry bench-rank`, not for direct use).
 #[derive(clap::Args, Debug)]
@@ -91,6 +89,8 @@ struct Target {
     slice: HeadSlice,
     peer: Peer,
     addr: u64,
+    /// The slice's copy from this rank's pools, built once and cloned for every round.
+    copy: BlockCopy,
 }
 
 /// Runs one prefill rank until its input ends; errors end it with a message on stderr.
@@ -122,7 +122,16 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         else {
             return Err(format!("no --peers/--peer-addrs entry for decode rank {rank}").into());
         };
+        let paged = &sharded.paged;
+        let (local, _) = sharded.split.layouts(&slice, paged.pool_blocks);
+        let copy = sharded.split.block_copy(
+            &slice,
+            paged.pool_blocks,
+            Arc::clone(&paged.local_ids),
+            Arc::clone(&paged.remote_ids),
+        );
         targets.push(Target {
+            copy: with_pools(&sharded, &slice, copy, &pools, local.pool_bytes, addr),
             slice,
             peer: engine.connect_blocking(name)?,
             addr,
@@ -141,7 +150,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         let line = line?;
         let mut words = line.split(' ');
         let answer = match (words.next(), words.next()) {
-            (Some("round"), Some(at)) => round(&engine, &pools, &targets, &sharded, at.parse()?)?,
+            (Some("round"), Some(at)) => round(&engine, &targets, at.parse()?)?,
             (Some("verify"), None) => verify(&engine, &check, &targets, &sharded, &sent)?,
             _ => return Err(format!("unexpected instruction {line:?}").into()),
         };
@@ -157,14 +166,7 @@ fn fill(pools: &Region, sharded: &Sharded, seed: u64) -> Result<Vec<u8>, BoxErro
     let block = sharded.split.prefill_block_bytes();
     let paged = &sharded.paged;
     let blocks = paged.pools as usize * paged.local_ids.len();
-    let mut sent = vec![0u8; blocks * block as usize];
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for word in sent.chunks_exact_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        word.copy_from_slice(&state.to_le_bytes());
-    }
+    let sent = Xorshift::new(seed).bytes(blocks * block as usize);
     let pool_bytes = paged.pool_blocks * block;
     let mut bytes = sent.chunks_exact(block as usize);
     for pool in 0..paged.pools {
@@ -176,29 +178,23 @@ fn fill(pools: &Region, sharded: &Sharded, seed: u64) -> Result<Vec<u8>, BoxErro
     Ok(sent)
 }
 
-/// The copy of `target`'s slice between `local` (laid out as `local_layout`) and the decode
-/// rank's pools.
-fn slice_copy(
+/// `copy` with one pool per tensor: tensor `t` at `t * local_pool_bytes` in `local`, and at
+/// `addr` plus `t` decode pools at the decode rank.
+fn with_pools(
     sharded: &Sharded,
-    target: &Target,
+    slice: &HeadSlice,
+    mut copy: BlockCopy,
     local: &Region,
-    local_layout: BlockLayout,
-    local_ids: Arc<[u32]>,
+    local_pool_bytes: u64,
+    addr: u64,
 ) -> BlockCopy {
     let paged = &sharded.paged;
-    let (_, remote_layout) = sharded.split.layouts(&target.slice, paged.pool_blocks);
-    let mut copy = BlockCopy::new(
-        sharded.split.slice_bytes(&target.slice),
-        local_layout,
-        remote_layout,
-        local_ids,
-        Arc::clone(&paged.remote_ids),
-    );
+    let (_, remote) = sharded.split.layouts(slice, paged.pool_blocks);
     for pool in 0..paged.pools {
         copy = copy.pool(
             local,
-            pool * local_layout.pool_bytes,
-            target.addr + pool * remote_layout.pool_bytes,
+            pool * local_pool_bytes,
+            addr + pool * remote.pool_bytes,
         );
     }
     copy
@@ -206,27 +202,8 @@ fn slice_copy(
 
 /// Waits until wall-clock `at`, writes every target its slice at once, and reports when each
 /// write completed.
-fn round(
-    engine: &Engine,
-    pools: &Region,
-    targets: &[Target],
-    sharded: &Sharded,
-    at: u64,
-) -> Result<String, BoxError> {
-    let paged = &sharded.paged;
-    let copies: Vec<BlockCopy> = targets
-        .iter()
-        .map(|target| {
-            let (local_layout, _) = sharded.split.layouts(&target.slice, paged.pool_blocks);
-            slice_copy(
-                sharded,
-                target,
-                pools,
-                local_layout,
-                Arc::clone(&paged.local_ids),
-            )
-        })
-        .collect();
+fn round(engine: &Engine, targets: &[Target], at: u64) -> Result<String, BoxError> {
+    let copies: Vec<BlockCopy> = targets.iter().map(|target| target.copy.clone()).collect();
     // Spin on the monotonic clock: a wall clock stepped back must not stretch the wait.
     let wait = Duration::from_nanos(at.saturating_sub(now_ns()));
     let deadline = Instant::now() + wait;
@@ -288,14 +265,28 @@ fn verify(
     for target in targets {
         let len = sharded.split.slice_bytes(&target.slice);
         let layout = BlockLayout::packed(request_blocks * len, len);
-        let copy = slice_copy(sharded, target, check, layout, Arc::clone(&packed));
+        let (local_layout, remote_layout) = sharded.split.layouts(&target.slice, paged.pool_blocks);
+        let copy = BlockCopy::new(
+            len,
+            layout,
+            remote_layout,
+            Arc::clone(&packed),
+            Arc::clone(&paged.remote_ids),
+        );
+        let copy = with_pools(
+            sharded,
+            &target.slice,
+            copy,
+            check,
+            layout.pool_bytes,
+            target.addr,
+        );
         engine
             .batch(&target.peer)
             .read_blocks(copy)
             .submit_blocking()?;
         landed.resize((paged.pools * request_blocks * len) as usize, 0);
         check.read_at(0, &mut landed)?;
-        let (local_layout, _) = sharded.split.layouts(&target.slice, paged.pool_blocks);
         let offset = local_layout.offset as usize;
         for (index, got) in landed.chunks_exact(len as usize).enumerate() {
             let at = index * block as usize + offset;

@@ -160,22 +160,42 @@ impl Shape {
             Shape::Ping(len) => vec![(0, 0, *len)],
         }
     }
+}
 
-    /// The block size, for the plot (the largest block where they differ).
-    pub(crate) fn block_bytes(&self) -> u64 {
-        self.blocks().iter().map(|block| block.2).max().unwrap_or(0)
+/// Deterministic pseudo-random numbers (xorshift64) for block ids and block contents.
+pub(crate) struct Xorshift(u64);
+
+impl Xorshift {
+    /// The sequence of `seed`.
+    pub(crate) fn new(seed: u64) -> Xorshift {
+        Xorshift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    /// The next number.
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// `len` bytes of the sequence, eight per number.
+    pub(crate) fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; len];
+        for chunk in bytes.chunks_mut(8) {
+            let word = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+        bytes
     }
 }
 
 /// A permutation of `0..n` from `seed`, the first `take` of it (distinct ids).
 pub(crate) fn distinct_ids(n: u64, take: u64, seed: u64) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..n as u32).collect();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut random = Xorshift::new(seed);
     for index in 0..take.min(n) as usize {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let pick = index + (state % (n - index as u64)) as usize;
+        let pick = index + (random.next_u64() % (n - index as u64)) as usize;
         ids.swap(index, pick);
     }
     ids.truncate(take.min(n) as usize);
@@ -195,13 +215,16 @@ fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Paged {
     }
 }
 
+/// Bytes of one `kv-llama70b-4k` block.
+pub(crate) const LLAMA_BLOCK_BYTES: u64 = 32 * KIB;
+
 /// The pools and block ids of `kv-llama70b-4k`: 80 layers x {K, V} pools of 4,096 blocks of
 /// 32 KiB (16 tokens x 8 KV heads x 128 dim x 2 bytes), 256 blocks a request.
 pub(crate) fn llama(seed: u64) -> Paged {
     Paged {
         pools: 160,
         pool_blocks: 4096,
-        block_bytes: 32 * KIB,
+        block_bytes: LLAMA_BLOCK_BYTES,
         local_ids: distinct_ids(4096, 256, seed).into(),
         remote_ids: distinct_ids(4096, 256, seed ^ 0xfeed).into(),
     }
