@@ -546,26 +546,17 @@ fn route(
             }
         };
         let local_addr = local.addr + entry.offset;
-        let ops = &mut groups[transport];
-        if let Some(last) = ops.last_mut() {
-            if last.direction == entry.direction
-                && Arc::ptr_eq(&last.region, region)
-                && Arc::ptr_eq(&last.remote, &remote)
-                && last.local_addr + last.len == local_addr
-                && last.remote_addr + last.len == entry.remote_addr
-            {
-                last.len += entry.len;
-                continue;
-            }
-        }
-        ops.push(TransferOp {
-            direction: entry.direction,
-            region: Arc::clone(region),
-            local_addr,
-            remote_addr: entry.remote_addr,
-            remote,
-            len: entry.len,
-        });
+        TransferOp::push_merged(
+            &mut groups[transport],
+            TransferOp {
+                direction: entry.direction,
+                region: Arc::clone(region),
+                local_addr,
+                remote_addr: entry.remote_addr,
+                remote,
+                len: entry.len,
+            },
+        );
     }
     Ok(groups
         .into_iter()

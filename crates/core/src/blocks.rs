@@ -317,24 +317,17 @@ impl BlockOps {
                     pool.local_base + u64::from(local) * self.local_stride + self.local_offset;
                 let remote_addr =
                     pool.remote_base + u64::from(remote) * self.remote_stride + self.remote_offset;
-                if let Some(last) = ops.last_mut() {
-                    if Arc::ptr_eq(&last.region, &pool.region)
-                        && Arc::ptr_eq(&last.remote, &pool.remote)
-                        && last.local_addr + last.len == local_addr
-                        && last.remote_addr + last.len == remote_addr
-                    {
-                        last.len += self.len;
-                        continue;
-                    }
-                }
-                ops.push(TransferOp {
-                    direction: self.direction,
-                    region: Arc::clone(&pool.region),
-                    local_addr,
-                    remote_addr,
-                    remote: Arc::clone(&pool.remote),
-                    len: self.len,
-                });
+                TransferOp::push_merged(
+                    &mut ops,
+                    TransferOp {
+                        direction: self.direction,
+                        region: Arc::clone(&pool.region),
+                        local_addr,
+                        remote_addr,
+                        remote: Arc::clone(&pool.remote),
+                        len: self.len,
+                    },
+                );
             }
         }
         ops

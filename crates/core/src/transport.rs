@@ -50,6 +50,25 @@ pub struct TransferOp {
     pub len: u64,
 }
 
+impl TransferOp {
+    /// Appends `op` to `ops`, or lengthens the last op instead when `op` continues it on both
+    /// sides (same direction, local registration and peer buffer), so the two move as one.
+    pub(crate) fn push_merged(ops: &mut Vec<TransferOp>, op: TransferOp) {
+        if let Some(last) = ops.last_mut() {
+            if last.direction == op.direction
+                && Arc::ptr_eq(&last.region, &op.region)
+                && Arc::ptr_eq(&last.remote, &op.remote)
+                && last.local_addr + last.len == op.local_addr
+                && last.remote_addr + last.len == op.remote_addr
+            {
+                last.len += op.len;
+                return;
+            }
+        }
+        ops.push(op);
+    }
+}
+
 impl std::fmt::Debug for TransferOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TransferOp")

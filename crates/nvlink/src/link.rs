@@ -31,7 +31,7 @@ pub(crate) struct NvlinkLink {
 struct GpuLane {
     streams: Vec<Stream>,
     /// `None` when the kernels could not be loaded; every copy then uses the copy engines.
-    kernels: Option<Arc<KernelShare>>,
+    kernels: Option<KernelShare>,
     args: ArgumentPool,
     /// Peer GPUs (ordinals) whose memory this GPU's kernels may touch, by whether enabling
     /// peer access to them worked.
@@ -71,7 +71,7 @@ impl NvlinkLink {
             .map(|_| Stream::new(Arc::clone(&context)))
             .collect::<Result<Vec<_>, _>>()?;
         let kernels = match CopyKernels::of(&context) {
-            Ok(kernels) => Some(Arc::new(kernels.share())),
+            Ok(kernels) => Some(kernels.share()),
             Err(error) => {
                 tracing::warn!(gpu = ordinal, %error, "the copy kernels did not load; every nvlink copy on this GPU uses the copy engines");
                 None
@@ -250,11 +250,11 @@ impl NvlinkLink {
     /// `None` when the copy engines should take it (path, size, or a pool the kernel cannot
     /// reach).
     fn launch_blocks(&self, blocks: &BlockOps) -> Result<Option<Event>> {
-        let wanted = match self.config.copy_path {
-            CopyPath::CopyEngine | CopyPath::Batched => false,
-            CopyPath::Kernel => true,
-            CopyPath::Auto => blocks.len < plan::engines_from(Driver::get().has_batched_copies()),
-        };
+        let wanted = plan::takes_kernel(
+            self.config.copy_path,
+            blocks.len,
+            Driver::get().has_batched_copies(),
+        );
         let Some(first) = blocks.pools.first() else {
             return Ok(None);
         };
@@ -271,7 +271,7 @@ impl NvlinkLink {
             return Ok(None);
         }
         let lane = self.lane(ordinal)?;
-        let Some(kernels) = lane.kernels.clone() else {
+        let Some(kernels) = lane.kernels.as_ref() else {
             return Ok(None);
         };
         let mut local_bases = Vec::with_capacity(blocks.pools.len());
@@ -331,34 +331,9 @@ impl NvlinkLink {
         Ok(Some(Event::record(&lane.streams[0])?))
     }
 
-    /// Moves `ops` with the copy path `path`; resolves once all bytes are visible.
-    async fn transfer_on(&self, ops: Vec<TransferOp>, path: CopyPath) -> Result<()> {
-        // Usually one GPU, at most a handful: a short list beats a map here.
-        let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
-        for op in &ops {
-            let Location::Device { ordinal, .. } = op.region.info().location else {
-                return Err(self.refused("a local range is not GPU memory"));
-            };
-            match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
-                Some((_, gpu_ops)) => gpu_ops.push(op),
-                None => by_gpu.push((ordinal, vec![op])),
-            }
-        }
-        let mut events = Vec::new();
-        for (ordinal, gpu_ops) in by_gpu {
-            let lane = self.lane(ordinal)?;
-            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
-            events.extend(self.launch(&lane, &copies, path)?);
-        }
-        let held = self.hold_mappings();
-        let waits = events.into_iter().map(|event| Poller::global().wait(event));
-        futures::future::try_join_all(waits).await?;
-        drop((ops, held));
-        self.still_alive()
-    }
-
     /// Queues `copies` on `lane` and returns the events that fire once they are done.
-    fn launch(&self, lane: &GpuLane, copies: &[Copy], path: CopyPath) -> Result<Vec<Event>> {
+    fn launch(&self, lane: &GpuLane, copies: &[Copy]) -> Result<Vec<Event>> {
+        let path = self.config.copy_path;
         let batched_copies = Driver::get().has_batched_copies();
         let route = plan::route(copies, path, batched_copies);
         let mut used = vec![false; lane.streams.len()];
@@ -433,7 +408,28 @@ impl NvlinkLink {
 #[async_trait::async_trait]
 impl Link for NvlinkLink {
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
-        self.transfer_on(ops, self.config.copy_path).await
+        // Usually one GPU, at most a handful: a short list beats a map here.
+        let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
+        for op in &ops {
+            let Location::Device { ordinal, .. } = op.region.info().location else {
+                return Err(self.refused("a local range is not GPU memory"));
+            };
+            match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
+                Some((_, gpu_ops)) => gpu_ops.push(op),
+                None => by_gpu.push((ordinal, vec![op])),
+            }
+        }
+        let mut events = Vec::new();
+        for (ordinal, gpu_ops) in by_gpu {
+            let lane = self.lane(ordinal)?;
+            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
+            events.extend(self.launch(&lane, &copies)?);
+        }
+        let held = self.hold_mappings();
+        let waits = events.into_iter().map(|event| Poller::global().wait(event));
+        futures::future::try_join_all(waits).await?;
+        drop((ops, held));
+        self.still_alive()
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {

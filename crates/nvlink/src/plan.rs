@@ -85,19 +85,22 @@ pub(crate) struct Route {
     pub(crate) copy_engine: Vec<usize>,
 }
 
+/// Whether `path` gives a copy of `len` bytes to the kernel (where the kernel reaches it);
+/// `batched` tells whether the driver has batched copies.
+pub(crate) fn takes_kernel(path: CopyPath, len: u64, batched: bool) -> bool {
+    match path {
+        CopyPath::Auto => len < engines_from(batched),
+        CopyPath::CopyEngine | CopyPath::Batched => false,
+        CopyPath::Kernel => true,
+    }
+}
+
 /// Splits `copies` between the kernel and the copy engines as `path` says; `batched` tells
 /// whether the driver has batched copies.
 pub(crate) fn route(copies: &[Copy], path: CopyPath, batched: bool) -> Route {
     let mut route = Route::default();
-    let engines_from = engines_from(batched);
     for (index, copy) in copies.iter().enumerate() {
-        let kernel = copy.kernel_reaches
-            && match path {
-                CopyPath::Auto => copy.len < engines_from,
-                CopyPath::CopyEngine | CopyPath::Batched => false,
-                CopyPath::Kernel => true,
-            };
-        if kernel {
+        if copy.kernel_reaches && takes_kernel(path, copy.len, batched) {
             route.kernel.push(index);
         } else {
             route.copy_engine.push(index);

@@ -1,7 +1,6 @@
 use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::error::CudaError;
-use super::event::Event;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 use std::sync::Arc;
 
@@ -133,16 +132,6 @@ impl Stream {
         // SAFETY: both ranges lie inside live allocations (checked above), which stay
         // allocated until the copy finishes (see above); two allocations never overlap.
         unsafe { self.copy(dst.addr(), src.addr(), len) }
-    }
-
-    /// Makes work queued on this stream from now on wait until `event` has fired, without
-    /// the host waiting.
-    pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
-        self.context.bind()?;
-        // SAFETY: both handles are valid; flags must be 0.
-        CudaError::check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.raw, event.raw(), 0)
-        })
     }
 
     /// Queues a write of the 32-bit `value` to `addr` after everything queued before it, with a
