@@ -56,10 +56,7 @@ impl Etcd {
     }
 
     fn keys(&self, name: &str) -> (String, String) {
-        (
-            format!("{}/segments/{name}", self.prefix),
-            format!("{}/owners/{name}", self.prefix),
-        )
+        crate::lease::keys(&self.prefix, name)
     }
 }
 

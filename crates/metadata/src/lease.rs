@@ -25,11 +25,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Deletes `name` if `owner` holds it.
     async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String>;
 
-    /// Renews whatever expiry the store keeps apart from the values (an etcd lease).
-    async fn renew(&self) -> std::result::Result<(), String>;
+    /// Renews whatever expiry the store keeps apart from the values (an etcd lease); stores
+    /// whose values expire on their own, refreshed by claiming them again, keep the default.
+    async fn renew(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
 
     /// Where the key of `name` lives, for error messages.
     fn key(&self, name: &str) -> String;
+}
+
+/// The keys of `name`'s descriptor and of its owner under `prefix`.
+pub(crate) fn keys(prefix: &str, name: &str) -> (String, String) {
+    (
+        format!("{prefix}/segments/{name}"),
+        format!("{prefix}/owners/{name}"),
+    )
 }
 
 /// What a store published, by name: the owner and the value, renewed until unpublished.
@@ -232,7 +243,7 @@ mod tests {
     use super::*;
     use ferry_core::{HostIdentity, DESCRIPTOR_VERSION};
 
-    /// An in-memory backend: names with owner and value, and a switch for a corrupt value.
+    /// An in-memory backend: names with owner and value (tests corrupt a value in place).
     #[derive(Default)]
     struct Fake {
         entries: Mutex<HashMap<String, (String, Vec<u8>)>>,
@@ -267,10 +278,6 @@ mod tests {
             if entries.get(name).is_some_and(|(holder, _)| holder == owner) {
                 entries.remove(name);
             }
-            Ok(())
-        }
-
-        async fn renew(&self) -> std::result::Result<(), String> {
             Ok(())
         }
 

@@ -62,24 +62,26 @@ pub enum Error {
 /// [`Error::BadUrl`] for a malformed etcd or redis URL.
 pub fn from_url(url: &str) -> Result<Arc<dyn MetadataStore>, Error> {
     let url = url.trim();
-    let bad = |reason: String| Error::BadUrl {
-        url: url.to_owned(),
-        reason,
-    };
     match url {
         "" | "p2p" => Ok(Arc::new(PeerToPeer::default())),
         "memory" => Ok(MemoryStore::global()),
         #[cfg(feature = "etcd")]
-        url if url.starts_with("etcd://") => Ok(Arc::new(etcd::store(url).map_err(bad)?)),
+        url if url.starts_with("etcd://") => Ok(Arc::new(etcd::store(url).map_err(bad_url(url))?)),
         #[cfg(feature = "redis")]
-        url if url.starts_with("redis://") => Ok(Arc::new(redis::store(url).map_err(bad)?)),
-        other => {
-            let _ = bad;
-            Err(Error::UnsupportedUrl {
-                url: other.to_owned(),
-                reason: "use `p2p` (peers find each other by host:port), `memory` (one process), or etcd:// and redis:// in a build with the `etcd` and `redis` features".into(),
-            })
-        }
+        url if url.starts_with("redis://") => Ok(Arc::new(redis::store(url).map_err(bad_url(url))?)),
+        other => Err(Error::UnsupportedUrl {
+            url: other.to_owned(),
+            reason: "use `p2p` (peers find each other by host:port), `memory` (one process), or etcd:// and redis:// in a build with the `etcd` and `redis` features".into(),
+        }),
+    }
+}
+
+/// Turns a store's reason for refusing `url` into [`Error::BadUrl`].
+#[cfg(any(feature = "etcd", feature = "redis"))]
+fn bad_url(url: &str) -> impl Fn(String) -> Error + '_ {
+    move |reason| Error::BadUrl {
+        url: url.to_owned(),
+        reason,
     }
 }
 

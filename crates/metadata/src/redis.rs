@@ -53,10 +53,7 @@ impl Redis {
     }
 
     fn keys(name: &str) -> (String, String) {
-        (
-            format!("{PREFIX}/segments/{name}"),
-            format!("{PREFIX}/owners/{name}"),
-        )
+        crate::lease::keys(PREFIX, name)
     }
 }
 
@@ -98,11 +95,6 @@ impl Backend for Redis {
             .invoke_async(&mut connection)
             .await
             .map_err(|error| error.to_string())?;
-        Ok(())
-    }
-
-    async fn renew(&self) -> Result<(), String> {
-        // The keys' expiry is refreshed by claiming them again.
         Ok(())
     }
 
