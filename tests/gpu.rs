@@ -394,6 +394,49 @@ fn engine_with(path: ferry::CopyPath) -> Engine {
         .expect("engine starts")
 }
 
+/// (local offset, remote offset, len) of entries between a local region and a peer's buffer.
+type Entries = [(u64, u64, u64)];
+
+/// Writes every entry of `source` to `base + remote` at the peer, as one batch.
+fn write_entries(
+    engine: &Engine,
+    peer: &ferry::Peer,
+    source: &ferry::Region,
+    base: u64,
+    entries: &Entries,
+) -> ferry::Completion {
+    let mut batch = engine.batch(peer);
+    for &(local, remote, len) in entries {
+        batch = batch.write(source, local, base + remote, len);
+    }
+    batch.submit_blocking().unwrap()
+}
+
+/// Reads every entry's range at the peer back into `back` at its remote offset, as one batch.
+fn read_entries(
+    engine: &Engine,
+    peer: &ferry::Peer,
+    back: &ferry::Region,
+    base: u64,
+    entries: &Entries,
+) {
+    let mut batch = engine.batch(peer);
+    for &(_, remote, len) in entries {
+        batch = batch.read(back, remote, base + remote, len);
+    }
+    batch.submit_blocking().unwrap();
+}
+
+/// An area of `len` zeros with every entry of `source` copied to its remote offset.
+fn expected_area(entries: &Entries, source: &[u8], len: usize) -> Vec<u8> {
+    let mut expected = vec![0u8; len];
+    for &(local, remote, len) in entries {
+        let (local, remote, len) = (local as usize, remote as usize, len as usize);
+        expected[remote..remote + len].copy_from_slice(&source[local..local + len]);
+    }
+    expected
+}
+
 #[test]
 fn every_copy_path_moves_unaligned_entries_and_touches_nothing_else() {
     two_gpus();
@@ -432,30 +475,20 @@ fn every_copy_path_moves_unaligned_entries_and_touches_nothing_else() {
             .write(&zeros, 0, target.buffer_addr, AREA as u64)
             .submit_blocking()
             .unwrap();
-        let mut batch = engine.batch(&peer);
-        for &(local, remote, len) in &entries {
-            batch = batch.write(&source, local, target.buffer_addr + remote, len);
-        }
-        batch.submit_blocking().unwrap();
+        write_entries(&engine, &peer, &source, target.buffer_addr, &entries);
         // Read the peer's whole area back through the same path, entry by entry, and check
         // every byte: copied ranges carry the source, all others are still zero.
-        let mut reads = engine.batch(&peer);
-        for &(_, remote, len) in &entries {
-            reads = reads.read(&back, remote, target.buffer_addr + remote, len);
-        }
-        reads.submit_blocking().unwrap();
-        let mut whole = engine.batch(&peer);
-        whole = whole.read(&zeros, 0, target.buffer_addr, AREA as u64);
-        whole.submit_blocking().unwrap();
+        read_entries(&engine, &peer, &back, target.buffer_addr, &entries);
+        engine
+            .batch(&peer)
+            .read(&zeros, 0, target.buffer_addr, AREA as u64)
+            .submit_blocking()
+            .unwrap();
         let mut landed = vec![0u8; AREA];
         zeros.read_at(0, &mut landed).unwrap();
         let mut read_back = vec![0u8; AREA];
         back.read_at(0, &mut read_back).unwrap();
-        let mut expected = vec![0u8; AREA];
-        for &(local, remote, len) in &entries {
-            let (local, remote, len) = (local as usize, remote as usize, len as usize);
-            expected[remote..remote + len].copy_from_slice(&source_bytes[local..local + len]);
-        }
+        let expected = expected_area(&entries, &source_bytes, AREA);
         assert_bytes_eq(
             &landed,
             &expected,
@@ -474,7 +507,7 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
     const POOLS: u64 = 8;
     let area = (POOL * POOLS) as usize;
     let target = ServeProcess::start_with(area, &["--gpu", "1"], &[]);
-    let engine = engine_with(ferry::CopyPath::Auto);
+    let engine = engine();
     let source = engine.allocate_device(0, area).unwrap();
     let back = engine.allocate_device(0, area).unwrap();
     let bytes = pattern(91, area);
@@ -615,27 +648,14 @@ fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
             4093,
         ));
     }
-    let mut writes = engine.batch(&peer);
-    for &(local, remote, len) in &entries {
-        writes = writes.write(&source, local, target.buffer_addr + remote, len);
-    }
-    let done = writes.submit_blocking().unwrap();
+    let done = write_entries(&engine, &peer, &source, target.buffer_addr, &entries);
     assert_eq!(done.transports, vec!["tcp"]);
-    let mut reads = engine.batch(&peer);
-    for &(_, remote, len) in &entries {
-        reads = reads.read(&back, remote, target.buffer_addr + remote, len);
-    }
-    reads.submit_blocking().unwrap();
+    read_entries(&engine, &peer, &back, target.buffer_addr, &entries);
     let mut landed = vec![0u8; AREA];
     back.read_at(0, &mut landed).unwrap();
-    let mut expected = vec![0u8; AREA];
-    for &(local, remote, len) in &entries {
-        let (local, remote, len) = (local as usize, remote as usize, len as usize);
-        expected[remote..remote + len].copy_from_slice(&bytes[local..local + len]);
-    }
     assert_bytes_eq(
         &landed,
-        &expected,
+        &expected_area(&entries, &bytes, AREA),
         "GPU bytes written and read back over tcp",
     );
 }
