@@ -12,8 +12,7 @@
 mod kv;
 
 use clap::{Parser, Subcommand};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
@@ -75,16 +74,6 @@ fn shape_args(shape: &kv::Shape) -> Vec<String> {
         ("--seed", shape.seed.to_string()),
         ("--metadata", shape.metadata.clone()),
     ])
-}
-
-/// A child process that is killed if the demo exits early.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Where each side keeps its cache, and why.
@@ -156,23 +145,11 @@ fn start(
     role: &str,
     side: &Side,
     mut args: Vec<String>,
-) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
+) -> Result<(kv::Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
     if let Some(gpu) = side.gpu {
         args.extend(["--gpu".to_owned(), gpu.to_string()]);
     }
-    let mut command = Command::new(std::env::current_exe()?);
-    if let Some(devices) = side.visible_devices {
-        command.env("CUDA_VISIBLE_DEVICES", devices);
-    }
-    let mut child = command
-        .arg(role)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("child stdout was not captured")?;
-    let lines = BufReader::new(stdout).lines().map_while(Result::ok);
-    Ok((Process(child), lines))
+    kv::spawn_role(role, args, side.visible_devices)
 }
 
 fn value<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {

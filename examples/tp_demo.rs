@@ -9,14 +9,15 @@
 //!
 //! `cargo run --release --example tp_demo -- --prefill-tp 2 --decode-tp 1`
 
-// Only the block pattern, block ids, argument and logging helpers of the shared module are used.
+// The shared module's block pattern, ids, pools, child processes, arguments and logging are
+// used; its roles are not.
 #[allow(dead_code)]
 mod kv;
 
 use clap::{Args, Parser, Subcommand};
 use ferry::tp::HeadSplit;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::io::Write;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,19 +125,15 @@ fn engine(split: &Split) -> Result<ferry::Engine, Box<dyn std::error::Error>> {
         .build_blocking()?)
 }
 
+/// One pool per K and V tensor of every layer, of `block_bytes` blocks.
 fn pools(
     engine: &ferry::Engine,
     split: &Split,
     block_bytes: u64,
     gpu: Option<u32>,
 ) -> Result<Vec<ferry::Region>, ferry::Error> {
-    let bytes = u64::from(split.pool_blocks) * block_bytes;
-    (0..split.layers * 2)
-        .map(|_| match gpu {
-            Some(ordinal) => engine.allocate_device(ordinal, bytes as usize),
-            None => engine.allocate(bytes as usize),
-        })
-        .collect()
+    let pool_bytes = u64::from(split.pool_blocks) * block_bytes;
+    kv::allocate_pools(engine, split.layers * 2, pool_bytes, gpu)
 }
 
 fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
@@ -301,33 +298,6 @@ fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     Ok(bad.is_none())
 }
 
-/// A child killed when the demo ends early.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(
-    role: &str,
-    args: Vec<String>,
-) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(role)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("child stdout was not captured")?;
-    Ok((
-        Process(child),
-        BufReader::new(stdout).lines().map_while(Result::ok),
-    ))
-}
-
 fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let split = &cli.split;
     split.heads().validate()?;
@@ -362,7 +332,7 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let mut decoders = Vec::new();
     let mut names = Vec::new();
     for rank in 0..split.decode_tp {
-        let (process, mut lines) = spawn("decode", rank_args(rank, decode_gpu))?;
+        let (process, mut lines) = kv::spawn_role("decode", rank_args(rank, decode_gpu), None)?;
         let name = lines
             .next()
             .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
@@ -374,7 +344,7 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     for rank in 0..split.prefill_tp {
         let mut args = rank_args(rank, prefill_gpu);
         args.extend(["--peers".to_owned(), names.join(",")]);
-        prefills.push(spawn("prefill", args)?);
+        prefills.push(kv::spawn_role("prefill", args, None)?);
     }
     let mut all_good = true;
     for (mut process, lines) in prefills.into_iter().chain(decoders) {

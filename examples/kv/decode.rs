@@ -35,7 +35,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         builder = builder.advertise(host.clone());
     }
     let engine = builder.build_blocking()?;
-    let pools = allocate_pools(&engine, shape, args.gpu)?;
+    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.gpu)?;
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;

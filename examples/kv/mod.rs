@@ -90,19 +90,55 @@ pub(crate) fn flag_args(pairs: impl IntoIterator<Item = (&'static str, String)>)
         .collect()
 }
 
-/// One pool per K and V tensor of every layer, registered in that order: on GPU `gpu`
-/// (`cudaMalloc` memory) or in host memory.
+/// `tensors` pools of `pool_bytes` (one per K and V tensor of every layer), registered in
+/// that order: on GPU `gpu` (`cudaMalloc` memory) or in host memory.
 pub(crate) fn allocate_pools(
     engine: &ferry::Engine,
-    shape: &Shape,
+    tensors: u32,
+    pool_bytes: u64,
     gpu: Option<u32>,
 ) -> Result<Vec<ferry::Region>, ferry::Error> {
-    (0..shape.tensors())
+    (0..tensors)
         .map(|_| match gpu {
-            Some(ordinal) => engine.allocate_device(ordinal, shape.pool_bytes() as usize),
-            None => engine.allocate(shape.pool_bytes() as usize),
+            Some(ordinal) => engine.allocate_device(ordinal, pool_bytes as usize),
+            None => engine.allocate(pool_bytes as usize),
         })
         .collect()
+}
+
+/// A child process of an example, killed if the example ends early.
+pub(crate) struct Process(pub(crate) std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts this example again as `role` with `args` (and `CUDA_VISIBLE_DEVICES` when given),
+/// with its output read line by line.
+pub(crate) fn spawn_role(
+    role: &str,
+    args: Vec<String>,
+    visible_devices: Option<&str>,
+) -> Result<(Process, impl Iterator<Item = String>), Box<dyn std::error::Error>> {
+    use std::io::BufRead;
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    if let Some(devices) = visible_devices {
+        command.env("CUDA_VISIBLE_DEVICES", devices);
+    }
+    let mut child = command
+        .arg(role)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("child stdout was not captured")?;
+    let lines = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok);
+    Ok((Process(child), lines))
 }
 
 /// Fills `block` with the bytes logical block `block_index` of `tensor` holds for `request`.

@@ -43,7 +43,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Shared, so each request's block copy takes them without copying.
     let sources: std::sync::Arc<[u32]> = shape.block_ids(SOURCE_SALT).into();
     let destinations: std::sync::Arc<[u32]> = shape.block_ids(DESTINATION_SALT).into();
-    let pools = allocate_pools(&engine, shape, args.gpu)?;
+    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.gpu)?;
     let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
     let remote = peer.buffers();
