@@ -52,10 +52,10 @@ pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL,
 
 pub use ferry_core::{
     cuda, wire, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,
-    Direction, Endpoint, Error, Export, HostIdentity, Link, Location, MetadataStore, Notification,
-    Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError, Reach, Region, RegionInfo,
-    RegionUse, Result, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport,
-    DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
+    Direction, Endpoint, Error, Export, HostIdentity, InstanceId, Link, Location, MetadataStore,
+    Notification, Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError, Reach, Region,
+    RegionInfo, RegionUse, Result, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp,
+    Transport, DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
 };
 
 #[doc = include_str!("../README.md")]

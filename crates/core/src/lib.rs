@@ -42,6 +42,7 @@ pub mod cuda;
 mod descriptor;
 mod engine;
 mod error;
+mod identity;
 mod memory;
 mod metadata;
 mod notify;
@@ -57,6 +58,7 @@ pub use descriptor::{
 };
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Error, ProtocolViolation, RangeError, Result, Side};
+pub use identity::InstanceId;
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};

@@ -28,6 +28,7 @@ mod link;
 mod mnnvl;
 mod plan;
 mod transport;
+mod trial;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};
