@@ -611,6 +611,11 @@ impl Engine {
         self.run(async move { inner.publish().await }).await
     }
 
+    /// The transports routes are chosen among, TCP last.
+    pub(crate) fn transports(&self) -> &[Arc<dyn Transport>] {
+        &self.inner.transports
+    }
+
     /// Starts a batch of reads and writes with `peer`.
     pub fn batch(&self, peer: &Peer) -> Batch {
         Batch::new(Arc::clone(&self.inner), peer)
