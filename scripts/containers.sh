@@ -31,6 +31,9 @@ chmod 755 "$work"
 shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
 private_tmp='mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
 netns_ready=false
+# Inside each network namespace; `env -u` keeps a wrapped ip's library path out of ferry.
+in_d=(ip netns exec ferry-d env -u LD_LIBRARY_PATH)
+in_p=(ip netns exec ferry-p env -u LD_LIBRARY_PATH)
 
 setup_netns() {
   command -v ip >/dev/null || { echo "no ip command (iproute2)" >>"$log"; return 1; }
@@ -131,13 +134,13 @@ for memory in ${MEMORY:-cuda vmm}; do
   run_case uid "$memory" 127.0.0.1:0 env -- setpriv --reuid=65534 --regid=65534 --clear-groups
   if setup_netns; then
     netns_ready=true
-    run_case net "$memory" 10.231.0.1:0 ip netns exec ferry-d -- ip netns exec ferry-p
+    run_case net "$memory" 10.231.0.1:0 "${in_d[@]}" -- "${in_p[@]}"
     run_case pod "$memory" 10.231.0.1:0 \
-      ip netns exec ferry-d unshare -p -f --mount-proc -i sh -c "$private_tmp" -- \
-      ip netns exec ferry-p unshare -p -f --mount-proc -i sh -c "$private_tmp"
-    run_case pod-shared-ipc-pid "$memory" 10.231.0.1:0 \
-      ip netns exec ferry-d unshare -m sh -c "$private_tmp" -- \
-      ip netns exec ferry-p unshare -m sh -c "$private_tmp"
+      "${in_d[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp" -- \
+      "${in_p[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp"
+    run_case pod-shared-pid-ipc "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" unshare -m sh -c "$private_tmp" -- \
+      "${in_p[@]}" unshare -m sh -c "$private_tmp"
     teardown_netns
   else
     echo "FAIL net/pod  $memory  network namespaces could not be set up (see containers.log)" >>"$table"
