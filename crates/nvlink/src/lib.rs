@@ -22,11 +22,13 @@
 //! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
 
 mod args;
+mod bounds;
 mod import;
 mod kernels;
 mod link;
 mod mnnvl;
 mod plan;
+mod queue;
 mod transport;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
