@@ -14,6 +14,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[cfg(all(test, feature = "gpu-tests"))]
+mod gpu_tests;
+
 /// Mappings of one peer's allocations and the local streams and kernels that copy to and from
 /// them.
 pub(crate) struct NvlinkLink {
