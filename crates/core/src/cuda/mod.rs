@@ -30,7 +30,9 @@ pub use event::Event;
 pub use fabric::{probe_fabric, FabricSupport};
 pub use ipc::{IpcHandle, IpcMapping, IPC_HANDLE_LEN};
 pub use module::{Kernel, KernelArg, Module};
-pub use pinned::PinnedBuffer;
+#[cfg(test)]
+pub(crate) use pinned::place;
+pub use pinned::{PinnedBuffer, PinnedChunk, PinnedSlice};
 pub use pointer::{DevicePointer, MemoryKind};
 pub use poller::{Completed, Pollable, Poller};
 pub use stream::Stream;

@@ -1,10 +1,12 @@
 //! Bytes of a registered region as the TCP transport moves them: host memory in place, GPU
-//! memory through a pinned staging buffer that the GPU's copy engine fills or drains
-//! asynchronously (the socket work of other connections goes on meanwhile).
+//! memory through pinned staging memory (small spans share chunks, see `staging`) that the
+//! GPU's copy engine fills or drains asynchronously (the socket work of other connections goes
+//! on meanwhile).
 
 use super::host::HostSpan;
 use super::region::{Location, RegionUse};
-use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Poller, Stream};
+use super::staging::Staging;
+use crate::cuda::{Context, CudaError, Event, Poller, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -75,13 +77,13 @@ impl Span {
     }
 }
 
-/// A range of registered GPU memory with the pinned buffer that stands in for it.
+/// A range of registered GPU memory with the pinned memory that stands in for it.
 pub(crate) struct StagedSpan {
     addr: u64,
     len: usize,
     ordinal: u32,
-    /// Taken from the pool when bytes first move; Drop hands it back.
-    staging: Option<PinnedBuffer>,
+    /// Taken when bytes first move (small spans share a chunk); Drop hands it back.
+    staging: Option<Staging>,
     /// Keeps the region registered, and so its memory valid, while the span exists.
     _use: Arc<RegionUse>,
 }
@@ -95,21 +97,21 @@ enum CopyWay {
 impl StagedSpan {
     fn staged(&self) -> &[u8] {
         match &self.staging {
-            Some(buffer) => &buffer.as_slice()[..self.len],
+            Some(staging) => staging.bytes(self.len),
             None => &[],
         }
     }
 
-    fn buffer(&mut self) -> Result<&mut PinnedBuffer, CudaError> {
+    fn staging(&mut self) -> Result<&mut Staging, CudaError> {
         match self.staging {
-            Some(ref mut buffer) => Ok(buffer),
-            None => Ok(self.staging.insert(staging_buffer(self.ordinal, self.len)?)),
+            Some(ref mut staging) => Ok(staging),
+            None => Ok(self.staging.insert(Staging::new(self.ordinal, self.len)?)),
         }
     }
 
     fn staged_mut(&mut self) -> Result<&mut [u8], CudaError> {
         let len = self.len;
-        Ok(&mut self.buffer()?.as_mut_slice()[..len])
+        Ok(self.staging()?.bytes_mut(len))
     }
 
     /// Queues the copy between the GPU range and the staging buffer on `stream`.
@@ -118,15 +120,16 @@ impl StagedSpan {
     /// `stream` after this call has fired.
     fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), CudaError> {
         let (addr, len) = (self.addr, self.len);
-        let buffer = self.buffer()?;
+        let staging = self.staging()?.addr();
         let (dst, src) = match way {
-            CopyWay::FromGpu => (buffer.addr(), addr),
-            CopyWay::ToGpu => (addr, buffer.addr()),
+            CopyWay::FromGpu => (staging, addr),
+            CopyWay::ToGpu => (addr, staging),
         };
         // SAFETY: the GPU range lies inside a registered region (checked in `Span::new`) that
-        // the held RegionUse keeps registered; the pinned buffer holds at least `len` bytes and
-        // is owned by this span, which `copy_all` keeps borrowed until the event after this
-        // copy has fired; GPU memory and pinned host memory never overlap.
+        // the held RegionUse keeps registered; the pinned staging memory holds at least `len`
+        // bytes that no other span shares and is owned by this span, which `copy_all` keeps
+        // borrowed until the event after this copy has fired; GPU memory and pinned host
+        // memory never overlap.
         unsafe { stream.copy(dst, src, len) }
     }
 }
@@ -153,40 +156,9 @@ async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
 
 impl Drop for StagedSpan {
     fn drop(&mut self) {
-        if let Some(buffer) = self.staging.take() {
-            give_back(buffer);
+        if let Some(staging) = self.staging.take() {
+            staging.release();
         }
-    }
-}
-
-/// Pinned buffers come in powers of two from this size up.
-const SMALLEST: usize = 64 << 10;
-/// Bytes of buffers of one size kept for reuse; more are freed.
-const KEPT_PER_SIZE: usize = 64 << 20;
-
-fn pool() -> &'static Mutex<HashMap<usize, Vec<PinnedBuffer>>> {
-    static POOL: OnceLock<Mutex<HashMap<usize, Vec<PinnedBuffer>>>> = OnceLock::new();
-    POOL.get_or_init(Mutex::default)
-}
-
-fn staging_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
-    let size = len.next_power_of_two().max(SMALLEST);
-    let reused = pool()
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner())
-        .get_mut(&size)
-        .and_then(Vec::pop);
-    match reused {
-        Some(buffer) => Ok(buffer),
-        None => PinnedBuffer::new(Context::get(ordinal)?, size),
-    }
-}
-
-fn give_back(buffer: PinnedBuffer) {
-    let mut pool = pool().lock().unwrap_or_else(|poison| poison.into_inner());
-    let kept = pool.entry(buffer.len()).or_default();
-    if (kept.len() + 1) * buffer.len() <= KEPT_PER_SIZE {
-        kept.push(buffer);
     }
 }
 
