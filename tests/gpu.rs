@@ -874,3 +874,38 @@ fn vmm_piece_lists_that_do_not_match_the_allocations_are_refused_and_a_good_tran
     );
     good_transfer_follows(&engine, &source, &target);
 }
+
+#[test]
+fn thousands_of_tiny_gpu_entries_cross_tcp_through_shared_staging_chunks() {
+    gpus();
+    const ENTRIES: u64 = 4096;
+    const STRIDE: u64 = 256;
+    const AREA: usize = (ENTRIES * STRIDE) as usize + 4096;
+    let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
+    let engine = Engine::builder()
+        .gpu_links(false)
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .unwrap();
+    let source = engine.allocate_device(0, AREA).unwrap();
+    let back = engine.allocate_device(0, AREA).unwrap();
+    let bytes = pattern(95, AREA);
+    source.write_at(0, &bytes).unwrap();
+    back.write_at(0, &vec![0u8; AREA]).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    // 1 to 200 bytes each, at odd remote offsets, with untouched gaps between them: every
+    // entry is staged through a slice of a shared pinned chunk on both sides.
+    let entries: Vec<(u64, u64, u64)> = (0..ENTRIES)
+        .map(|index| (index * STRIDE, index * STRIDE + 3, 1 + index * 7 % 200))
+        .collect();
+    let done = write_entries(&engine, &peer, &source, target.buffer_addr, &entries);
+    assert_eq!(done.transports, vec!["tcp"]);
+    read_entries(&engine, &peer, &back, target.buffer_addr, &entries);
+    let mut landed = vec![0u8; AREA];
+    back.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(
+        &landed,
+        &expected_area(&entries, &bytes, AREA),
+        "tiny GPU entries written and read back over tcp",
+    );
+}
