@@ -701,7 +701,7 @@ impl ferry::MetadataStore for CraftedPeers {
 }
 
 /// Writes 4 KiB to `addr` of the crafted peer `name` and expects the nvlink transport to
-/// refuse it as a protocol violation naming `field`.
+/// refuse it as a protocol violation naming `field`, with the peer closed.
 fn expect_refusal(engine: &Engine, source: &ferry::Region, name: &str, addr: u64, field: &str) {
     let peer = engine.connect_blocking(name).unwrap();
     let outcome = engine
@@ -715,6 +715,7 @@ fn expect_refusal(engine: &Engine, source: &ferry::Region, name: &str, addr: u64
         }) => assert_eq!(found, field, "{name}"),
         other => panic!("{name}: expected a violation naming {field}, got {other:?}"),
     }
+    assert!(!peer.is_alive(), "{name}: the peer is closed after its violation");
 }
 
 /// A good transfer after the hostile ones: written to `target`'s real buffer, read back and
