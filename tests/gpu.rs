@@ -715,7 +715,10 @@ fn expect_refusal(engine: &Engine, source: &ferry::Region, name: &str, addr: u64
         }) => assert_eq!(found, field, "{name}"),
         other => panic!("{name}: expected a violation naming {field}, got {other:?}"),
     }
-    assert!(!peer.is_alive(), "{name}: the peer is closed after its violation");
+    assert!(
+        !peer.is_alive(),
+        "{name}: the peer is closed after its violation"
+    );
 }
 
 /// A good transfer after the hostile ones: written to `target`'s real buffer, read back and

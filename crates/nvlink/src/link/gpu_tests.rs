@@ -1,7 +1,8 @@
 //! The launch sequence on a real GPU: a launch that fails part-way through a transfer leaves
 //! nothing queued behind the transfer's back. Needs a GPU; fails without one.
 
-use super::{GpuLane, Launches, NvlinkLink, Work};
+use super::launches::{Launches, Work};
+use super::{GpuLane, NvlinkLink};
 use crate::plan::{self, CopyPath};
 use crate::queue::{self, Launcher};
 use crate::transport::NvlinkConfig;
