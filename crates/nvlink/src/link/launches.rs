@@ -129,7 +129,8 @@ impl NvlinkLink {
     }
 
     /// Queues `work` (each with the index of its lane in `lanes`) and waits for everything it
-    /// queued, also when a launch failed part-way, before dropping `keep`.
+    /// queued, also when a launch failed part-way, before dropping `keep`; then fails if the
+    /// link was closed meanwhile.
     pub(super) async fn run<K>(
         &self,
         lanes: Vec<Arc<GpuLane>>,
