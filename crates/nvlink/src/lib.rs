@@ -28,7 +28,6 @@ mod kernels;
 mod link;
 mod mnnvl;
 mod plan;
-mod queue;
 mod transport;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};

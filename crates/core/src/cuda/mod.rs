@@ -13,6 +13,7 @@ mod error;
 mod event;
 mod fabric;
 mod ipc;
+mod launch;
 mod module;
 mod pinned;
 mod pointer;
@@ -29,6 +30,7 @@ pub use error::CudaError;
 pub use event::Event;
 pub use fabric::{probe_fabric, FabricSupport};
 pub use ipc::{IpcHandle, IpcMapping, IPC_HANDLE_LEN};
+pub use launch::{launch_all, Launcher};
 pub use module::{Kernel, KernelArg, Module};
 #[cfg(test)]
 pub(crate) use pinned::place;

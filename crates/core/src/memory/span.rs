@@ -6,7 +6,7 @@
 use super::host::HostSpan;
 use super::region::{Location, RegionUse};
 use super::staging::Staging;
-use crate::cuda::{Context, CudaError, Event, Poller, Stream};
+use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -134,24 +134,66 @@ impl StagedSpan {
     }
 }
 
+/// Queues the copies of every staged span (one stream per GPU) and waits for all of them:
+/// also when queueing one failed, every copy queued before it has finished before this returns
+/// and the spans may be dropped.
 async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
     let mut streams: Vec<(u32, Arc<Stream>)> = Vec::new();
+    let mut staged = Vec::new();
     for span in spans.iter_mut() {
         let Span::Staged(span) = span else { continue };
-        let stream = match streams.iter().find(|(ordinal, _)| *ordinal == span.ordinal) {
-            Some((_, stream)) => Arc::clone(stream),
+        let stream = match streams
+            .iter()
+            .position(|(ordinal, _)| *ordinal == span.ordinal)
+        {
+            Some(index) => index,
             None => {
-                let stream = staging_stream(span.ordinal)?;
-                streams.push((span.ordinal, Arc::clone(&stream)));
-                stream
+                streams.push((span.ordinal, staging_stream(span.ordinal)?));
+                streams.len() - 1
             }
         };
-        span.queue(way, &stream)?;
+        staged.push((span, stream));
     }
-    for (_, stream) in streams {
-        Poller::global().wait(Event::record(&stream)?).await?;
+    let copies = StagingCopies {
+        way,
+        streams,
+        staged,
+    };
+    launch_all(copies, |event| Poller::global().wait(event), ()).await
+}
+
+/// The staging copies of one frame, as launches: one per staged span, on its GPU's stream.
+struct StagingCopies<'a> {
+    way: CopyWay,
+    streams: Vec<(u32, Arc<Stream>)>,
+    /// Each span with the index of its stream in `streams`.
+    staged: Vec<(&'a mut StagedSpan, usize)>,
+}
+
+impl Launcher for StagingCopies<'_> {
+    type Fence = Event;
+    type Error = CudaError;
+
+    fn count(&self) -> usize {
+        self.staged.len()
     }
-    Ok(())
+
+    fn stream(&self, index: usize) -> usize {
+        self.staged[index].1
+    }
+
+    fn launch(&mut self, index: usize) -> Result<(), CudaError> {
+        let (span, stream) = &mut self.staged[index];
+        span.queue(self.way, &self.streams[*stream].1)
+    }
+
+    fn fence(&mut self, stream: usize) -> Result<Event, CudaError> {
+        Event::record(&self.streams[stream].1)
+    }
+
+    fn drain(&mut self, stream: usize) -> Result<(), CudaError> {
+        self.streams[stream].1.synchronize()
+    }
 }
 
 impl Drop for StagedSpan {

@@ -4,9 +4,10 @@
 use super::launches::{Launches, Work};
 use super::{GpuLane, NvlinkLink};
 use crate::plan::{self, CopyPath};
-use crate::queue::{self, Launcher};
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{download, upload, Context, DeviceBuffer, Driver, Event, Poller};
+use ferry_core::cuda::{
+    download, launch_all, upload, Context, DeviceBuffer, Driver, Event, Launcher, Poller,
+};
 use ferry_core::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ struct FailingAt<'a> {
 
 impl Launcher for FailingAt<'_> {
     type Fence = Event;
+    type Error = Error;
 
     fn count(&self) -> usize {
         self.inner.count()
@@ -124,7 +126,7 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
             outcome
         }
     };
-    let outcome = futures::executor::block_on(queue::launch_all(launches, wait, guard));
+    let outcome = futures::executor::block_on(launch_all(launches, wait, guard));
     match outcome {
         Err(Error::ApiMisuse(message)) => assert!(message.contains("launch 5"), "{message}"),
         other => panic!("expected the injected failure, got {other:?}"),

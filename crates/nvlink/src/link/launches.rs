@@ -1,12 +1,11 @@
 //! How a transfer's launches queue work on a GPU's streams: the copy kernels, batched and
 //! single copies, the signal store, each checked before (see the parent module), and the run
-//! that waits for all of it through [`queue::launch_all`].
+//! that waits for all of it through [`launch_all`].
 
 use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
 use crate::plan::{self, Launch};
-use crate::queue::{self, Launcher};
-use ferry_core::cuda::{Event, Kernel, KernelArg, Poller, Stream};
+use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
 use ferry_core::{Error, Result};
 use std::sync::Arc;
 
@@ -145,7 +144,7 @@ impl NvlinkLink {
         };
         let wait =
             |event: Event| async move { Poller::global().wait(event).await.map_err(Error::from) };
-        queue::launch_all(launches, wait, keep).await?;
+        launch_all(launches, wait, keep).await?;
         self.still_alive()
     }
 }
@@ -207,6 +206,7 @@ impl Launches<'_> {
 
 impl Launcher for Launches<'_> {
     type Fence = Event;
+    type Error = Error;
 
     fn count(&self) -> usize {
         self.work.len()

@@ -1,16 +1,19 @@
 //! Queues a transfer's launches so that no queued copy is ever abandoned: when a launch fails
 //! part-way, on any stream of any GPU, everything queued before it is still waited for before
-//! the transfer lets go of its regions and mappings and reports the failure.
+//! the transfer lets go of its memory (regions, mappings, staging buffers) and reports the
+//! failure.
 //!
 //! The sequence is written against [`Launcher`], so the rule is tested without a GPU.
 
-use ferry_core::Result;
 use std::future::Future;
 
-/// The launches of one transfer, queued one at a time.
-pub(crate) trait Launcher {
+/// The launches of one transfer, queued one at a time on the streams of one or more GPUs.
+pub trait Launcher {
     /// Fires once the work queued on a stream before it has finished.
     type Fence;
+
+    /// What a failed launch or fence reports.
+    type Error: std::fmt::Display;
 
     /// How many launches the transfer has.
     fn count(&self) -> usize;
@@ -20,14 +23,14 @@ pub(crate) trait Launcher {
     fn stream(&self, index: usize) -> usize;
 
     /// Queues launch `index`.
-    fn launch(&mut self, index: usize) -> Result<()>;
+    fn launch(&mut self, index: usize) -> Result<(), Self::Error>;
 
     /// A fence after everything queued on `stream` so far.
-    fn fence(&mut self, stream: usize) -> Result<Self::Fence>;
+    fn fence(&mut self, stream: usize) -> Result<Self::Fence, Self::Error>;
 
     /// Blocks until everything queued on `stream` has finished: the last resort when no fence
     /// could be recorded there.
-    fn drain(&mut self, stream: usize) -> Result<()>;
+    fn drain(&mut self, stream: usize) -> Result<(), Self::Error>;
 }
 
 /// Queues every launch of `launcher` in order, stopping at the first that fails; then waits,
@@ -38,11 +41,11 @@ pub(crate) trait Launcher {
 /// # Errors
 /// The failed launch's error, else the first fence that could not be recorded or reported
 /// an error.
-pub(crate) async fn launch_all<L, W, F, K>(mut launcher: L, mut wait: W, keep: K) -> Result<()>
+pub async fn launch_all<L, W, F, K>(mut launcher: L, mut wait: W, keep: K) -> Result<(), L::Error>
 where
     L: Launcher,
     W: FnMut(L::Fence) -> F,
-    F: Future<Output = Result<()>>,
+    F: Future<Output = Result<(), L::Error>>,
 {
     let mut given_work: Vec<usize> = Vec::new();
     let mut failure = None;
@@ -83,7 +86,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_core::Error;
+    use crate::error::{Error, Result};
     use futures::channel::oneshot;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -109,6 +112,7 @@ mod tests {
 
     impl Launcher for Fake {
         type Fence = oneshot::Receiver<Result<()>>;
+        type Error = Error;
 
         fn count(&self) -> usize {
             self.streams.len()
