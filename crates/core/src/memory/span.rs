@@ -33,6 +33,7 @@ impl Span {
                     len: usize::try_from(len).ok()?,
                     ordinal,
                     staging: None,
+                    queued: false,
                     _use: region,
                 }))
             }
@@ -84,6 +85,9 @@ pub(crate) struct StagedSpan {
     ordinal: u32,
     /// Taken when bytes first move (small spans share a chunk); Drop hands it back.
     staging: Option<Staging>,
+    /// A copy was queued and not yet seen finished: set by `queue`, cleared by `copy_all`
+    /// once its copies ended. Still set on drop only when `copy_all` was dropped mid-way.
+    queued: bool,
     /// Keeps the region registered, and so its memory valid, while the span exists.
     _use: Arc<RegionUse>,
 }
@@ -121,6 +125,7 @@ impl StagedSpan {
     fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), CudaError> {
         let (addr, len) = (self.addr, self.len);
         let staging = self.staging()?.addr();
+        self.queued = true;
         let (dst, src) = match way {
             CopyWay::FromGpu => (staging, addr),
             CopyWay::ToGpu => (addr, staging),
@@ -159,7 +164,13 @@ async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
         streams,
         staged,
     };
-    launch_all(copies, |event| Poller::global().wait(event), ()).await
+    let outcome = launch_all(copies, |event| Poller::global().wait(event), ()).await;
+    for span in spans.iter_mut() {
+        if let Span::Staged(span) = span {
+            span.queued = false;
+        }
+    }
+    outcome
 }
 
 /// The staging copies of one frame, as launches: one per staged span, on its GPU's stream.
@@ -198,7 +209,43 @@ impl Launcher for StagingCopies<'_> {
 
 impl Drop for StagedSpan {
     fn drop(&mut self) {
-        if let Some(staging) = self.staging.take() {
+        let Some(staging) = self.staging.take() else {
+            return;
+        };
+        if self.queued {
+            // Dropped while its copy may still run (the task moving it was aborted mid-way):
+            // the staging memory and the region stay held until the stream is past the copy.
+            release_after_copies(self.ordinal, staging, Arc::clone(&self._use));
+        } else {
+            staging.release();
+        }
+    }
+}
+
+/// Releases `staging` and `region` once everything queued so far on GPU `ordinal`'s staging
+/// stream has finished, waiting from a task of the current runtime; without a runtime, or when
+/// no event can be recorded, blocks on the stream instead. A stream that reports an error has
+/// failed for good and runs nothing more, so the memory is released then too.
+fn release_after_copies(ordinal: u32, staging: Staging, region: Arc<RegionUse>) {
+    let stream = staging_stream(ordinal);
+    let fence = stream
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|stream| Event::record(stream));
+    match (fence, tokio::runtime::Handle::try_current()) {
+        (Ok(event), Ok(runtime)) => {
+            runtime.spawn(async move {
+                if let Err(error) = Poller::global().wait(event).await {
+                    tracing::warn!(%error, "a staging copy abandoned mid-way failed");
+                }
+                staging.release();
+                drop(region);
+            });
+        }
+        _ => {
+            if let Err(error) = stream.and_then(|stream| stream.synchronize()) {
+                tracing::warn!(%error, "waiting for a staging copy abandoned mid-way failed");
+            }
             staging.release();
         }
     }
