@@ -22,6 +22,7 @@
 //! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
 
 mod args;
+mod bounds;
 mod import;
 mod kernels;
 mod link;
