@@ -7,7 +7,7 @@
 //! and unmaps it again. A refusal makes the transport decline the pair, so the engine moves
 //! those bytes over TCP, and is logged once with its cause.
 
-use crate::import::PeerMapping;
+use crate::import::{OpenError, PeerMapping};
 use ferry_core::cuda::Context;
 use ferry_core::{Export, InstanceId, SegmentDescriptor};
 use std::collections::HashMap;
@@ -117,7 +117,14 @@ impl Trials {
 /// The real trial: maps the export into GPU `ordinal`'s context and unmaps it at once.
 fn map_and_release(ordinal: u32, export: &Export) -> Result<(), String> {
     let context = Context::get(ordinal).map_err(|error| error.to_string())?;
-    PeerMapping::open(context, export).map(drop)
+    match PeerMapping::open(context, export) {
+        Ok(_) => Ok(()),
+        // A malformed export is the peer's fault, not the layout's: the transfer routed here
+        // meets the same violation, fails with it and closes the peer, instead of quietly
+        // taking TCP.
+        Err(OpenError::Peer(_)) => Ok(()),
+        Err(OpenError::Local(reason)) => Err(reason),
+    }
 }
 
 #[cfg(test)]
