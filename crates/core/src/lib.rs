@@ -46,6 +46,7 @@ mod memory;
 mod metadata;
 mod notify;
 mod peer;
+mod proto;
 mod tcp;
 mod transport;
 pub mod wire;
