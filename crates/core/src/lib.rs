@@ -42,6 +42,9 @@ pub mod cuda;
 mod descriptor;
 mod engine;
 mod error;
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod memory;
 mod metadata;
 mod notify;

@@ -387,6 +387,7 @@ impl<M: Served> ServerSession<M> {
     }
 
     fn finish_frame(&mut self, now: Instant) {
+        self.scratch.clear();
         self.state = State::header();
         self.frame_started = None;
         self.last_frame = now;
