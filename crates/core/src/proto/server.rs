@@ -604,8 +604,11 @@ impl<M: Served> ServerSession<M> {
         Ok(())
     }
 
-    /// Every entry is checked before the first byte lands; one outside the registrations has
-    /// the whole frame's data thrown away and refused.
+    /// Every entry is checked before the first byte lands: one outside the registrations has
+    /// the whole frame's data thrown away and the frame refused, so nothing of it is written.
+    /// That is not "whole or not at all": once landing has started, a frame that stalls or
+    /// whose connection breaks part-way leaves the bytes that already arrived in their
+    /// destinations, and only the missing acknowledgement tells the sender it failed.
     fn land_or_refuse(&mut self, id: u64, entries: &[wire::WriteManyEntry], data_len: u64) {
         let mut spans = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {

@@ -199,3 +199,110 @@ async fn until<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> O
         None => Some(work.await),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::descriptor::{HostIdentity, DESCRIPTOR_VERSION};
+    use crate::memory::{Location, OwnedBuffer, OwnedMemory, RegionInfo};
+    use crate::proto::test_memory::test_config;
+    use crate::wire::{self, Header, Hello, Kind, HEADER_LEN};
+
+    fn context() -> Arc<ServerContext> {
+        let (inbox, _receiver, _held) = Inbox::new(4, 1 << 20);
+        Arc::new(ServerContext {
+            table: RegionTable::new(),
+            inbox,
+            descriptor: Box::new(|| SegmentDescriptor {
+                version: DESCRIPTOR_VERSION,
+                name: "test".into(),
+                host: HostIdentity::current(),
+                generation: 0,
+                process: 0,
+                endpoints: Vec::new(),
+                gpus: Vec::new(),
+                buffers: Vec::new(),
+            }),
+            session: test_config(),
+            max_connections: 1,
+        })
+    }
+
+    fn feed(session: &mut ServerSession<ServerContext>, now: Instant, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let target = session.read_target().expect("the session reads");
+            let len = target.len().min(bytes.len());
+            target[..len].copy_from_slice(&bytes[..len]);
+            session.handle_read(now, len);
+            bytes = &bytes[len..];
+        }
+    }
+
+    #[test]
+    fn block_sized_write_data_is_read_straight_into_registered_memory() {
+        let context = context();
+        let buffer = OwnedBuffer::zeroed(1 << 20).unwrap();
+        let addr = buffer.addr();
+        let info = RegionInfo {
+            addr,
+            len: 1 << 20,
+            location: Location::Host { pinned: false },
+        };
+        let region = context
+            .table
+            .insert(
+                info,
+                None,
+                Vec::new(),
+                Some(OwnedMemory::Host { _buffer: buffer }),
+            )
+            .unwrap();
+        let now = Instant::now();
+        let mut session = ServerSession::new(Arc::clone(&context), context.session, now);
+        let hello = wire::encode_hello(&Hello {
+            name: "peer".into(),
+        });
+        let mut bytes = Header {
+            kind: Kind::Hello,
+            id: 0,
+            len: hello.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        bytes.extend_from_slice(&hello);
+        let data: Vec<u8> = (0..64 << 10).map(|index| (index % 251) as u8).collect();
+        bytes.extend_from_slice(
+            &Header {
+                kind: Kind::Write,
+                id: 9,
+                len: 8 + data.len() as u32,
+            }
+            .encode(),
+        );
+        bytes.extend_from_slice(&(addr + 4096).to_le_bytes());
+        feed(&mut session, now, &bytes);
+
+        let target = session.read_target().unwrap();
+        assert_eq!(
+            target.as_ptr() as u64,
+            addr + 4096,
+            "the data is read into the registered memory itself"
+        );
+        assert_eq!(target.len(), data.len());
+        target.copy_from_slice(&data);
+        session.handle_read(now, data.len());
+        let Some(Event::Store(spans)) = session.poll_event() else {
+            panic!("a complete write asks for its bytes to be stored");
+        };
+        drop(spans);
+        session.handle_stored(now, Ok(()));
+        let answer = session.poll_transmit().unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        raw.copy_from_slice(&answer[..HEADER_LEN]);
+        let ack = Header::decode(&raw, &wire::Limits::default()).unwrap();
+        assert_eq!((ack.kind, ack.id, ack.len), (Kind::Ack, 9, 0));
+        let mut landed = vec![0u8; data.len()];
+        region.read_at(4096, &mut landed).unwrap();
+        assert_eq!(landed, data);
+    }
+}
