@@ -249,7 +249,10 @@ impl<M: Served> ServerSession<M> {
         }
         let closed = if self.peer.is_none() && passed(self.accepted, io) {
             Closed::NoHello(io)
-        } else if self.frame_started.is_some_and(|started| passed(started, io)) {
+        } else if self
+            .frame_started
+            .is_some_and(|started| passed(started, io))
+        {
             Closed::Stalled(io)
         } else if self.output_since.is_some_and(|since| passed(since, io)) {
             Closed::NotReading(io)
@@ -332,7 +335,12 @@ impl<M: Served> ServerSession<M> {
     }
 
     /// Answers [`Event::Load`] with its span, loaded or not.
-    pub(crate) fn handle_loaded(&mut self, now: Instant, span: M::Span, outcome: Result<(), String>) {
+    pub(crate) fn handle_loaded(
+        &mut self,
+        now: Instant,
+        span: M::Span,
+        outcome: Result<(), String>,
+    ) {
         if let State::Waiting { id } = self.state {
             match outcome {
                 Ok(()) => {
@@ -433,7 +441,9 @@ impl<M: Served> ServerSession<M> {
                     }
                 },
                 State::Discard { left, .. } => {
-                    let dropped = self.input.take(usize::try_from(*left).unwrap_or(usize::MAX));
+                    let dropped = self
+                        .input
+                        .take(usize::try_from(*left).unwrap_or(usize::MAX));
                     *left -= dropped.len() as u64;
                     !dropped.is_empty() || *left == 0
                 }
@@ -444,8 +454,13 @@ impl<M: Served> ServerSession<M> {
             }
         }
         if self.ended && self.closed.is_none() && self.event.is_none() {
-            let between_frames = matches!(self.state, State::Collect { part: Part::Header, .. })
-                && self.scratch.is_empty();
+            let between_frames = matches!(
+                self.state,
+                State::Collect {
+                    part: Part::Header,
+                    ..
+                }
+            ) && self.scratch.is_empty();
             match self.state {
                 State::Waiting { .. } => {}
                 _ if between_frames => self.close(Closed::Finished),
@@ -464,7 +479,11 @@ impl<M: Served> ServerSession<M> {
                 self.state = State::Waiting { id };
                 self.event = Some(Event::Store(spans));
             }
-            State::Discard { id, left: 0, reason } => {
+            State::Discard {
+                id,
+                left: 0,
+                reason,
+            } => {
                 let (id, reason) = (*id, std::mem::take(reason));
                 self.ack(now, id, Err(reason));
                 self.finish_frame(now);

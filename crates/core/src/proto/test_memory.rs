@@ -46,7 +46,9 @@ impl TestMemory {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.bytes.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.bytes
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// The bytes at `addr..addr+len`, which must lie inside the buffer.
@@ -72,7 +74,8 @@ impl TestMemory {
     fn load(&self, span: &mut TestSpan) {
         let start = (span.addr - Self::BASE) as usize;
         let len = span.staging.len();
-        span.staging.copy_from_slice(&self.lock()[start..start + len]);
+        span.staging
+            .copy_from_slice(&self.lock()[start..start + len]);
     }
 }
 
@@ -187,7 +190,11 @@ impl Harness {
     /// Lets `elapsed` pass and fires the session's timer if it is due.
     pub(crate) fn wait(&mut self, elapsed: Duration) {
         self.now += elapsed;
-        if self.session.poll_timeout().is_some_and(|due| due <= self.now) {
+        if self
+            .session
+            .poll_timeout()
+            .is_some_and(|due| due <= self.now)
+        {
             self.session.handle_timeout(self.now);
         }
         self.pump();

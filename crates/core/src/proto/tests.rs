@@ -100,10 +100,7 @@ fn a_hello_then_a_write_lands_its_bytes_and_is_acknowledged() {
 fn a_write_many_lands_every_entry_in_order() {
     let (first, second) = (pattern(1, 10), pattern(2, 40_000));
     let mut bytes = hello("peer");
-    bytes.extend(write_many(
-        3,
-        &[(BASE + 100_000, &first), (BASE, &second)],
-    ));
+    bytes.extend(write_many(3, &[(BASE + 100_000, &first), (BASE, &second)]));
     bytes.extend(write(4, BASE + 200_000, &first));
     both_ways(&bytes, |harness| {
         assert_eq!(acks(harness), vec![(3, Ok(())), (4, Ok(()))]);
@@ -344,7 +341,10 @@ fn a_frame_that_stalls_part_way_is_closed_after_the_io_timeout() {
         harness.closed(),
         Some(&Closed::Stalled(Duration::from_secs(5)))
     );
-    assert!(harness.sent.is_empty(), "a stalled frame is never acknowledged");
+    assert!(
+        harness.sent.is_empty(),
+        "a stalled frame is never acknowledged"
+    );
 }
 
 #[test]

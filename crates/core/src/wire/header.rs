@@ -112,10 +112,9 @@ impl Limits {
             Kind::ReadData => u64::from(self.max_data),
             Kind::DescriptorResponse => u64::from(self.max_descriptor),
             Kind::Hello => u64::from(super::MAX_HELLO_BODY),
-            Kind::DescriptorRequest
-            | Kind::ReadRequest
-            | Kind::Ack
-            | Kind::Notify => u64::from(self.max_control),
+            Kind::DescriptorRequest | Kind::ReadRequest | Kind::Ack | Kind::Notify => {
+                u64::from(self.max_control)
+            }
         }
     }
 }
