@@ -37,12 +37,16 @@
 //! the bytes that already arrived in its destination; the sender sees the frame fail, never
 //! succeed. A destination range is therefore undefined until its frame is acknowledged.
 
+mod event;
 mod input;
 mod output;
+mod served;
 mod server;
 #[cfg(any(test, fuzzing))]
 pub(crate) mod test_memory;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use server::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
+pub(crate) use event::{Closed, Event};
+pub(crate) use served::{Landing, Served, SessionConfig};
+pub(crate) use server::ServerSession;

@@ -1,7 +1,7 @@
 //! Answers queued for the peer: header and control bytes gathered into one buffer, and the
 //! bytes of read answers sent from their source without a copy.
 
-use super::server::Landing;
+use super::Landing;
 use crate::wire::{Header, HEADER_LEN};
 use std::collections::VecDeque;
 
