@@ -52,6 +52,7 @@ impl TestMemory {
     }
 
     /// The bytes at `addr..addr+len`, which must lie inside the buffer.
+    #[cfg(test)]
     pub(crate) fn read(&self, addr: u64, len: usize) -> Vec<u8> {
         let start = (addr - Self::BASE) as usize;
         self.lock()[start..start + len].to_vec()
@@ -188,6 +189,7 @@ impl Harness {
     }
 
     /// Lets `elapsed` pass and fires the session's timer if it is due.
+    #[cfg(test)]
     pub(crate) fn wait(&mut self, elapsed: Duration) {
         self.now += elapsed;
         if self
