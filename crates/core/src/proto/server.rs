@@ -122,30 +122,32 @@ impl<M: Served> ServerSession<M> {
     /// When [`Self::handle_timeout`] must be called if nothing else happens first.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let io = self.config.io_timeout;
+        let sending = self.output_since.and_then(|since| since.checked_add(io));
         if self.closed.is_some() {
-            return self.output_since.map(|since| since + io);
+            return sending;
         }
-        let mut deadlines = Vec::with_capacity(3);
-        if self.peer.is_none() {
-            deadlines.push(self.accepted + io);
-        }
-        match self.frame_started {
-            Some(started) => deadlines.push(started + io),
+        let hello = self
+            .peer
+            .is_none()
+            .then(|| self.accepted.checked_add(io))
+            .flatten();
+        let frame = match self.frame_started {
+            Some(started) => started.checked_add(io),
             None if self.peer.is_some() && self.output.is_empty() => {
-                deadlines.push(self.last_frame + self.config.idle_timeout)
+                self.last_frame.checked_add(self.config.idle_timeout)
             }
-            None => {}
-        }
-        if let Some(since) = self.output_since {
-            deadlines.push(since + io);
-        }
-        deadlines.into_iter().min()
+            None => None,
+        };
+        [hello, frame, sending].into_iter().flatten().min()
     }
 
     /// Closes the session if a limit has passed at `now`.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         let io = self.config.io_timeout;
-        let passed = |since: Instant, limit: Duration| now >= since + limit;
+        // A limit too large to add to an instant never passes.
+        let passed = |since: Instant, limit: Duration| {
+            since.checked_add(limit).is_some_and(|due| now >= due)
+        };
         if self.closed.is_some() {
             // Answers still queued when the session ended are given up on once the peer has
             // read none of them for the limit.

@@ -387,3 +387,15 @@ fn block_sized_data_is_read_straight_into_its_destination() {
     assert_eq!(acks(&harness), vec![(1, Ok(()))]);
     assert_eq!(harness.memory.read(BASE, data.len()), data);
 }
+
+#[test]
+fn limits_too_large_to_add_to_an_instant_never_pass() {
+    let mut config = test_config();
+    config.io_timeout = Duration::MAX;
+    config.idle_timeout = Duration::MAX;
+    let mut harness = Harness::new(4096, config);
+    harness.feed(&hello("peer"), usize::MAX);
+    assert_eq!(harness.session.poll_timeout(), None);
+    harness.wait(Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(harness.closed(), None);
+}
