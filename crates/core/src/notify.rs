@@ -216,3 +216,51 @@ impl Stream for Notifications {
         Poll::Ready(self.taken(note))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inbox_refuses_past_its_bytes_and_gets_them_back_when_read_or_dropped() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (inbox, receiver, held) = Inbox::new(10, 100);
+        let mut notifications = Notifications {
+            receiver,
+            held: Arc::clone(&held),
+            handle: runtime.handle().clone(),
+        };
+        let room = inbox.reserve("ab", &[1; 60]).unwrap();
+        assert_eq!(held.load(Ordering::Acquire), 62);
+        let refused = inbox.reserve("ab", &[2; 40]).err().unwrap();
+        assert!(
+            refused.contains("inbox is full (62 of its 100 bytes unread, this one needs 42)"),
+            "{refused}"
+        );
+        drop(room);
+        assert_eq!(
+            held.load(Ordering::Acquire),
+            0,
+            "an undelivered room is given back"
+        );
+
+        let note = Notification {
+            from: "ab".into(),
+            payload: vec![3; 98],
+        };
+        inbox
+            .reserve(&note.from, &note.payload)
+            .unwrap()
+            .deliver(note.clone());
+        assert!(inbox.reserve("", &[4]).is_err(), "100 of 100 bytes held");
+        assert_eq!(notifications.try_recv().unwrap(), Some(note));
+        assert_eq!(
+            held.load(Ordering::Acquire),
+            0,
+            "reading gives the bytes back"
+        );
+        assert!(inbox.reserve("", &[4; 100]).is_ok());
+    }
+}
