@@ -86,7 +86,8 @@ impl EngineBuilder {
 
     /// How long a transfer may take before it fails with [`Error::Timeout`] (30 s by default).
     /// Also bounds connecting, a new connection's hello, and the reading or writing of each
-    /// frame once it has started (an idle connection between frames is not timed out).
+    /// frame once it has started; the time between frames is bounded by
+    /// [`Self::idle_timeout`] instead.
     pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
         self.transfer_timeout = timeout;
         self
