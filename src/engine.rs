@@ -107,6 +107,33 @@ impl EngineBuilder {
         }
     }
 
+    /// Bytes of unread notifications kept for the reader before senders are refused (64 MiB
+    /// by default); see [`ferry_core::EngineBuilder::notification_bytes`].
+    pub fn notification_bytes(self, bytes: usize) -> Self {
+        EngineBuilder {
+            core: self.core.notification_bytes(bytes),
+            ..self
+        }
+    }
+
+    /// Most connections the listener serves at once (256 by default); more are closed as they
+    /// arrive. See [`ferry_core::EngineBuilder::max_connections`].
+    pub fn max_connections(self, connections: usize) -> Self {
+        EngineBuilder {
+            core: self.core.max_connections(connections),
+            ..self
+        }
+    }
+
+    /// How long a connection may go without a frame after its hello before the listener
+    /// closes it (5 minutes by default). See [`ferry_core::EngineBuilder::idle_timeout`].
+    pub fn idle_timeout(self, timeout: Duration) -> Self {
+        EngineBuilder {
+            core: self.core.idle_timeout(timeout),
+            ..self
+        }
+    }
+
     /// Threads of the engine's own I/O runtime (2 by default).
     pub fn worker_threads(self, threads: usize) -> Self {
         EngineBuilder {

@@ -29,6 +29,13 @@ struct Entry {
 /// [`Batch::submit`]. Made by [`crate::Engine::batch`].
 ///
 /// Mistakes in the entries are reported by `submit`, before anything moves.
+///
+/// # What a destination holds
+/// A destination range is undefined until its transfer is acknowledged (its [`Transfer`]
+/// resolved with `Ok`). Bytes land as they arrive: a transfer that fails, times out or whose
+/// peer goes away part-way may have written part of its destination, and it is always
+/// reported as failed, never as a success. Resend the whole range after such a failure, and
+/// do not read a write's destination (or a read's local region) before the transfer is `Ok`.
 #[must_use = "a batch does nothing until it is submitted"]
 pub struct Batch {
     engine: Arc<EngineInner>,
@@ -351,6 +358,9 @@ pub struct Completion {
 const WAIT_SPIN: Duration = Duration::from_millis(20);
 
 /// A submitted batch; resolves once every byte is visible at its destination.
+///
+/// Until it resolves with `Ok`, the destination ranges are undefined: a transfer that fails
+/// may have written part of them (see [`Batch`]).
 ///
 /// # Cancel safety
 /// Dropping it does not stop the transfer: the bytes keep moving, and the regions it uses stay

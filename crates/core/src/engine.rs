@@ -11,15 +11,16 @@ use crate::memory::{
     export_device, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
 };
 use crate::metadata::{MetadataStore, PeerToPeer};
-use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
+use crate::notify::{Inbox, Notification, Notifications, MAX_NOTIFICATION_BYTES};
 use crate::peer::Peer;
+use crate::proto::SessionConfig;
 use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
 use crate::transport::Transport;
-use crate::wire::Limits;
+use crate::wire::{Limits, MAX_NAME_BYTES};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
@@ -35,6 +36,9 @@ pub struct EngineBuilder {
     transfer_timeout: Duration,
     worker_threads: usize,
     inbox_capacity: usize,
+    inbox_bytes: usize,
+    max_connections: usize,
+    idle_timeout: Duration,
     metadata: Option<Arc<dyn MetadataStore>>,
     transports: Vec<Arc<dyn Transport>>,
     liveness_interval: Duration,
@@ -50,6 +54,9 @@ impl Default for EngineBuilder {
             transfer_timeout: Duration::from_secs(30),
             worker_threads: 2,
             inbox_capacity: 4096,
+            inbox_bytes: 64 << 20,
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(300),
             metadata: None,
             transports: Vec::new(),
             liveness_interval: Duration::from_secs(2),
@@ -80,7 +87,8 @@ impl EngineBuilder {
 
     /// How long a transfer may take before it fails with [`Error::Timeout`] (30 s by default).
     /// Also bounds connecting, a new connection's hello, and the reading or writing of each
-    /// frame once it has started (an idle connection between frames is not timed out).
+    /// frame once it has started; the time between frames is bounded by
+    /// [`Self::idle_timeout`] instead.
     pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
         self.transfer_timeout = timeout;
         self
@@ -90,6 +98,35 @@ impl EngineBuilder {
     /// full inbox refuses new notifications at once rather than stalling the data behind them.
     pub fn notification_capacity(mut self, capacity: usize) -> Self {
         self.inbox_capacity = capacity.max(1);
+        self
+    }
+
+    /// Bytes of unread notifications (payloads plus sender names) kept for the reader before
+    /// senders are refused (64 MiB by default), whatever [`Self::notification_capacity`]
+    /// allows: a sender whose notification would pass it gets [`Error::Rejected`] at once,
+    /// as with a full inbox. A notification larger than the bound is always refused.
+    pub fn notification_bytes(mut self, bytes: usize) -> Self {
+        self.inbox_bytes = bytes;
+        self
+    }
+
+    /// Most connections the listener serves at once (256 by default). A connection over the
+    /// cap is closed as soon as it is accepted, with a warning in the log, never queued; the
+    /// cap keeps a flood of connections from taking every file descriptor of the process.
+    /// Each peer holds [`TcpConfig::connections`] connections (4 by default), and a
+    /// descriptor lookup one more for a moment, so the default serves about 60 peers.
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = connections.max(1);
+        self
+    }
+
+    /// How long a connection may go without a frame after its hello before the listener
+    /// closes it (5 minutes by default). A peer whose connection was closed opens a new one
+    /// on its next transfer; a frame already under way when the time passes fails with
+    /// [`Error::PeerGone`] and must be resent. A connection that has not said hello yet is
+    /// bounded by [`Self::transfer_timeout`] instead.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
         self
     }
 
@@ -206,7 +243,7 @@ impl EngineBuilder {
         });
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;
         transports.push(Arc::clone(&tcp) as Arc<dyn Transport>);
-        let (inbox, receiver) = mpsc::channel(self.inbox_capacity.max(1));
+        let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
         let inner = Arc::new(EngineInner {
             name,
             local_addr,
@@ -220,7 +257,7 @@ impl EngineBuilder {
                 .metadata
                 .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout))),
             handle: runtime.handle().clone(),
-            inbox: Mutex::new(Some(receiver)),
+            inbox: Mutex::new(Some((receiver, inbox_held))),
             peers: Mutex::new(HashMap::new()),
             transfer_timeout: self.transfer_timeout,
             gpus,
@@ -237,8 +274,12 @@ impl EngineBuilder {
                     .map(|engine| engine.descriptor())
                     .unwrap_or_else(|| empty_descriptor(instance, process))
             }),
-            limits: self.limits,
-            io_timeout: self.transfer_timeout,
+            session: SessionConfig {
+                limits: self.limits,
+                io_timeout: self.transfer_timeout,
+                idle_timeout: self.idle_timeout,
+            },
+            max_connections: self.max_connections,
         });
         runtime.spawn(tcp::serve(listener, context));
         let publisher = Arc::clone(&inner);
@@ -338,14 +379,20 @@ fn empty_descriptor(instance: InstanceId, process: InstanceId) -> SegmentDescrip
 }
 
 fn segment_name(local: SocketAddr, advertise: Option<&str>) -> Result<String> {
-    match advertise {
+    let name = match advertise {
         Some(host) if host.contains(':') && !host.starts_with('[') => Ok(format!("[{host}]:{}", local.port())),
         Some(host) => Ok(format!("{host}:{}", local.port())),
         None if local.ip().is_unspecified() => Err(Error::ApiMisuse(format!(
             "listening on {local} needs `advertise(host)` so peers know which address reaches this engine"
         ))),
         None => Ok(local.to_string()),
+    }?;
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::ApiMisuse(format!(
+            "the segment name {name} is longer than the {MAX_NAME_BYTES} bytes peers accept in a hello; advertise a shorter host name"
+        )));
     }
+    Ok(name)
 }
 
 fn log_driver_once() {
@@ -369,7 +416,8 @@ pub(crate) struct EngineInner {
     pub(crate) transports: Vec<Arc<dyn Transport>>,
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) handle: Handle,
-    inbox: Mutex<Option<mpsc::Receiver<Notification>>>,
+    /// The inbox's reading side and its count of unread bytes, until taken.
+    inbox: Mutex<Option<(mpsc::Receiver<Notification>, Arc<AtomicUsize>)>>,
     peers: Mutex<HashMap<String, Peer>>,
     pub(crate) transfer_timeout: Duration,
     /// The GPUs this process sees, listed in the descriptor.
@@ -658,7 +706,7 @@ impl Engine {
     /// # Errors
     /// [`Error::ApiMisuse`] when it was already taken.
     pub fn notifications(&self) -> Result<Notifications> {
-        let receiver = self
+        let (receiver, held) = self
             .inner
             .inbox
             .lock()
@@ -671,6 +719,7 @@ impl Engine {
             })?;
         Ok(Notifications {
             receiver,
+            held,
             handle: self.inner.handle.clone(),
         })
     }

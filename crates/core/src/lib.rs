@@ -42,11 +42,15 @@ pub mod cuda;
 mod descriptor;
 mod engine;
 mod error;
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod identity;
 mod memory;
 mod metadata;
 mod notify;
 mod peer;
+mod proto;
 mod route;
 mod tcp;
 mod transport;

@@ -3,6 +3,8 @@
 use crate::error::{Error, Result};
 use futures::Stream;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -20,12 +22,101 @@ pub struct Notification {
     pub payload: Vec<u8>,
 }
 
+impl Notification {
+    /// What the notification counts against the inbox's byte bound.
+    fn held_bytes(&self) -> usize {
+        self.from.len() + self.payload.len()
+    }
+}
+
+/// The listener's side of the notification inbox: bounded in notifications and in bytes, and
+/// never waiting for room (a sender is refused at once instead).
+pub(crate) struct Inbox {
+    sender: mpsc::Sender<Notification>,
+    /// Bytes of the notifications queued and not yet read.
+    held: Arc<AtomicUsize>,
+    max_bytes: usize,
+}
+
+/// Room taken in the inbox for one notification; given back if it is dropped undelivered.
+pub(crate) struct Room {
+    permit: Option<mpsc::OwnedPermit<Notification>>,
+    held: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Inbox {
+    /// An inbox of `slots` notifications and `max_bytes` bytes, with its reading side.
+    pub(crate) fn new(
+        slots: usize,
+        max_bytes: usize,
+    ) -> (Inbox, mpsc::Receiver<Notification>, Arc<AtomicUsize>) {
+        let (sender, receiver) = mpsc::channel(slots.max(1));
+        let held = Arc::new(AtomicUsize::new(0));
+        let inbox = Inbox {
+            sender,
+            held: Arc::clone(&held),
+            max_bytes,
+        };
+        (inbox, receiver, held)
+    }
+
+    /// Takes room for a notification of `from` and `payload` bytes, or says why there is none.
+    pub(crate) fn reserve(&self, from: &str, payload: &[u8]) -> Result<Room, String> {
+        let permit = self.sender.clone().try_reserve_owned().map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => format!(
+                "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
+                self.sender.max_capacity()
+            ),
+            mpsc::error::TrySendError::Closed(_) => {
+                "the engine is shutting down and takes no notifications".to_owned()
+            }
+        })?;
+        let bytes = from.len() + payload.len();
+        let max = self.max_bytes;
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&total| total <= max)
+            })
+            .map_err(|held| {
+                format!(
+                    "the receiver's notification inbox is full ({held} of its {max} bytes unread, this one needs {bytes}); it must read its notifications before more can be delivered"
+                )
+            })?;
+        Ok(Room {
+            permit: Some(permit),
+            held: Arc::clone(&self.held),
+            bytes,
+        })
+    }
+}
+
+impl Room {
+    /// Hands the notification, made of the `from` and `payload` the room was taken for, to
+    /// the reader, who gives its bytes back as it takes it.
+    pub(crate) fn deliver(mut self, notification: Notification) {
+        if let Some(permit) = self.permit.take() {
+            permit.send(notification);
+        }
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        if self.permit.is_some() {
+            self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
+    }
+}
+
 /// The stream of notifications sent to this engine, in the order each peer sent them.
 ///
 /// Ends when the engine is dropped.
 #[derive(Debug)]
 pub struct Notifications {
     pub(crate) receiver: mpsc::Receiver<Notification>,
+    /// Bytes of the inbox's unread notifications, given back as they are read.
+    pub(crate) held: Arc<AtomicUsize>,
     /// The engine's runtime, whose timer bounds [`Notifications::recv_timeout_blocking`].
     pub(crate) handle: tokio::runtime::Handle,
 }
@@ -39,7 +130,16 @@ impl Notifications {
     /// # Cancel safety
     /// Cancel safe: a notification is never lost by dropping this future.
     pub async fn recv(&mut self) -> Option<Notification> {
-        self.receiver.recv().await
+        let note = self.receiver.recv().await;
+        self.taken(note)
+    }
+
+    /// Gives the bytes of a notification taken from the inbox back to it.
+    fn taken(&self, note: Option<Notification>) -> Option<Notification> {
+        if let Some(note) = &note {
+            self.held.fetch_sub(note.held_bytes(), Ordering::AcqRel);
+        }
+        note
     }
 
     /// The next notification if one is waiting, without waiting: for a scheduler loop that
@@ -49,7 +149,7 @@ impl Notifications {
     /// [`Error::Shutdown`] once the engine is gone and every notification was read.
     pub fn try_recv(&mut self) -> Result<Option<Notification>> {
         match self.receiver.try_recv() {
-            Ok(note) => Ok(Some(note)),
+            Ok(note) => Ok(self.taken(Some(note))),
             Err(mpsc::error::TryRecvError::Empty) => Ok(None),
             Err(mpsc::error::TryRecvError::Disconnected) => Err(Error::Shutdown {
                 what: "the engine's notification stream".into(),
@@ -66,7 +166,8 @@ impl Notifications {
         if let Some(note) = self.watch(WATCH) {
             return note;
         }
-        self.receiver.blocking_recv()
+        let note = self.receiver.blocking_recv();
+        self.taken(note)
     }
 
     /// Polls for up to `limit`: `Some(result)` when the stream answered, `None` when it
@@ -75,7 +176,7 @@ impl Notifications {
         let started = std::time::Instant::now();
         while started.elapsed() < limit {
             match self.receiver.try_recv() {
-                Ok(note) => return Some(Some(note)),
+                Ok(note) => return Some(self.taken(Some(note))),
                 Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
                 Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
             }
@@ -94,12 +195,13 @@ impl Notifications {
         }
         let handle = self.handle.clone();
         // The timer is created inside `block_on`, where the engine's runtime is entered.
-        handle
+        let note = handle
             .block_on(async { tokio::time::timeout(timeout, self.receiver.recv()).await })
             .map_err(|_| Error::Timeout {
                 what: "waiting for a notification".into(),
                 after: timeout,
-            })
+            })?;
+        Ok(self.taken(note))
     }
 }
 
@@ -110,6 +212,55 @@ impl Stream for Notifications {
         mut self: Pin<&mut Self>,
         context: &mut Context<'_>,
     ) -> Poll<Option<Notification>> {
-        self.receiver.poll_recv(context)
+        let note = std::task::ready!(self.receiver.poll_recv(context));
+        Poll::Ready(self.taken(note))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inbox_refuses_past_its_bytes_and_gets_them_back_when_read_or_dropped() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (inbox, receiver, held) = Inbox::new(10, 100);
+        let mut notifications = Notifications {
+            receiver,
+            held: Arc::clone(&held),
+            handle: runtime.handle().clone(),
+        };
+        let room = inbox.reserve("ab", &[1; 60]).unwrap();
+        assert_eq!(held.load(Ordering::Acquire), 62);
+        let refused = inbox.reserve("ab", &[2; 40]).err().unwrap();
+        assert!(
+            refused.contains("inbox is full (62 of its 100 bytes unread, this one needs 42)"),
+            "{refused}"
+        );
+        drop(room);
+        assert_eq!(
+            held.load(Ordering::Acquire),
+            0,
+            "an undelivered room is given back"
+        );
+
+        let note = Notification {
+            from: "ab".into(),
+            payload: vec![3; 98],
+        };
+        inbox
+            .reserve(&note.from, &note.payload)
+            .unwrap()
+            .deliver(note.clone());
+        assert!(inbox.reserve("", &[4]).is_err(), "100 of 100 bytes held");
+        assert_eq!(notifications.try_recv().unwrap(), Some(note));
+        assert_eq!(
+            held.load(Ordering::Acquire),
+            0,
+            "reading gives the bytes back"
+        );
+        assert!(inbox.reserve("", &[4; 100]).is_ok());
     }
 }

@@ -44,12 +44,3 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin>(
     reader.read_exact(&mut body).await?;
     Ok(body)
 }
-
-/// Reads and throws away `len` bytes.
-pub(crate) async fn discard<R: AsyncRead + Unpin>(reader: &mut R, len: u64) -> std::io::Result<()> {
-    let copied = tokio::io::copy(&mut reader.take(len), &mut tokio::io::sink()).await?;
-    if copied != len {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
-}

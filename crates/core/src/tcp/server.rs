@@ -1,37 +1,78 @@
-//! The engine's listener: answers descriptor requests, lands writes, serves reads and takes
-//! notifications. Every range is checked against the region table before a byte moves; a peer
-//! that breaks the protocol loses its connection and nobody else notices.
+//! The engine's listener: accepts connections up to a cap and runs each one's
+//! [`ServerSession`] with a small task that moves bytes and time in and out of it and does
+//! the work its events ask for. Every protocol decision is the session's; a peer that breaks
+//! the protocol loses its connection and nobody else notices.
 
-use super::frame_io::{self, FrameError};
 use crate::descriptor::SegmentDescriptor;
-use crate::error::{ProtocolViolation, Side};
 use crate::memory::{RegionTable, Span};
-use crate::notify::Notification;
-use crate::wire::{self, Header, Kind, Limits};
+use crate::notify::{Inbox, Notification, Room};
+use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::Semaphore;
 
 /// What every served connection needs from the engine.
 pub(crate) struct ServerContext {
     pub(crate) table: Arc<RegionTable>,
-    pub(crate) inbox: mpsc::Sender<Notification>,
+    pub(crate) inbox: Inbox,
     pub(crate) descriptor: Box<dyn Fn() -> SegmentDescriptor + Send + Sync>,
-    pub(crate) limits: Limits,
-    pub(crate) io_timeout: Duration,
+    pub(crate) session: SessionConfig,
+    /// Most connections served at once; more are closed as they arrive.
+    pub(crate) max_connections: usize,
+}
+
+impl Served for ServerContext {
+    type Span = Span;
+
+    fn span(&self, addr: u64, len: u64) -> Option<Span> {
+        let region = self.table.acquire(addr, len)?;
+        Span::new(Arc::new(region), addr, len)
+    }
+
+    fn descriptor(&self) -> Vec<u8> {
+        (self.descriptor)().to_json()
+    }
+}
+
+impl Landing for Span {
+    fn len(&self) -> usize {
+        Span::len(self)
+    }
+
+    fn receive_into(&mut self) -> Result<&mut [u8], crate::cuda::CudaError> {
+        Span::receive_into(self)
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        Span::as_slice(self)
+    }
 }
 
 /// Accepts connections until the engine's runtime shuts down.
 pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
+    let open = Arc::new(Semaphore::new(context.max_connections));
     loop {
         match listener.accept().await {
-            Ok((stream, address)) => {
-                tokio::spawn(serve_connection(stream, address, Arc::clone(&context)));
-            }
+            Ok((stream, address)) => match Arc::clone(&open).try_acquire_owned() {
+                Ok(slot) => {
+                    let context = Arc::clone(&context);
+                    tokio::spawn(async move {
+                        serve_connection(stream, address, context).await;
+                        drop(slot);
+                    });
+                }
+                // Closed at once rather than queued: a queued connection would still hold a
+                // file descriptor, which is what the cap protects.
+                Err(_) => tracing::warn!(
+                    %address,
+                    limit = context.max_connections,
+                    "refusing a connection: the engine already serves its maximum number of connections (EngineBuilder::max_connections)"
+                ),
+            },
             Err(error) => {
                 tracing::warn!(%error, "accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -40,264 +81,230 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
     }
 }
 
+/// Runs one accepted connection to its end and logs why it ended.
 async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
     let _ = stream.set_nodelay(true);
-    let (read_half, write_half) = stream.into_split();
-    let mut session = Session {
-        // Small enough that block-sized reads bypass it and land straight in registered memory.
-        reader: BufReader::with_capacity(16 << 10, read_half),
-        writer: BufWriter::with_capacity(64 << 10, write_half),
-        peer: None,
+    let session = ServerSession::new(Arc::clone(&context), context.session, Instant::now());
+    let mut driver = Driver {
+        stream,
+        session,
         context,
     };
-    match session.run().await {
-        Ok(()) => tracing::debug!(%address, "connection closed by the peer"),
-        Err(error) => tracing::error!(
-            %address,
-            peer = session.peer.as_deref().unwrap_or("(no hello)"),
-            %error,
-            "closing a connection"
-        ),
+    let ended = driver.run().await;
+    let peer = driver.session.peer().unwrap_or("(no hello)");
+    match ended {
+        Ok(Closed::Finished) => tracing::debug!(%address, peer, "connection closed by the peer"),
+        Ok(closed @ Closed::Idle(_)) => {
+            tracing::info!(%address, peer, reason = %closed, "closing an idle connection")
+        }
+        Ok(closed) => tracing::error!(%address, peer, error = %closed, "closing a connection"),
+        Err(error) => tracing::error!(%address, peer, %error, "closing a connection"),
     }
 }
 
-struct Session {
-    reader: BufReader<OwnedReadHalf>,
-    writer: BufWriter<OwnedWriteHalf>,
-    /// The caller's segment name, from its hello.
-    peer: Option<String>,
+/// Pumps one connection's socket, timer and events through its session.
+struct Driver {
+    stream: TcpStream,
+    session: ServerSession<ServerContext>,
     context: Arc<ServerContext>,
 }
 
-impl Session {
-    async fn run(&mut self) -> Result<(), FrameError> {
+impl Driver {
+    async fn run(&mut self) -> std::io::Result<Closed> {
         loop {
-            let next = frame_io::read_header(&mut self.reader, &self.context.limits);
-            // A caller gets one timeout to introduce itself; after the hello, a connection may
-            // idle between frames for as long as its peer keeps it.
-            let header = if self.peer.is_none() {
-                tokio::time::timeout(self.context.io_timeout, next)
-                    .await
-                    .map_err(|_| {
-                        std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello in time")
-                    })??
-            } else {
-                next.await?
+            let delivery = self.handle_events().await;
+            let sent = self.transmit().await;
+            // Handed over only once its answer is on the wire (see `Event::Notify`).
+            if let Some((room, notification)) = delivery {
+                room.deliver(notification);
+            }
+            sent?;
+            if let Some(closed) = self.session.closed() {
+                return Ok(closed.clone());
+            }
+            let deadline = self.session.poll_timeout();
+            let Some(target) = self.session.read_target() else {
+                continue;
             };
-            let Some(header) = header else {
+            let read = until(deadline, self.stream.read(target)).await;
+            let now = Instant::now();
+            match read {
+                Some(Ok(0)) => self.session.handle_end(now),
+                Some(Ok(len)) => self.session.handle_read(now, len),
+                Some(Err(error)) => return Err(error),
+                None => self.session.handle_timeout(now),
+            }
+        }
+    }
+
+    /// Does what the session's events ask; returns a notification to hand over once its
+    /// answer has been written.
+    async fn handle_events(&mut self) -> Option<(Room, Notification)> {
+        let mut delivery = None;
+        while let Some(event) = self.session.poll_event() {
+            // Staging copies are awaited to their end, never cut short by the session's timer:
+            // dropping one half-way would free staging buffers under a running GPU copy.
+            match event {
+                Event::Store(mut spans) => {
+                    let stored = Span::store_all(&mut spans)
+                        .await
+                        .map_err(|error| error.to_string());
+                    drop(spans);
+                    self.session.handle_stored(Instant::now(), stored);
+                }
+                Event::Load(mut span) => {
+                    let loaded = Span::load_all(std::slice::from_mut(&mut span))
+                        .await
+                        .map_err(|error| error.to_string());
+                    self.session.handle_loaded(Instant::now(), span, loaded);
+                }
+                Event::Notify(payload) => {
+                    let from = self.session.peer().unwrap_or_default().to_owned();
+                    match self.context.inbox.reserve(&from, &payload) {
+                        Ok(room) => {
+                            self.session.handle_delivery(Instant::now(), Ok(()));
+                            delivery = Some((room, Notification { from, payload }));
+                        }
+                        Err(reason) => self.session.handle_delivery(Instant::now(), Err(reason)),
+                    }
+                }
+            }
+        }
+        delivery
+    }
+
+    /// Writes every queued answer, within the session's timer.
+    async fn transmit(&mut self) -> std::io::Result<()> {
+        loop {
+            let deadline = self.session.poll_timeout();
+            let Some(bytes) = self.session.poll_transmit() else {
                 return Ok(());
             };
-            let timeout = self.context.io_timeout;
-            tokio::time::timeout(timeout, self.handle(header))
-                .await
-                .map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "frame stalled")
-                })??;
-            if self.reader.buffer().is_empty() {
-                self.writer.flush().await?;
+            let written = until(deadline, self.stream.write(bytes)).await;
+            let now = Instant::now();
+            match written {
+                Some(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Some(Ok(len)) => self.session.handle_transmitted(now, len),
+                Some(Err(error)) => return Err(error),
+                None => self.session.handle_timeout(now),
             }
         }
-    }
-
-    async fn handle(&mut self, header: Header) -> Result<(), FrameError> {
-        if self.peer.is_none() && header.kind != Kind::Hello {
-            return Err(unexpected(header.kind, "before hello"));
-        }
-        match header.kind {
-            Kind::Hello => {
-                if self.peer.is_some() {
-                    return Err(unexpected(header.kind, "twice on one connection"));
-                }
-                let body = frame_io::read_body(&mut self.reader, header.len).await?;
-                self.peer = Some(wire::decode_hello(&body)?.name);
-            }
-            Kind::DescriptorRequest => {
-                if header.len != 0 {
-                    return Err(ProtocolViolation::TrailingBytes(header.len as usize).into());
-                }
-                let json = (self.context.descriptor)().to_json();
-                self.respond(Kind::DescriptorResponse, header.id, &json)
-                    .await?;
-            }
-            Kind::Write => self.handle_write(header).await?,
-            Kind::WriteMany => self.handle_write_many(header).await?,
-            Kind::ReadRequest => self.handle_read(header).await?,
-            Kind::Notify => self.handle_notify(header).await?,
-            Kind::DescriptorResponse | Kind::ReadData | Kind::Ack => {
-                return Err(unexpected(header.kind, "at a listener"));
-            }
-        }
-        Ok(())
-    }
-
-    async fn respond(&mut self, kind: Kind, id: u64, body: &[u8]) -> std::io::Result<()> {
-        let header = Header {
-            kind,
-            id,
-            len: body.len() as u32,
-        };
-        self.writer.write_all(&header.encode()).await?;
-        self.writer.write_all(body).await
-    }
-
-    async fn ack(&mut self, id: u64, outcome: Result<(), String>) -> std::io::Result<()> {
-        let body = wire::encode_ack(outcome.as_ref().map(|_| ()).map_err(String::as_str));
-        self.respond(Kind::Ack, id, &body).await
-    }
-
-    fn rejection(addr: u64, len: u64, index: usize) -> String {
-        crate::error::RangeError::NotRegistered {
-            index,
-            side: Side::Remote,
-            addr,
-            len,
-        }
-        .to_string()
-    }
-
-    async fn handle_write(&mut self, header: Header) -> Result<(), FrameError> {
-        let mut raw = [0u8; 8];
-        if header.len < 8 {
-            return Err(ProtocolViolation::TooShort {
-                what: "write address",
-                needed: 8 - header.len as usize,
-            }
-            .into());
-        }
-        self.reader.read_exact(&mut raw).await?;
-        let addr = u64::from_le_bytes(raw);
-        let len = u64::from(header.len - 8);
-        if len == 0 {
-            return Err(ProtocolViolation::Malformed("zero-length write").into());
-        }
-        match self.span(addr, len) {
-            Some(mut span) => {
-                self.reader.read_exact(span.receive_into()?).await?;
-                let stored = Span::store_all(std::slice::from_mut(&mut span))
-                    .await
-                    .map_err(|error| error.to_string());
-                drop(span);
-                self.ack(header.id, stored).await?;
-            }
-            None => {
-                frame_io::discard(&mut self.reader, len).await?;
-                self.ack(header.id, Err(Self::rejection(addr, len, 0)))
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_write_many(&mut self, header: Header) -> Result<(), FrameError> {
-        let mut count = [0u8; 4];
-        if header.len < 4 {
-            return Err(ProtocolViolation::TooShort {
-                what: "write-many count",
-                needed: 4 - header.len as usize,
-            }
-            .into());
-        }
-        self.reader.read_exact(&mut count).await?;
-        let table_len =
-            wire::decode_write_many_count(count, header.len, self.context.limits.max_entries)?;
-        let mut table = vec![0u8; table_len];
-        self.reader.read_exact(&mut table).await?;
-        let data_len = u64::from(header.len) - 4 - table_len as u64;
-        let entries = wire::decode_write_many_table(&table, data_len)?;
-        // Every entry is checked before the first byte lands: a frame is written whole or not at all.
-        let mut spans = Vec::with_capacity(entries.len());
-        for (index, entry) in entries.iter().enumerate() {
-            match self.span(entry.addr, u64::from(entry.len)) {
-                Some(span) => spans.push(span),
-                None => {
-                    drop(spans);
-                    frame_io::discard(&mut self.reader, data_len).await?;
-                    let reason = Self::rejection(entry.addr, u64::from(entry.len), index);
-                    self.ack(header.id, Err(reason)).await?;
-                    return Ok(());
-                }
-            }
-        }
-        for span in &mut spans {
-            self.reader.read_exact(span.receive_into()?).await?;
-        }
-        let stored = Span::store_all(&mut spans)
-            .await
-            .map_err(|error| error.to_string());
-        drop(spans);
-        self.ack(header.id, stored).await?;
-        Ok(())
-    }
-
-    async fn handle_read(&mut self, header: Header) -> Result<(), FrameError> {
-        let body = frame_io::read_body(&mut self.reader, header.len).await?;
-        let (addr, len) = wire::decode_read_request(&body)?;
-        if len > self.context.limits.max_data {
-            return Err(ProtocolViolation::Oversized {
-                kind: "read-request",
-                len: u64::from(len),
-                limit: u64::from(self.context.limits.max_data),
-            }
-            .into());
-        }
-        match self.span(addr, u64::from(len)) {
-            Some(mut span) => match Span::load_all(std::slice::from_mut(&mut span)).await {
-                Ok(()) => {
-                    self.respond(Kind::ReadData, header.id, span.as_slice())
-                        .await?
-                }
-                Err(error) => self.ack(header.id, Err(error.to_string())).await?,
-            },
-            None => {
-                self.ack(header.id, Err(Self::rejection(addr, u64::from(len), 0)))
-                    .await?
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_notify(&mut self, header: Header) -> Result<(), FrameError> {
-        let payload = frame_io::read_body(&mut self.reader, header.len).await?;
-        let from = self.peer.clone().unwrap_or_default();
-        // Never wait for room: this connection also carries data, which must not stall
-        // behind a receiver that stopped reading. The sender learns at once instead.
-        // A slot is reserved first and the notification handed over only once the ack is on
-        // the wire: a receiver that acts on it at once (and exits, say) never cuts the sender
-        // off before its ack left.
-        let context = Arc::clone(&self.context);
-        let slot = context.inbox.try_reserve().map_err(|error| match error {
-            mpsc::error::TrySendError::Full(()) => format!(
-                "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
-                context.inbox.max_capacity()
-            ),
-            mpsc::error::TrySendError::Closed(()) => {
-                "the engine is shutting down and takes no notifications".to_owned()
-            }
-        });
-        match slot {
-            Ok(slot) => {
-                let acked = match self.ack(header.id, Ok(())).await {
-                    Ok(()) => self.writer.flush().await,
-                    Err(error) => Err(error),
-                };
-                slot.send(Notification { from, payload });
-                acked?;
-            }
-            Err(reason) => self.ack(header.id, Err(reason)).await?,
-        }
-        Ok(())
-    }
-
-    fn span(&self, addr: u64, len: u64) -> Option<Span> {
-        let region = self.context.table.acquire(addr, len)?;
-        Span::new(Arc::new(region), addr, len)
     }
 }
 
-fn unexpected(kind: Kind, context: &'static str) -> FrameError {
-    ProtocolViolation::Unexpected {
-        kind: kind.name(),
-        context,
+/// `work`, unless `deadline` passes first (`None`).
+async fn until<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), work).await.ok(),
+        None => Some(work.await),
     }
-    .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::descriptor::{HostIdentity, DESCRIPTOR_VERSION};
+    use crate::memory::{Location, OwnedBuffer, OwnedMemory, RegionInfo};
+    use crate::proto::test_memory::test_config;
+    use crate::wire::{self, Header, Hello, Kind, HEADER_LEN};
+
+    fn context() -> Arc<ServerContext> {
+        let (inbox, _receiver, _held) = Inbox::new(4, 1 << 20);
+        Arc::new(ServerContext {
+            table: RegionTable::new(),
+            inbox,
+            descriptor: Box::new(|| SegmentDescriptor {
+                version: DESCRIPTOR_VERSION,
+                name: "test".into(),
+                host: HostIdentity::current(),
+                generation: 0,
+                instance: crate::InstanceId::from_u128(1),
+                process: crate::InstanceId::from_u128(1),
+                pid: 0,
+                endpoints: Vec::new(),
+                gpus: Vec::new(),
+                buffers: Vec::new(),
+            }),
+            session: test_config(),
+            max_connections: 1,
+        })
+    }
+
+    fn feed(session: &mut ServerSession<ServerContext>, now: Instant, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let target = session.read_target().expect("the session reads");
+            let len = target.len().min(bytes.len());
+            target[..len].copy_from_slice(&bytes[..len]);
+            session.handle_read(now, len);
+            bytes = &bytes[len..];
+        }
+    }
+
+    #[test]
+    fn block_sized_write_data_is_read_straight_into_registered_memory() {
+        let context = context();
+        let buffer = OwnedBuffer::zeroed(1 << 20).unwrap();
+        let addr = buffer.addr();
+        let info = RegionInfo {
+            addr,
+            len: 1 << 20,
+            location: Location::Host { pinned: false },
+        };
+        let region = context
+            .table
+            .insert(
+                info,
+                None,
+                Vec::new(),
+                Some(OwnedMemory::Host { _buffer: buffer }),
+            )
+            .unwrap();
+        let now = Instant::now();
+        let mut session = ServerSession::new(Arc::clone(&context), context.session, now);
+        let hello = wire::encode_hello(&Hello {
+            name: "peer".into(),
+        });
+        let mut bytes = Header {
+            kind: Kind::Hello,
+            id: 0,
+            len: hello.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        bytes.extend_from_slice(&hello);
+        let data: Vec<u8> = (0..64 << 10).map(|index| (index % 251) as u8).collect();
+        bytes.extend_from_slice(
+            &Header {
+                kind: Kind::Write,
+                id: 9,
+                len: 8 + data.len() as u32,
+            }
+            .encode(),
+        );
+        bytes.extend_from_slice(&(addr + 4096).to_le_bytes());
+        feed(&mut session, now, &bytes);
+
+        let target = session.read_target().unwrap();
+        assert_eq!(
+            target.as_ptr() as u64,
+            addr + 4096,
+            "the data is read into the registered memory itself"
+        );
+        assert_eq!(target.len(), data.len());
+        target.copy_from_slice(&data);
+        session.handle_read(now, data.len());
+        let Some(Event::Store(spans)) = session.poll_event() else {
+            panic!("a complete write asks for its bytes to be stored");
+        };
+        drop(spans);
+        session.handle_stored(now, Ok(()));
+        let answer = session.poll_transmit().unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        raw.copy_from_slice(&answer[..HEADER_LEN]);
+        let ack = Header::decode(&raw, &wire::Limits::default()).unwrap();
+        assert_eq!((ack.kind, ack.id, ack.len), (Kind::Ack, 9, 0));
+        let mut landed = vec![0u8; data.len()];
+        region.read_at(4096, &mut landed).unwrap();
+        assert_eq!(landed, data);
+    }
 }

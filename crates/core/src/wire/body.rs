@@ -5,6 +5,13 @@ use serde::{Deserialize, Serialize};
 /// Bytes per entry in a write-many table: `addr: u64` + `len: u32`.
 pub const WRITE_MANY_ENTRY_LEN: usize = 12;
 
+/// Longest segment name a hello may carry, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Longest hello body: a name of [`MAX_NAME_BYTES`] behind its two-byte length prefix. The
+/// header check refuses a longer hello before any of it is read.
+pub const MAX_HELLO_BODY: u32 = MAX_NAME_BYTES as u32 + 2;
+
 /// The first frame on a connection: who is calling.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -18,11 +25,31 @@ pub fn encode_hello(hello: &Hello) -> Vec<u8> {
     postcard::to_allocvec(hello).unwrap_or_default()
 }
 
-/// Decodes a hello body, refusing trailing bytes.
+/// Decodes a hello body, refusing trailing bytes, names over [`MAX_NAME_BYTES`] and any
+/// encoding other than the one [`encode_hello`] makes.
 pub fn decode_hello(body: &[u8]) -> Result<Hello, ProtocolViolation> {
+    if body.len() > MAX_HELLO_BODY as usize {
+        return Err(ProtocolViolation::Oversized {
+            kind: "hello",
+            len: body.len() as u64,
+            limit: u64::from(MAX_HELLO_BODY),
+        });
+    }
     let (hello, rest) = postcard::take_from_bytes::<Hello>(body)
         .map_err(|_| ProtocolViolation::Malformed("hello is not a postcard Hello"))?;
     Reader::new(rest).finish()?;
+    if hello.name.len() > MAX_NAME_BYTES {
+        return Err(ProtocolViolation::Oversized {
+            kind: "hello name",
+            len: hello.name.len() as u64,
+            limit: MAX_NAME_BYTES as u64,
+        });
+    }
+    if encode_hello(&hello) != body {
+        return Err(ProtocolViolation::Malformed(
+            "hello name length is not in its shortest form",
+        ));
+    }
     Ok(hello)
 }
 

@@ -84,7 +84,8 @@ pub struct Limits {
     pub max_data: u32,
     /// Most entries one write-many frame may carry.
     pub max_entries: u32,
-    /// Most bytes of a hello, ack, read request or notification.
+    /// Most bytes of an ack, read request or notification (a hello has its own, fixed limit:
+    /// [`super::MAX_HELLO_BODY`]).
     pub max_control: u32,
     /// Most bytes of a descriptor.
     pub max_descriptor: u32,
@@ -110,11 +111,10 @@ impl Limits {
             Kind::WriteMany => entries_table + u64::from(self.max_data),
             Kind::ReadData => u64::from(self.max_data),
             Kind::DescriptorResponse => u64::from(self.max_descriptor),
-            Kind::Hello
-            | Kind::DescriptorRequest
-            | Kind::ReadRequest
-            | Kind::Ack
-            | Kind::Notify => u64::from(self.max_control),
+            Kind::Hello => u64::from(super::MAX_HELLO_BODY),
+            Kind::DescriptorRequest | Kind::ReadRequest | Kind::Ack | Kind::Notify => {
+                u64::from(self.max_control)
+            }
         }
     }
 }

@@ -20,7 +20,8 @@ mod reader;
 pub use body::{
     decode_ack, decode_hello, decode_read_request, decode_write_many_count,
     decode_write_many_table, encode_ack, encode_hello, encode_read_request,
-    encode_write_many_table, Hello, WriteManyEntry, WRITE_MANY_ENTRY_LEN,
+    encode_write_many_table, Hello, WriteManyEntry, MAX_HELLO_BODY, MAX_NAME_BYTES,
+    WRITE_MANY_ENTRY_LEN,
 };
 pub use header::{Header, Kind, Limits, HEADER_LEN, MAGIC, VERSION};
 pub use reader::Reader;

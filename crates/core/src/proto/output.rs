@@ -1,0 +1,96 @@
+//! Answers queued for the peer: header and control bytes gathered into one buffer, and the
+//! bytes of read answers sent from their source without a copy.
+
+use super::Landing;
+use crate::wire::{Header, HEADER_LEN};
+use std::collections::VecDeque;
+
+enum Chunk<S> {
+    Bytes(Vec<u8>),
+    Span(S),
+}
+
+/// What is waiting to be written to the peer, in order.
+pub(super) struct Output<S> {
+    chunks: VecDeque<Chunk<S>>,
+    /// Bytes of the first chunk already written.
+    sent: usize,
+    /// Bytes queued and not yet written.
+    queued: usize,
+}
+
+impl<S: Landing> Output<S> {
+    pub(super) fn new() -> Self {
+        Output {
+            chunks: VecDeque::new(),
+            sent: 0,
+            queued: 0,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Bytes queued and not yet written.
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Queues a frame whose body is `body`.
+    pub(super) fn frame(&mut self, header: Header, body: &[u8]) {
+        let bytes = match self.chunks.back_mut() {
+            Some(Chunk::Bytes(bytes)) => bytes,
+            _ => {
+                self.chunks.push_back(Chunk::Bytes(Vec::new()));
+                match self.chunks.back_mut() {
+                    Some(Chunk::Bytes(bytes)) => bytes,
+                    _ => return,
+                }
+            }
+        };
+        bytes.extend_from_slice(&header.encode());
+        bytes.extend_from_slice(body);
+        self.queued += HEADER_LEN + body.len();
+    }
+
+    /// Queues a frame whose body is the bytes of `span`, sent from where they are.
+    pub(super) fn frame_from(&mut self, header: Header, span: S) {
+        self.frame(header, &[]);
+        self.queued += span.len();
+        self.chunks.push_back(Chunk::Span(span));
+    }
+
+    /// The next bytes to write.
+    pub(super) fn front(&self) -> Option<&[u8]> {
+        let bytes = match self.chunks.front()? {
+            Chunk::Bytes(bytes) => bytes.as_slice(),
+            Chunk::Span(span) => span.as_slice(),
+        };
+        bytes.get(self.sent..)
+    }
+
+    /// Records that `len` bytes of [`Self::front`] were written.
+    pub(super) fn advance(&mut self, len: usize) {
+        let mut len = len.min(self.queued);
+        self.queued -= len;
+        while let Some(front) = self.chunks.front() {
+            let size = match front {
+                Chunk::Bytes(bytes) => bytes.len(),
+                Chunk::Span(span) => span.as_slice().len(),
+            };
+            if self.sent >= size {
+                self.chunks.pop_front();
+                self.sent = 0;
+                continue;
+            }
+            if len == 0 {
+                return;
+            }
+            let step = len.min(size - self.sent);
+            self.sent += step;
+            len -= step;
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! What a session needs from the engine it serves, and its limits.
+
+use crate::cuda::CudaError;
+use crate::wire::Limits;
+use std::time::Duration;
+
+/// A range of the served engine's memory while bytes move through it.
+pub(crate) trait Landing {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Where received bytes go; for GPU memory a staging buffer, taken on the first call.
+    fn receive_into(&mut self) -> Result<&mut [u8], CudaError>;
+    /// The bytes to send, once loaded.
+    fn as_slice(&self) -> &[u8];
+}
+
+/// What a session needs from the engine it serves.
+pub(crate) trait Served {
+    /// The memory ranges this engine hands out.
+    type Span: Landing;
+    /// The registered range `addr..addr+len`, kept registered while the span lives; `None`
+    /// when no single registration covers it.
+    fn span(&self, addr: u64, len: u64) -> Option<Self::Span>;
+    /// The engine's descriptor as JSON.
+    fn descriptor(&self) -> Vec<u8>;
+}
+
+/// Limits and timeouts of a session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionConfig {
+    /// Body size limits, checked at each header.
+    pub(crate) limits: Limits,
+    /// Bounds the hello, each frame from its first byte to its answer, and how long the peer
+    /// may leave queued answers unread.
+    pub(crate) io_timeout: Duration,
+    /// How long a connection may sit between frames after its hello.
+    pub(crate) idle_timeout: Duration,
+}
