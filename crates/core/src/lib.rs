@@ -36,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 mod batch;
 mod blocks;
 pub mod cuda;
@@ -56,7 +57,8 @@ pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
 pub use engine::{Engine, EngineBuilder};
-pub use error::{Error, ProtocolViolation, RangeError, Result, Side};
+pub use auth::Secret;
+pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
