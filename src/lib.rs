@@ -51,10 +51,10 @@ pub use engine::{Engine, EngineBuilder};
 pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL, NVLINK};
 
 pub use ferry_core::{
-    cuda, wire, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,
+    auth, cuda, wire, AuthFailure, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,
     Direction, Endpoint, Error, Export, HostIdentity, Link, Location, MetadataStore, Notification,
     Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError, Reach, Region, RegionInfo,
-    RegionUse, Result, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport,
+    RegionUse, Result, Secret, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport,
     DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
 };
 

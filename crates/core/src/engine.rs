@@ -2,6 +2,7 @@
 //! metadata store and the notification inbox, and runs all of its I/O on its own small runtime,
 //! so callers with or without an async runtime use it alike.
 
+use crate::auth::{Secret, SECRET_ENV};
 use crate::batch::Batch;
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
@@ -37,6 +38,7 @@ pub struct EngineBuilder {
     metadata: Option<Arc<dyn MetadataStore>>,
     transports: Vec<Arc<dyn Transport>>,
     liveness_interval: Duration,
+    secret: Option<Vec<u8>>,
 }
 
 impl Default for EngineBuilder {
@@ -52,6 +54,7 @@ impl Default for EngineBuilder {
             metadata: None,
             transports: Vec::new(),
             liveness_interval: Duration::from_secs(2),
+            secret: None,
         }
     }
 }
@@ -113,6 +116,21 @@ impl EngineBuilder {
         self
     }
 
+    /// A shared secret (at least [`Secret::MIN_LEN`] bytes) that peers must prove they hold.
+    ///
+    /// With it, every connection this engine opens or accepts (TCP, descriptor lookups, the
+    /// fd-passing socket) starts with a mutual challenge-response ([`crate::auth`]), and a peer
+    /// with another secret or none is refused on both sides with
+    /// [`Error::Unauthenticated`] before anything about registered memory is sent.
+    ///
+    /// Where the secret comes from, first match wins: this method; the environment variable
+    /// `FERRY_SECRET` (its bytes as they are), read when the engine is built; none. Without
+    /// one, any process that reaches the listener can read and write every registered byte.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
     /// Adds a transport besides TCP, which every engine has.
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transports.push(transport);
@@ -123,8 +141,9 @@ impl EngineBuilder {
     ///
     /// # Errors
     /// [`Error::Io`] when the address cannot be bound, [`Error::ApiMisuse`] for an
-    /// unspecified listen address without [`Self::advertise`], and the metadata store's error
-    /// when publishing fails.
+    /// unspecified listen address without [`Self::advertise`] or a secret (given or in
+    /// `FERRY_SECRET`) shorter than [`Secret::MIN_LEN`], and the metadata store's error when
+    /// publishing fails.
     pub async fn build(self) -> Result<Engine> {
         let (engine, published) = self.start()?;
         published.await.map_err(|_| Error::Shutdown {
@@ -143,6 +162,10 @@ impl EngineBuilder {
 
     fn start(self) -> Result<(Engine, tokio::task::JoinHandle<Result<()>>)> {
         log_driver_once();
+        let secret = match self.secret {
+            Some(bytes) => Some(Secret::new(bytes)?),
+            None => Secret::from_env()?,
+        };
         let address = self
             .listen
             .to_socket_addrs()
@@ -164,10 +187,20 @@ impl EngineBuilder {
             .local_addr()
             .map_err(|error| Error::io("reading the listener's address", error))?;
         let name = segment_name(local_addr, self.advertise.as_deref())?;
+        if secret.is_none() && !local_addr.ip().is_loopback() {
+            tracing::warn!(
+                listener = %local_addr,
+                "no shared secret: any peer that reaches this port can read and write all registered memory; set one with EngineBuilder::secret, {SECRET_ENV} or --secret-file"
+            );
+        }
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.worker_threads)
             .thread_name("ferry-io")
+            .on_thread_start({
+                let secret = secret.clone();
+                move || crate::auth::enter_engine(secret.clone())
+            })
             .enable_all()
             .build()
             .map_err(|error| Error::io("starting the engine's runtime", error))?;
@@ -182,7 +215,7 @@ impl EngineBuilder {
                 .map_err(|error| Error::io("registering the listener", error))?;
             let fd_socket = (!gpus.is_empty())
                 .then(|| format!("ferry-{}-{}", std::process::id(), local_addr.port()))
-                .filter(|socket| match crate::memory::fd_server::start(socket, &table) {
+                .filter(|socket| match crate::memory::fd_server::start(socket, &table, secret.clone()) {
                     Ok(()) => true,
                     Err(error) => {
                         tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
@@ -198,10 +231,18 @@ impl EngineBuilder {
             config: self.tcp,
             limits: self.limits,
             io_timeout: self.transfer_timeout,
+            secret: secret.clone(),
         });
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;
         transports.push(Arc::clone(&tcp) as Arc<dyn Transport>);
         let (inbox, receiver) = mpsc::channel(self.inbox_capacity.max(1));
+        let metadata = self
+            .metadata
+            .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout)));
+        let metadata = match &secret {
+            Some(secret) => metadata.with_secret(secret).unwrap_or(metadata),
+            None => metadata,
+        };
         let inner = Arc::new(EngineInner {
             name,
             local_addr,
@@ -209,9 +250,7 @@ impl EngineBuilder {
             table,
             tcp,
             transports,
-            metadata: self
-                .metadata
-                .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout))),
+            metadata,
             handle: runtime.handle().clone(),
             inbox: Mutex::new(Some(receiver)),
             peers: Mutex::new(HashMap::new()),
@@ -232,6 +271,7 @@ impl EngineBuilder {
             }),
             limits: self.limits,
             io_timeout: self.transfer_timeout,
+            secret,
         });
         runtime.spawn(tcp::serve(listener, context));
         let publisher = Arc::clone(&inner);

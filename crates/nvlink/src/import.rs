@@ -95,7 +95,8 @@ pub(crate) fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], Strin
     Ok(bytes)
 }
 
-/// Asks the peer's fd socket for the descriptors of the region registered at `region`.
+/// Asks the peer's fd socket for the descriptors of the region registered at `region`,
+/// proving first the secret of the engine this thread works for, when it has one.
 fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, String> {
     let failed = |what: &str, error: std::io::Error| {
         format!("{what} the peer's fd socket {socket:?}: {error}")
@@ -104,6 +105,10 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
         .map_err(|error| failed("naming", error))?;
     let mut stream =
         UnixStream::connect_addr(&address).map_err(|error| failed("connecting to", error))?;
+    if let Some(secret) = ferry_core::auth::engine_secret() {
+        ferry_core::auth::blocking::client(&mut stream, &secret, Duration::from_secs(5))
+            .map_err(|reason| format!("authenticating with the peer's fd socket {socket:?} failed: {reason}"))?;
+    }
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|error| failed("configuring", error))?;
@@ -131,6 +136,13 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
     if received.bytes == 0 {
         return Err(format!(
             "the peer's fd socket {socket:?} closed without answering"
+        ));
+    }
+    if status[0] == ferry_core::auth::MAGIC[0] {
+        // An authentication refusal, sent to a client that did not authenticate.
+        return Err(format!(
+            "the peer's fd socket {socket:?} refused this engine: {}",
+            ferry_core::AuthFailure::NoLocalSecret
         ));
     }
     if status[0] != 0 {

@@ -1,11 +1,14 @@
 //! Hands out the file descriptors of registered VMM memory to processes of the same user, over
 //! an abstract Unix socket (SCM_RIGHTS), so they can map it.
 //!
-//! A client sends the registered buffer's address (8 bytes, little-endian). The answer is one
-//! status byte: 0 with one descriptor per allocation attached, in mapping order; or 1 followed
-//! by the reason as UTF-8 until the socket closes.
+//! With a shared secret, a connection starts with the handshake of [`crate::auth`]; a client
+//! that fails it is refused before it can ask for anything. Then the client sends the
+//! registered buffer's address (8 bytes, little-endian). The answer is one status byte: 0 with
+//! one descriptor per allocation attached, in mapping order; or 1 followed by the reason as
+//! UTF-8 until the socket closes.
 
 use super::table::RegionTable;
+use crate::auth::Secret;
 use crate::cuda::Context;
 use crate::memory::Location;
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -17,18 +20,29 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+/// How long one request may take, the handshake included.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Binds the abstract socket `name` and serves it on the current tokio runtime until the
-/// runtime shuts down or the table is gone.
-pub(crate) fn start(name: &str, table: &Arc<RegionTable>) -> std::io::Result<()> {
+/// runtime shuts down or the table is gone; with `secret`, only to clients that prove it.
+pub(crate) fn start(
+    name: &str,
+    table: &Arc<RegionTable>,
+    secret: Option<Secret>,
+) -> std::io::Result<()> {
     let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let table = Arc::downgrade(table);
-    tokio::spawn(accept_loop(listener, table));
+    tokio::spawn(accept_loop(listener, table, secret));
     Ok(())
 }
 
-async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable>) {
+async fn accept_loop(
+    listener: tokio::net::UnixListener,
+    table: Weak<RegionTable>,
+    secret: Option<Secret>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -45,8 +59,9 @@ async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable
         });
         match served {
             Ok(stream) => {
+                let secret = secret.clone();
                 tokio::task::spawn_blocking(move || {
-                    if let Err(error) = serve(stream, &table) {
+                    if let Err(error) = serve(stream, &table, secret.as_ref()) {
                         tracing::warn!(%error, "an fd-passing request failed");
                     }
                 });
@@ -56,9 +71,9 @@ async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable
     }
 }
 
-fn serve(mut stream: UnixStream, table: &RegionTable) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+fn serve(mut stream: UnixStream, table: &RegionTable, secret: Option<&Secret>) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     let peer = rustix::net::sockopt::socket_peercred(&stream)?;
     let own = rustix::process::getuid();
     if peer.uid != own {
@@ -71,6 +86,16 @@ fn serve(mut stream: UnixStream, table: &RegionTable) -> std::io::Result<()> {
         tracing::error!(%reason, "refused an fd-passing request");
         return refuse(&mut stream, &reason);
     }
+    if let Err(reason) = crate::auth::blocking::server(&mut stream, secret, TIMEOUT) {
+        tracing::warn!(
+            pid = peer.pid.as_raw_nonzero(),
+            %reason,
+            "refused an fd-passing connection that did not authenticate"
+        );
+        return Ok(());
+    }
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     let mut request = [0u8; 8];
     stream.read_exact(&mut request)?;
     let addr = u64::from_le_bytes(request);

@@ -23,6 +23,7 @@ pub(crate) struct ServerContext {
     pub(crate) descriptor: Box<dyn Fn() -> SegmentDescriptor + Send + Sync>,
     pub(crate) limits: Limits,
     pub(crate) io_timeout: Duration,
+    pub(crate) secret: Option<crate::auth::Secret>,
 }
 
 /// Accepts connections until the engine's runtime shuts down.
@@ -41,6 +42,16 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
 }
 
 async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
+    let Some(stream) = super::handshake::accept(
+        stream,
+        address,
+        context.secret.as_ref(),
+        context.io_timeout,
+    )
+    .await
+    else {
+        return;
+    };
     let _ = stream.set_nodelay(true);
     let (read_half, write_half) = stream.into_split();
     let mut session = Session {
