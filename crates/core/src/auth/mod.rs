@@ -39,7 +39,7 @@ mod handshake;
 mod secret;
 
 pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
-pub use secret::{engine_secret, Secret, SECRET_ENV};
+pub use secret::{engine_secret, read_secret_file, Secret, SECRET_ENV};
 
 pub(crate) use secret::enter_engine;
 

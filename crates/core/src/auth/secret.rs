@@ -38,23 +38,6 @@ impl Secret {
         Ok(Secret(Arc::new(key)))
     }
 
-    /// The secret in file `path`, with trailing whitespace (a final newline) removed.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when the file cannot be read, [`Error::ApiMisuse`] as [`Self::new`].
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Secret> {
-        let path = path.as_ref();
-        let mut bytes = std::fs::read(path).map_err(|error| {
-            Error::io(
-                format!("reading the shared secret from {}", path.display()),
-                error,
-            )
-        })?;
-        let kept = bytes.trim_ascii_end().len();
-        bytes.truncate(kept);
-        Secret::new(bytes)
-    }
-
     /// The secret in the environment variable [`SECRET_ENV`], used exactly as given; `None`
     /// when it is unset.
     ///
@@ -79,6 +62,24 @@ impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret(..)")
     }
+}
+
+/// The bytes of the secret file `path`, trailing whitespace (a final newline) removed: what
+/// `--secret-file` hands to [`crate::EngineBuilder::secret`].
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read.
+pub fn read_secret_file(path: impl AsRef<Path>) -> Result<Vec<u8>> {
+    let path = path.as_ref();
+    let mut bytes = std::fs::read(path).map_err(|error| {
+        Error::io(
+            format!("reading the shared secret from {}", path.display()),
+            error,
+        )
+    })?;
+    let kept = bytes.trim_ascii_end().len();
+    bytes.truncate(kept);
+    Ok(bytes)
 }
 
 thread_local! {
@@ -113,7 +114,7 @@ mod tests {
         );
         let path = std::env::temp_dir().join(format!("ferry-secret-{}", std::process::id()));
         std::fs::write(&path, b"0123456789abcdef-secret\n").unwrap();
-        let secret = Secret::from_file(&path).unwrap();
+        let secret = Secret::new(read_secret_file(&path).unwrap()).unwrap();
         std::fs::remove_file(&path).unwrap();
         let proof = |secret: &Secret| {
             use hmac::Mac;
