@@ -92,6 +92,11 @@ fn serve(mut stream: UnixStream, table: &RegionTable, secret: Option<&Secret>) -
             %reason,
             "refused an fd-passing connection that did not authenticate"
         );
+        // Closing with the client's bytes unread would reset the connection and could take
+        // the refusal with it: stop sending, and drop what the client still sends until it
+        // closes (bounded by the timeouts and 64 KiB).
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let _ = std::io::copy(&mut (&stream).take(64 << 10), &mut std::io::sink());
         return Ok(());
     }
     stream.set_read_timeout(Some(TIMEOUT))?;
@@ -145,4 +150,63 @@ fn export(table: &RegionTable, addr: u64) -> Result<Vec<OwnedFd>, String> {
         .iter()
         .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(text: &str) -> Secret {
+        Secret::new(format!("{text}-0123456789abcdef").into_bytes()).unwrap()
+    }
+
+    /// Serves one connection on a thread; the caller plays the client on the other end.
+    fn serving(secret: Option<Secret>) -> (UnixStream, std::thread::JoinHandle<()>) {
+        let (near, far) = UnixStream::pair().unwrap();
+        let table = RegionTable::new();
+        let server = std::thread::spawn(move || {
+            serve(near, &table, secret.as_ref()).unwrap();
+        });
+        (far, server)
+    }
+
+    #[test]
+    fn a_client_without_the_secret_gets_a_refusal_and_no_answer_to_its_request() {
+        let (mut client, server) = serving(Some(secret("a")));
+        client.write_all(&0x1000u64.to_le_bytes()).unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        server.join().unwrap();
+        assert_eq!(answer[..4], crate::auth::MAGIC, "{answer:?}");
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("registered"),
+            "the request must not be served"
+        );
+    }
+
+    #[test]
+    fn a_client_with_another_secret_is_refused_before_its_request() {
+        let (mut client, server) = serving(Some(secret("a")));
+        let outcome =
+            crate::auth::blocking::client(&mut client, &secret("b"), Duration::from_secs(5));
+        assert_eq!(outcome, Err(crate::AuthFailure::PeerProofMismatch));
+        drop(client);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_with_the_secret_is_served() {
+        let (mut client, server) = serving(Some(secret("a")));
+        crate::auth::blocking::client(&mut client, &secret("a"), Duration::from_secs(5)).unwrap();
+        client.write_all(&0x1000u64.to_le_bytes()).unwrap();
+        server.join().unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer[0], 1, "refused for the address, not for the secret");
+        assert_eq!(
+            String::from_utf8_lossy(&answer[1..]),
+            "no region is registered at 0x1000"
+        );
+    }
 }
