@@ -159,3 +159,76 @@ async fn a_short_secret_is_refused_at_build() {
         "{error:?}"
     );
 }
+
+/// What a raw connection that sends `request` and then stops sending gets back, until the
+/// listener closes it.
+fn raw_answer(address: &str, request: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    answer
+}
+
+#[tokio::test]
+async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
+    let guarded = engine(Some(SECRET_A), None).await;
+    let _pool = guarded.allocate(4096).unwrap();
+    // A hello with an empty name and a descriptor request, as an old peer-to-peer lookup sends.
+    let hello = ferry::wire::encode_hello(&ferry::wire::Hello {
+        name: String::new(),
+    });
+    let mut request = ferry::wire::Header {
+        kind: ferry::wire::Kind::Hello,
+        id: 0,
+        len: hello.len() as u32,
+    }
+    .encode()
+    .to_vec();
+    request.extend_from_slice(&hello);
+    request.extend_from_slice(
+        &ferry::wire::Header {
+            kind: ferry::wire::Kind::DescriptorRequest,
+            id: 1,
+            len: 0,
+        }
+        .encode(),
+    );
+    let name = guarded.name().to_owned();
+    let answer = tokio::task::spawn_blocking(move || raw_answer(&name, &request))
+        .await
+        .unwrap();
+    assert_eq!(answer.len(), 70, "one refusal and nothing else: {answer:?}");
+    assert_eq!(answer[..4], ferry::auth::MAGIC);
+}
+
+#[tokio::test]
+async fn a_caller_that_says_nothing_is_closed_after_the_io_timeout() {
+    let guarded = Engine::builder()
+        .secret(SECRET_A)
+        .transfer_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let name = guarded.name().to_owned();
+    let started = std::time::Instant::now();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(&name).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        answer
+    })
+    .await
+    .unwrap();
+    assert!(answer.is_empty(), "{answer:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

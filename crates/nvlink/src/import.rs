@@ -161,7 +161,34 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
 
 #[cfg(test)]
 mod tests {
-    use super::fabric_handle;
+    use super::{fabric_handle, fetch_fds};
+    use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    use std::time::Duration;
+
+    #[test]
+    fn an_fd_socket_that_requires_a_secret_is_named_as_the_reason() {
+        let name = format!("ferry-test-fd-auth-{}", std::process::id());
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&address).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let secret = ferry_core::Secret::new(b"fd-secret-0123456789abcdef".to_vec()).unwrap();
+            let outcome =
+                ferry_core::auth::blocking::server(&mut stream, Some(&secret), Duration::from_secs(5));
+            stream.shutdown(std::net::Shutdown::Write).unwrap();
+            let _ = stream.read_to_end(&mut Vec::new());
+            outcome
+        });
+        // This thread belongs to no engine, so the client has no secret to prove.
+        let error = fetch_fds(&name, 0x1000, 1).unwrap_err();
+        assert_eq!(
+            server.join().unwrap(),
+            Err(ferry_core::AuthFailure::PeerHasNoSecret)
+        );
+        assert!(error.contains("requires a shared secret"), "{error}");
+    }
 
     #[test]
     fn fabric_handles_parse_from_hex_and_junk_is_named() {
