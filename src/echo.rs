@@ -48,7 +48,9 @@ impl ReplyTo {
         text: &str,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let Some(name) = lock(&self.name).clone() else {
-            tracing::warn!("a notification arrived but no engine to answer was named: give --reply-to NAME");
+            tracing::warn!(
+                "a notification arrived but no engine to answer was named: give --reply-to NAME"
+            );
             return Ok(());
         };
         let cached = lock(&self.peers).get(&name).cloned();

@@ -89,7 +89,9 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
         };
         received += 1;
         match &reply_to {
-            Some(reply_to) => reply_to.answer(&engine, &format!("held {}", crate::bench::now_ns()))?,
+            Some(reply_to) => {
+                reply_to.answer(&engine, &format!("held {}", crate::bench::now_ns()))?
+            }
             None => {
                 let mut stdout = std::io::stdout().lock();
                 writeln!(

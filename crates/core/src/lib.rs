@@ -51,13 +51,13 @@ mod tcp;
 mod transport;
 pub mod wire;
 
+pub use auth::Secret;
 pub use batch::{Batch, Completion, Transfer};
 pub use blocks::{BlockCopy, BlockLayout, BlockOps, BlockPoolOp};
 pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
 pub use engine::{Engine, EngineBuilder};
-pub use auth::Secret;
 pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};

@@ -106,8 +106,11 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
     let mut stream =
         UnixStream::connect_addr(&address).map_err(|error| failed("connecting to", error))?;
     if let Some(secret) = ferry_core::auth::engine_secret() {
-        ferry_core::auth::blocking::client(&mut stream, &secret, Duration::from_secs(5))
-            .map_err(|reason| format!("authenticating with the peer's fd socket {socket:?} failed: {reason}"))?;
+        ferry_core::auth::blocking::client(&mut stream, &secret, Duration::from_secs(5)).map_err(
+            |reason| {
+                format!("authenticating with the peer's fd socket {socket:?} failed: {reason}")
+            },
+        )?;
     }
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -175,8 +178,11 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
             let secret = ferry_core::Secret::new(b"fd-secret-0123456789abcdef".to_vec()).unwrap();
-            let outcome =
-                ferry_core::auth::blocking::server(&mut stream, Some(&secret), Duration::from_secs(5));
+            let outcome = ferry_core::auth::blocking::server(
+                &mut stream,
+                Some(&secret),
+                Duration::from_secs(5),
+            );
             stream.shutdown(std::net::Shutdown::Write).unwrap();
             let _ = stream.read_to_end(&mut Vec::new());
             outcome

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 ///
 /// # Errors
 /// The [`AuthFailure`] that ended the handshake; the stream must then be closed.
-pub fn client(stream: &mut UnixStream, secret: &Secret, timeout: Duration) -> Result<(), AuthFailure> {
+pub fn client(
+    stream: &mut UnixStream,
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<(), AuthFailure> {
     let nonce = super::nonce().map_err(|error| AuthFailure::Io(error.to_string()))?;
     drive(stream, Handshake::client(secret.clone(), nonce), timeout)
 }
@@ -130,7 +134,9 @@ mod tests {
             let outcome = match client_secret {
                 Some(secret) => client(&mut far, &secret, LIMIT),
                 // A client without a secret goes straight to its request, as the fd client does.
-                None => far.write_all(&0x1000u64.to_le_bytes()).map_err(|error| failure(error, LIMIT)),
+                None => far
+                    .write_all(&0x1000u64.to_le_bytes())
+                    .map_err(|error| failure(error, LIMIT)),
             };
             (outcome, far)
         });
@@ -157,7 +163,11 @@ mod tests {
     #[test]
     fn fd_server_refuses_a_client_without_a_secret_and_reads_no_request() {
         let (client, server, _) = pair(None, Some(secret("a")));
-        assert_eq!(client, Ok(()), "the unauthenticated client only wrote its request");
+        assert_eq!(
+            client,
+            Ok(()),
+            "the unauthenticated client only wrote its request"
+        );
         assert_eq!(server, Err(AuthFailure::PeerHasNoSecret));
     }
 

@@ -233,7 +233,11 @@ impl Handshake {
                 self.server_nonce
                     .copy_from_slice(&challenge[nonce_at..nonce_at + NONCE_LEN]);
                 let claimed = &challenge[nonce_at + NONCE_LEN..];
-                if self.proof(secret, Role::Server).verify_slice(claimed).is_ok() {
+                if self
+                    .proof(secret, Role::Server)
+                    .verify_slice(claimed)
+                    .is_ok()
+                {
                     let proof = self.proof(secret, Role::Client).finalize().into_bytes();
                     self.transmit.push(GO_ON);
                     self.transmit.extend_from_slice(&proof);
@@ -276,7 +280,9 @@ impl Handshake {
         self.stage = Stage::Finished(match code {
             GO_ON => Ok(()),
             BAD_PROOF => Err(AuthFailure::RejectedByPeer),
-            _ => Err(AuthFailure::Malformed("the verdict carries an unknown code")),
+            _ => Err(AuthFailure::Malformed(
+                "the verdict carries an unknown code",
+            )),
         });
     }
 

@@ -28,7 +28,11 @@ fn drive_altered(
 }
 
 /// Hands everything `from` has to send to `to`; whether anything moved.
-fn deliver(from: &mut Handshake, to: &mut Handshake, alter: &mut impl FnMut(Role, &mut Vec<u8>)) -> bool {
+fn deliver(
+    from: &mut Handshake,
+    to: &mut Handshake,
+    alter: &mut impl FnMut(Role, &mut Vec<u8>),
+) -> bool {
     let mut moved = false;
     while let Some(mut bytes) = from.poll_transmit() {
         alter(from.role(), &mut bytes);
@@ -112,8 +116,16 @@ fn every_tampered_byte_of_the_server_challenge_fails_the_client() {
                     bytes[index] ^= 0x01;
                 }
             });
-        assert_eq!(client_outcome, Err(AuthFailure::PeerProofMismatch), "byte {index}");
-        assert_eq!(server_outcome, Err(AuthFailure::RejectedByPeer), "byte {index}");
+        assert_eq!(
+            client_outcome,
+            Err(AuthFailure::PeerProofMismatch),
+            "byte {index}"
+        );
+        assert_eq!(
+            server_outcome,
+            Err(AuthFailure::RejectedByPeer),
+            "byte {index}"
+        );
     }
 }
 
@@ -128,8 +140,16 @@ fn a_tampered_client_proof_fails_the_server() {
                     bytes[index] ^= 0x80;
                 }
             });
-        assert_eq!(server_outcome, Err(AuthFailure::PeerProofMismatch), "byte {index}");
-        assert_eq!(client_outcome, Err(AuthFailure::RejectedByPeer), "byte {index}");
+        assert_eq!(
+            server_outcome,
+            Err(AuthFailure::PeerProofMismatch),
+            "byte {index}"
+        );
+        assert_eq!(
+            client_outcome,
+            Err(AuthFailure::RejectedByPeer),
+            "byte {index}"
+        );
     }
 }
 
@@ -250,6 +270,9 @@ fn byte_at_a_time_input_never_reads_past_the_handshake() {
     assert_eq!(server.handle_input(&followed), PROOF_MESSAGE_LEN);
     let verdict = server.poll_transmit().unwrap();
     assert_eq!(server.outcome(), Some(Ok(())));
-    assert_eq!(client.handle_input(&[verdict, b"more".to_vec()].concat()), 1);
+    assert_eq!(
+        client.handle_input(&[verdict, b"more".to_vec()].concat()),
+        1
+    );
     assert_eq!(client.outcome(), Some(Ok(())));
 }

@@ -118,7 +118,11 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let proof = |secret: &Secret| {
             use hmac::Mac;
-            secret.mac().chain_update(b"message").finalize().into_bytes()
+            secret
+                .mac()
+                .chain_update(b"message")
+                .finalize()
+                .into_bytes()
         };
         let expected = Secret::new(b"0123456789abcdef-secret".to_vec()).unwrap();
         assert_eq!(proof(&secret), proof(&expected));

@@ -71,7 +71,11 @@ async fn accept_loop(
     }
 }
 
-fn serve(mut stream: UnixStream, table: &RegionTable, secret: Option<&Secret>) -> std::io::Result<()> {
+fn serve(
+    mut stream: UnixStream,
+    table: &RegionTable,
+    secret: Option<&Secret>,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
     let peer = rustix::net::sockopt::socket_peercred(&stream)?;

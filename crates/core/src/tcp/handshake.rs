@@ -28,9 +28,12 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         reason,
     };
     let nonce = crate::auth::nonce()?;
-    bounded(drive(stream, Handshake::client(secret.clone(), nonce)), timeout)
-        .await
-        .map_err(refused)
+    bounded(
+        drive(stream, Handshake::client(secret.clone(), nonce)),
+        timeout,
+    )
+    .await
+    .map_err(refused)
 }
 
 /// Checks the peer that connected on `stream` from `address`; hands the stream back when it

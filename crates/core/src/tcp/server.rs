@@ -23,6 +23,7 @@ pub(crate) struct ServerContext {
     pub(crate) descriptor: Box<dyn Fn() -> SegmentDescriptor + Send + Sync>,
     pub(crate) limits: Limits,
     pub(crate) io_timeout: Duration,
+    /// When set, peers prove they hold it before they are served.
     pub(crate) secret: Option<crate::auth::Secret>,
 }
 
@@ -42,13 +43,9 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
 }
 
 async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
-    let Some(stream) = super::handshake::accept(
-        stream,
-        address,
-        context.secret.as_ref(),
-        context.io_timeout,
-    )
-    .await
+    let Some(stream) =
+        super::handshake::accept(stream, address, context.secret.as_ref(), context.io_timeout)
+            .await
     else {
         return;
     };
