@@ -3,8 +3,8 @@
 //!
 //! Engines configured with the same [`Secret`] prove to each other that they hold it; engines
 //! without one skip this step and talk as before. One side with a secret and the other without
-//! is refused on both sides, with [`AuthFailure::PeerHasNoSecret`] or
-//! [`AuthFailure::NoLocalSecret`].
+//! is refused on both sides, with [`crate::AuthFailure::PeerHasNoSecret`] or
+//! [`crate::AuthFailure::NoLocalSecret`].
 //!
 //! # Protocol
 //!
