@@ -257,6 +257,7 @@ impl EngineBuilder {
             transfer_timeout: self.transfer_timeout,
             gpus,
             fd_socket,
+            secret: secret.clone(),
             shutting_down: AtomicBool::new(false),
         });
         let describer = Arc::downgrade(&inner);
@@ -405,6 +406,9 @@ pub(crate) struct EngineInner {
     gpus: Vec<crate::cuda::DeviceInfo>,
     /// The abstract Unix socket that hands out VMM file descriptors, when it could be opened.
     fd_socket: Option<String>,
+    /// Proven to peers on every connection, when set; transports' side channels find it
+    /// through [`crate::auth::engine_secret`] on the engine's threads.
+    pub(crate) secret: Option<Secret>,
     /// Set when the engine is dropped, before its runtime stops: a transfer that fails from
     /// then on failed because of the shutdown (its connections closing under it).
     pub(crate) shutting_down: AtomicBool,

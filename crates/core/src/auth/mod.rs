@@ -41,7 +41,7 @@ mod secret;
 pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
 pub use secret::{engine_secret, read_secret_file, Secret, SECRET_ENV};
 
-pub(crate) use secret::enter_engine;
+pub(crate) use secret::{enter_engine, EngineScope};
 
 /// Fresh random bytes for a nonce.
 ///

@@ -91,6 +91,27 @@ pub(crate) fn enter_engine(secret: Option<Secret>) {
     ENGINE_SECRET.with(|current| *current.borrow_mut() = secret);
 }
 
+/// Makes the calling thread work for an engine with `secret` until dropped, then restores
+/// what it worked for before: for a caller's thread that runs the first steps of a transfer.
+pub(crate) struct EngineScope {
+    previous: Option<Secret>,
+}
+
+impl EngineScope {
+    pub(crate) fn enter(secret: Option<Secret>) -> EngineScope {
+        EngineScope {
+            previous: ENGINE_SECRET.with(|current| current.replace(secret)),
+        }
+    }
+}
+
+impl Drop for EngineScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        ENGINE_SECRET.with(|current| *current.borrow_mut() = previous);
+    }
+}
+
 /// The shared secret of the engine whose I/O thread calls this; `None` on other threads and
 /// for engines without one.
 ///
@@ -104,6 +125,27 @@ pub fn engine_secret() -> Option<Secret> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engine_scope_lends_its_secret_to_the_thread_and_gives_the_old_one_back() {
+        let outer = Secret::new(b"outer-secret-0123456789".to_vec()).unwrap();
+        let inner = Secret::new(b"inner-secret-0123456789".to_vec()).unwrap();
+        let proof = |secret: Option<Secret>| {
+            use hmac::Mac;
+            secret.map(|secret| secret.mac().chain_update(b"x").finalize().into_bytes())
+        };
+        std::thread::spawn(move || {
+            assert!(engine_secret().is_none());
+            enter_engine(Some(outer.clone()));
+            {
+                let _scope = EngineScope::enter(Some(inner.clone()));
+                assert_eq!(proof(engine_secret()), proof(Some(inner)));
+            }
+            assert_eq!(proof(engine_secret()), proof(Some(outer)));
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn short_secrets_are_refused_and_files_lose_their_final_newline() {
