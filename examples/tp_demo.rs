@@ -144,7 +144,11 @@ fn pools(
     gpu: Option<u32>,
 ) -> Result<Vec<ferry::Region>, ferry::Error> {
     let pool_bytes = u64::from(split.pool_blocks) * block_bytes;
-    kv::allocate_pools(engine, split.layers * 2, pool_bytes, gpu)
+    let placement = kv::Placement {
+        gpu,
+        vmm_pieces: None,
+    };
+    kv::allocate_pools(engine, split.layers * 2, pool_bytes, placement)
 }
 
 fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {

@@ -25,7 +25,7 @@ for line in sys.stdin:
 for binary in target/release/ferry target/release/examples/{pd_demo,decode,prefill,tp_demo}; do
   cp "$binary" "$out/"
 done
-cp scripts/gpu-run.sh "$out/"
+cp scripts/gpu-run.sh scripts/containers.sh "$out/"
 strip "$out"/tests/* "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill "$out"/tp_demo
 du -sh "$out"
 ls "$out" "$out/tests"

@@ -52,6 +52,11 @@ suite() {
   step "tp_demo prefill TP=2 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 2
   step "tp_demo prefill TP=2 -> decode TP=1" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 1
   step "tp_demo prefill TP=4 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 4 --decode-tp 2
+  step "namespace matrix (containers.sh)" timeout 1200 "$here/containers.sh" "$logs"
+  if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+    step "namespace matrix, prefill on GPU 0, decode on GPU 1" timeout 1200 \
+      "$here/containers.sh" "$logs/two-gpu" 0 1
+  fi
   step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
     --json "$logs/bench.json" --plot "$logs/bench.svg"
   step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \

@@ -52,10 +52,11 @@ pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL,
 
 pub use ferry_core::{
     auth, cuda, wire, AuthFailure, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp,
-    BufferDescriptor, Completion, Direction, Endpoint, Error, Export, HostIdentity, Link, Location,
-    MetadataStore, Notification, Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError,
-    Reach, Region, RegionInfo, RegionUse, Result, Secret, SegmentDescriptor, Side, TcpConfig,
-    Transfer, TransferOp, Transport, DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
+    BufferDescriptor, Completion, Direction, Endpoint, Error, Export, HostIdentity, InstanceId,
+    Link, Location, MetadataStore, Notification, Notifications, Peer, PeerToPeer,
+    ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result, Secret,
+    SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION,
+    MAX_NOTIFICATION_BYTES, TCP,
 };
 
 #[doc = include_str!("../README.md")]

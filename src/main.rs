@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
-use ferry::cuda::{probe_fabric, Driver, FabricSupport};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -18,6 +17,7 @@ struct Cli {
 
 mod bench;
 mod echo;
+mod probe;
 mod secret_file;
 mod serve;
 mod serve_child;
@@ -31,8 +31,19 @@ enum Command {
     /// One prefill rank of `ferry bench`'s multi-pair mode, driven by its parent.
     #[command(hide = true)]
     BenchRank(bench::RankOptions),
-    /// Show what this machine offers: CUDA driver, GPUs, available transports.
-    Probe,
+    /// Show what this machine offers: CUDA driver, GPUs, available transports; with --peer,
+    /// which transport each of a peer's buffers gets from here, and why.
+    Probe {
+        /// Segment name of a running engine (`host:port` with p2p metadata) to check the
+        /// paths to, from host memory and from every GPU this process sees.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Metadata store URL, to look the peer up.
+        #[arg(long, default_value = "p2p")]
+        metadata: String,
+        #[command(flatten)]
+        secret: secret_file::SecretFile,
+    },
     /// Run an engine that owns one host buffer peers can read and write, and print every
     /// notification it receives. Prints `segment: NAME` and `buffer: ADDR LEN` first.
     Serve(serve::Options),
@@ -53,7 +64,11 @@ fn main() -> ExitCode {
             Err(error) => Err(error),
         },
         Command::BenchRank(options) => bench::run_rank(&options),
-        Command::Probe => probe(),
+        Command::Probe {
+            peer,
+            metadata,
+            secret,
+        } => probe::run(peer.as_deref(), &metadata, &secret),
         Command::Serve(options) => serve::run(&options),
     };
     match outcome {
@@ -63,62 +78,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn probe() -> Result<(), Box<dyn std::error::Error>> {
-    let driver = Driver::get();
-    println!("cuda: {}", driver.status());
-    let gpus = driver.devices()?;
-    for gpu in &gpus {
-        println!(
-            "gpu {}: {} {} pci {}",
-            gpu.ordinal, gpu.name, gpu.uuid, gpu.pci_bus_id
-        );
-    }
-    if gpus.len() > 1 {
-        println!("peer access (row reads/writes column):");
-        for from in &gpus {
-            let row: Vec<String> = gpus
-                .iter()
-                .map(|to| match from.ordinal == to.ordinal {
-                    true => "  -".to_owned(),
-                    false => match driver.can_access_peer(from.ordinal, to.ordinal) {
-                        Ok(true) => "yes".to_owned(),
-                        Ok(false) => " no".to_owned(),
-                        Err(error) => format!("error: {error}"),
-                    },
-                })
-                .collect();
-            println!("  gpu {}: {}", from.ordinal, row.join(" "));
-        }
-    }
-    let fabric: Vec<(u32, FabricSupport)> = gpus
-        .iter()
-        .map(|gpu| (gpu.ordinal, probe_fabric(gpu.ordinal)))
-        .collect();
-    for (ordinal, support) in &fabric {
-        match support {
-            FabricSupport::Permitted => println!("fabric handles on gpu {ordinal}: permitted"),
-            FabricSupport::Refused(error) => {
-                println!("fabric handles on gpu {ordinal}: refused ({error})")
-            }
-        }
-    }
-    println!("transports:");
-    println!("  tcp: available (any host; GPU memory staged through pinned host buffers)");
-    match gpus.is_empty() {
-        true => println!("  nvlink: unavailable ({})", driver.status()),
-        false => {
-            println!("  nvlink: available (cudaMalloc and POSIX-fd VMM memory of processes on this host)")
-        }
-    }
-    let permitted = fabric
-        .iter()
-        .any(|(_, support)| *support == FabricSupport::Permitted);
-    match (gpus.is_empty(), permitted) {
-        (true, _) => println!("  mnnvl: unavailable ({})", driver.status()),
-        (false, false) => println!("  mnnvl: unavailable (no GPU here permits FABRIC-handle allocations)"),
-        (false, true) => println!("  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
-    }
-    Ok(())
 }

@@ -106,6 +106,7 @@ async fn without_a_secret_a_write_to_a_guarded_engine_fails_and_lands_nothing() 
     let store: Arc<dyn MetadataStore> = MemoryStore::new();
     let guarded = engine(Some(SECRET_A), Some(Arc::clone(&store))).await;
     let pool = guarded.allocate(4096).unwrap();
+    guarded.publish().await.unwrap();
     let open = engine(None, Some(store)).await;
     let source = open.allocate(4096).unwrap();
     source.write_at(0, &[9u8; 4096]).unwrap();

@@ -221,7 +221,9 @@ async fn a_peer_that_never_acknowledges_times_out() {
         name: address.clone(),
         host: ferry::HostIdentity::current(),
         generation: 1,
-        process: 0,
+        instance: ferry::InstanceId::from_u128(1),
+        process: ferry::InstanceId::from_u128(1),
+        pid: 0,
         gpus: Vec::new(),
         endpoints: vec![ferry::Endpoint {
             transport: "tcp".into(),

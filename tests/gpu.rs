@@ -710,3 +710,257 @@ fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
         "GPU bytes written and read back over tcp",
     );
 }
+
+/// A metadata store that plays hostile peers: it answers the descriptors planted in it for
+/// their names, and asks the real engines for every other name.
+#[derive(Default)]
+struct CraftedPeers {
+    crafted: std::sync::Mutex<std::collections::HashMap<String, ferry::SegmentDescriptor>>,
+    real: ferry::PeerToPeer,
+}
+
+impl CraftedPeers {
+    /// Serves `real`'s descriptor under `name` with its one buffer replaced by `buffer`.
+    fn plant(&self, name: &str, real: &ferry::SegmentDescriptor, buffer: ferry::BufferDescriptor) {
+        let mut crafted = real.clone();
+        crafted.name = name.to_owned();
+        crafted.buffers = vec![buffer];
+        self.crafted
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), crafted);
+    }
+}
+
+#[async_trait::async_trait]
+impl ferry::MetadataStore for CraftedPeers {
+    async fn publish(&self, _descriptor: &ferry::SegmentDescriptor) -> ferry::Result<()> {
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> ferry::Result<ferry::SegmentDescriptor> {
+        let planted = self.crafted.lock().unwrap().get(name).cloned();
+        match planted {
+            Some(descriptor) => Ok(descriptor),
+            None => self.real.fetch(name).await,
+        }
+    }
+
+    async fn unpublish(&self, _name: &str) -> ferry::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes 4 KiB to `addr` of the crafted peer `name` and expects the nvlink transport to
+/// refuse it as a protocol violation naming `field`, with the peer closed.
+fn expect_refusal(engine: &Engine, source: &ferry::Region, name: &str, addr: u64, field: &str) {
+    let peer = engine.connect_blocking(name).unwrap();
+    let outcome = engine
+        .batch(&peer)
+        .write(source, 0, addr, 4096)
+        .submit_blocking();
+    match outcome {
+        Err(Error::Protocol {
+            violation: ferry::ProtocolViolation::Descriptor { field: found, .. },
+            ..
+        }) => assert_eq!(found, field, "{name}"),
+        other => panic!("{name}: expected a violation naming {field}, got {other:?}"),
+    }
+    assert!(
+        !peer.is_alive(),
+        "{name}: the peer is closed after its violation"
+    );
+}
+
+/// A good transfer after the hostile ones: written to `target`'s real buffer, read back and
+/// compared, all over nvlink on the same engine.
+fn good_transfer_follows(engine: &Engine, source: &ferry::Region, target: &ServeProcess) {
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let bytes = pattern(94, 1 << 20);
+    source.write_at(0, &bytes).unwrap();
+    let done = engine
+        .batch(&peer)
+        .write(source, 0, target.buffer_addr + 4096, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.transports, vec!["nvlink"]);
+    let back = engine.allocate_device(0, 1 << 20).unwrap();
+    back.write_at(0, &vec![0u8; 1 << 20]).unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, target.buffer_addr + 4096, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut landed = vec![0u8; 1 << 20];
+    back.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &bytes, "the good transfer after the crafted ones");
+}
+
+fn engine_asking(store: &std::sync::Arc<CraftedPeers>) -> Engine {
+    Engine::builder()
+        .metadata(std::sync::Arc::clone(store) as std::sync::Arc<dyn ferry::MetadataStore>)
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .expect("engine starts")
+}
+
+#[test]
+fn ipc_exports_that_overreach_their_allocation_are_refused_and_a_good_transfer_follows() {
+    gpus();
+    const AREA: usize = 4 << 20;
+    let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
+    let store = std::sync::Arc::new(CraftedPeers::default());
+    let engine = engine_asking(&store);
+    let source = engine.allocate_device(0, AREA).unwrap();
+    let real = engine.connect_blocking(&target.name).unwrap().descriptor();
+    let buffer = real
+        .buffers
+        .iter()
+        .find(|buffer| buffer.addr == target.buffer_addr)
+        .expect("the served buffer")
+        .clone();
+    let Some(Export::CudaIpc { handle, offset }) = buffer.export.clone() else {
+        panic!("expected a CUDA IPC export, got {:?}", buffer.export);
+    };
+    let with = |export_offset: u64, len: u64| ferry::BufferDescriptor {
+        len,
+        export: Some(Export::CudaIpc {
+            handle: handle.clone(),
+            offset: export_offset,
+        }),
+        ..buffer.clone()
+    };
+    let area = AREA as u64;
+    // (name, buffer as the peer claims it, where the write goes, the field named)
+    let cases = [
+        (
+            "offset-past-the-allocation",
+            with(1 << 40, area),
+            buffer.addr,
+            "export.offset",
+        ),
+        (
+            "len-past-the-allocation",
+            with(offset, area + (1 << 30)),
+            buffer.addr + area + 4096,
+            "len",
+        ),
+        (
+            "offset-plus-len-wraps",
+            with(4096, u64::MAX - 4095),
+            buffer.addr + area,
+            "len",
+        ),
+    ];
+    for (name, crafted, addr, field) in cases {
+        store.plant(name, &real, crafted);
+        expect_refusal(&engine, &source, name, addr, field);
+    }
+    good_transfer_follows(&engine, &source, &target);
+}
+
+#[test]
+fn vmm_piece_lists_that_do_not_match_the_allocations_are_refused_and_a_good_transfer_follows() {
+    gpus();
+    let target = ServeProcess::start_with(6 << 20, &["--gpu", "0", "--vmm-pieces", "3"], &[]);
+    let store = std::sync::Arc::new(CraftedPeers::default());
+    let engine = engine_asking(&store);
+    let source = engine.allocate_device(0, 4 << 20).unwrap();
+    let real = engine.connect_blocking(&target.name).unwrap().descriptor();
+    let buffer = real
+        .buffers
+        .iter()
+        .find(|buffer| buffer.addr == target.buffer_addr)
+        .expect("the served buffer")
+        .clone();
+    let Some(Export::VmmFd {
+        socket,
+        region,
+        offset,
+        pieces,
+    }) = buffer.export.clone()
+    else {
+        panic!("expected a VMM export, got {:?}", buffer.export);
+    };
+    assert_eq!(pieces.len(), 3, "{pieces:?}");
+    let with = |pieces: Vec<u64>| ferry::BufferDescriptor {
+        export: Some(Export::VmmFd {
+            socket: socket.clone(),
+            region,
+            offset,
+            pieces,
+        }),
+        ..buffer.clone()
+    };
+    let piece = pieces[0];
+    let cases = [
+        ("no-pieces", with(Vec::new())),
+        ("a-piece-of-size-zero", with(vec![piece, 0, piece])),
+        ("more-pieces-than-the-peer-has", with(vec![piece; 4])),
+        (
+            "pieces-whose-sum-overflows",
+            with(vec![u64::MAX, piece, piece]),
+        ),
+        (
+            "a-piece-larger-than-its-allocation",
+            with(vec![piece * 2, piece, piece]),
+        ),
+    ];
+    for (name, crafted) in cases {
+        store.plant(name, &real, crafted);
+        expect_refusal(&engine, &source, name, buffer.addr, "export.pieces");
+    }
+    // Pieces smaller than the peer says it registered: the buffer no longer fits the mapping.
+    store.plant(
+        "pieces-smaller-than-the-buffer",
+        &real,
+        with(vec![piece, piece]),
+    );
+    let peer = engine
+        .connect_blocking("pieces-smaller-than-the-buffer")
+        .unwrap();
+    let outcome = engine
+        .batch(&peer)
+        .write(&source, 0, buffer.addr, 4096)
+        .submit_blocking();
+    assert!(
+        matches!(outcome, Err(Error::Protocol { .. })),
+        "two pieces for a buffer over three: {outcome:?}"
+    );
+    good_transfer_follows(&engine, &source, &target);
+}
+
+#[test]
+fn thousands_of_tiny_gpu_entries_cross_tcp_through_shared_staging_chunks() {
+    gpus();
+    const ENTRIES: u64 = 4096;
+    const STRIDE: u64 = 256;
+    const AREA: usize = (ENTRIES * STRIDE) as usize + 4096;
+    let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
+    let engine = Engine::builder()
+        .gpu_links(false)
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .unwrap();
+    let source = engine.allocate_device(0, AREA).unwrap();
+    let back = engine.allocate_device(0, AREA).unwrap();
+    let bytes = pattern(95, AREA);
+    source.write_at(0, &bytes).unwrap();
+    back.write_at(0, &vec![0u8; AREA]).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    // 1 to 200 bytes each, at odd remote offsets, with untouched gaps between them: every
+    // entry is staged through a slice of a shared pinned chunk on both sides.
+    let entries: Vec<(u64, u64, u64)> = (0..ENTRIES)
+        .map(|index| (index * STRIDE, index * STRIDE + 3, 1 + index * 7 % 200))
+        .collect();
+    let done = write_entries(&engine, &peer, &source, target.buffer_addr, &entries);
+    assert_eq!(done.transports, vec!["tcp"]);
+    read_entries(&engine, &peer, &back, target.buffer_addr, &entries);
+    let mut landed = vec![0u8; AREA];
+    back.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(
+        &landed,
+        &expected_area(&entries, &bytes, AREA),
+        "tiny GPU entries written and read back over tcp",
+    );
+}

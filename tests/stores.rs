@@ -112,25 +112,27 @@ fn engines_find_each_other_through_the_store_and_move_bytes() {
 fn a_second_engine_cannot_take_a_live_name() {
     for url in stores() {
         let holder = engine_on(&url);
+        // Same PID, host and name, as a restarted container would have: only the instance id
+        // differs, and it alone decides.
         let mut impostor = holder.descriptor();
-        impostor.process = holder.descriptor().process + 1;
+        impostor.instance = ferry::InstanceId::random().unwrap();
         let store = ferry::metadata::from_url(&url).unwrap();
         let runtime = runtime();
         let refused = runtime.block_on(store.publish(&impostor));
         match refused {
             Err(Error::Metadata { name, reason }) => {
                 assert_eq!(name, holder.name());
-                let process = format!("process {}", holder.descriptor().process);
+                let holder_id = holder.descriptor().instance.to_string();
                 assert!(
-                    reason.contains(&process),
-                    "{url}: {reason} should name {process}"
+                    reason.contains(&holder_id),
+                    "{url}: {reason} should name {holder_id}"
                 );
             }
             other => panic!("{url}: expected the name to be refused, got {other:?}"),
         }
         // The holder is untouched.
         let found = runtime.block_on(store.fetch(holder.name())).unwrap();
-        assert_eq!(found.process, holder.descriptor().process);
+        assert_eq!(found.instance, holder.descriptor().instance);
     }
 }
 
@@ -272,7 +274,7 @@ fn open_peers_outlive_a_store_restart_and_engines_publish_again() {
     loop {
         match runtime.block_on(store.fetch(decode.name())) {
             Ok(found) => {
-                assert_eq!(found.process, std::process::id());
+                assert_eq!(found.instance, decode.descriptor().instance);
                 break;
             }
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),

@@ -14,9 +14,8 @@ use std::io::Write;
 pub(crate) struct DecodeArgs {
     #[command(flatten)]
     pub(crate) shape: Shape,
-    /// Put the pools on this GPU instead of in host memory.
-    #[arg(long)]
-    pub(crate) gpu: Option<u32>,
+    #[command(flatten)]
+    pub(crate) placement: super::Placement,
     /// Control listener address.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub(crate) listen: String,
@@ -47,7 +46,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         builder = builder.advertise(host.clone());
     }
     let engine = builder.build_blocking()?;
-    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.gpu)?;
+    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.placement)?;
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;

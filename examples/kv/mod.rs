@@ -175,18 +175,41 @@ pub(crate) fn flag_args(pairs: impl IntoIterator<Item = (&'static str, String)>)
         .collect()
 }
 
+/// Where an example's pools live.
+#[derive(Args, Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    /// Put the pools on this GPU instead of in host memory.
+    #[arg(long)]
+    pub(crate) gpu: Option<u32>,
+    /// With --gpu: make each pool VMM memory in this many allocations mapped back to back
+    /// (as PyTorch's expandable segments are) instead of one `cudaMalloc` block.
+    #[arg(long, requires = "gpu")]
+    pub(crate) vmm_pieces: Option<usize>,
+}
+
 /// `tensors` pools of `pool_bytes` (one per K and V tensor of every layer), registered in
-/// that order: on GPU `gpu` (`cudaMalloc` memory) or in host memory.
+/// that order: on the placement's GPU (`cudaMalloc` or VMM memory) or in host memory.
 pub(crate) fn allocate_pools(
     engine: &ferry::Engine,
     tensors: u32,
     pool_bytes: u64,
-    gpu: Option<u32>,
+    placement: Placement,
 ) -> Result<Vec<ferry::Region>, ferry::Error> {
     (0..tensors)
-        .map(|_| match gpu {
-            Some(ordinal) => engine.allocate_device(ordinal, pool_bytes as usize),
-            None => engine.allocate(pool_bytes as usize),
+        .map(|_| match placement {
+            Placement {
+                gpu: Some(ordinal),
+                vmm_pieces: Some(pieces),
+            } => engine.allocate_device_vmm(
+                ordinal,
+                (pool_bytes as usize).div_ceil(pieces.max(1)),
+                pieces.max(1),
+            ),
+            Placement {
+                gpu: Some(ordinal),
+                vmm_pieces: None,
+            } => engine.allocate_device(ordinal, pool_bytes as usize),
+            Placement { gpu: None, .. } => engine.allocate(pool_bytes as usize),
         })
         .collect()
 }

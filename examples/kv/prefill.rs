@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct PrefillArgs {
     #[command(flatten)]
     pub(crate) shape: Shape,
-    /// Put the pools on this GPU instead of in host memory.
-    #[arg(long)]
-    pub(crate) gpu: Option<u32>,
+    #[command(flatten)]
+    pub(crate) placement: super::Placement,
     /// Segment name of the decode engine (printed by `decode`).
     #[arg(long)]
     pub(crate) peer: String,
@@ -63,7 +62,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Shared, so each request's block copy takes them without copying.
     let sources: std::sync::Arc<[u32]> = shape.block_ids(SOURCE_SALT).into();
     let destinations: std::sync::Arc<[u32]> = shape.block_ids(DESTINATION_SALT).into();
-    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.gpu)?;
+    let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.placement)?;
     let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
     let remote = peer.buffers();

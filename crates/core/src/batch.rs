@@ -482,6 +482,14 @@ async fn run(
             });
         }
     };
+    if outcomes
+        .iter()
+        .any(|outcome| matches!(outcome, Err(Error::Protocol { .. })))
+    {
+        // A peer that sent what the protocol forbids (a descriptor that does not fit its
+        // memory, for one) is trusted with nothing further: every link to it closes.
+        peer.close();
+    }
     outcomes.into_iter().collect::<Result<Vec<()>>>()?;
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;

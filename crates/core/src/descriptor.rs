@@ -1,11 +1,12 @@
 //! The segment descriptor: what a peer needs to know to reach this engine's memory.
 
 use crate::error::{Error, Result};
+use crate::identity::InstanceId;
 use crate::memory::Location;
 use serde::{Deserialize, Serialize};
 
 /// The descriptor format this build writes and reads.
-pub const DESCRIPTOR_VERSION: u32 = 1;
+pub const DESCRIPTOR_VERSION: u32 = 2;
 
 /// Everything a peer needs to reach an engine: its name, host, endpoints and buffers.
 ///
@@ -20,9 +21,16 @@ pub struct SegmentDescriptor {
     pub host: HostIdentity,
     /// Bumped whenever the engine's registrations change.
     pub generation: u64,
-    /// The engine's process id; peers in the same process use addresses directly.
+    /// The engine's random identity: a descriptor with another instance id comes from another
+    /// engine (a restart, or an impostor), whatever its name, host and PID.
+    pub instance: InstanceId,
+    /// Shared by the engines of one process: only peers with this process's id use remote
+    /// addresses directly, without mapping them.
+    pub process: InstanceId,
+    /// The engine's operating-system process id, for people reading logs; never used to decide
+    /// anything (in containers every service may be PID 1).
     #[serde(default)]
-    pub process: u32,
+    pub pid: u32,
     /// Where each transport can reach the engine.
     pub endpoints: Vec<Endpoint>,
     /// The GPUs the engine's process sees.
@@ -163,7 +171,9 @@ mod tests {
             name: "127.0.0.1:7000".into(),
             host: HostIdentity::current(),
             generation: 3,
-            process: 7,
+            instance: InstanceId::from_u128(11),
+            process: InstanceId::from_u128(12),
+            pid: 7,
             gpus: Vec::new(),
             endpoints: vec![Endpoint {
                 transport: "tcp".into(),

@@ -7,6 +7,7 @@ use crate::batch::Batch;
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, RangeError, Result};
+use crate::identity::InstanceId;
 use crate::memory::{
     export_device, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
 };
@@ -103,7 +104,7 @@ impl EngineBuilder {
 
     /// How often the open peers are looked up again (2 s by default): a peer that vanished
     /// from the metadata store (or whose listener stopped answering) or that came back as a
-    /// new process has its links and GPU mappings closed, transfers in flight to it fail with
+    /// new engine (another instance id) has its links and GPU mappings closed, transfers in flight to it fail with
     /// [`Error::PeerGone`], and the next `connect` opens it afresh.
     pub fn liveness_interval(mut self, interval: Duration) -> Self {
         self.liveness_interval = interval.max(Duration::from_millis(10));
@@ -193,6 +194,10 @@ impl EngineBuilder {
                 "no shared secret: any peer that reaches this port can read and write all registered memory; set one with EngineBuilder::secret, {SECRET_ENV} or --secret-file"
             );
         }
+        let instance =
+            InstanceId::random().map_err(|error| Error::io("drawing the engine's id", error))?;
+        let process = InstanceId::of_this_process()
+            .map_err(|error| Error::io("drawing the process's id", error))?;
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.worker_threads)
@@ -214,7 +219,7 @@ impl EngineBuilder {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|error| Error::io("registering the listener", error))?;
             let fd_socket = (!gpus.is_empty())
-                .then(|| format!("ferry-{}-{}", std::process::id(), local_addr.port()))
+                .then(|| format!("ferry-{instance}"))
                 .filter(|socket| match crate::memory::fd_server::start(socket, &table, secret.clone()) {
                     Ok(()) => true,
                     Err(error) => {
@@ -246,6 +251,8 @@ impl EngineBuilder {
         let inner = Arc::new(EngineInner {
             name,
             local_addr,
+            instance,
+            process,
             host: HostIdentity::current(),
             table,
             tcp,
@@ -268,7 +275,7 @@ impl EngineBuilder {
                 describer
                     .upgrade()
                     .map(|engine| engine.descriptor())
-                    .unwrap_or_else(empty_descriptor)
+                    .unwrap_or_else(|| empty_descriptor(instance, process))
             }),
             limits: self.limits,
             io_timeout: self.transfer_timeout,
@@ -307,7 +314,7 @@ async fn republish_on_change(engine: std::sync::Weak<EngineInner>) {
 }
 
 /// Looks the open peers up again every `interval` and closes those that are gone or were
-/// replaced by another process, until the engine is gone.
+/// replaced by another engine (a new instance id), until the engine is gone.
 async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
@@ -325,15 +332,13 @@ async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: Duration) {
             let why = match engine.metadata.fetch(&name).await {
                 Ok(descriptor) => {
                     let known = peer.view();
-                    if descriptor.process == known.descriptor.process
-                        && descriptor.host == known.descriptor.host
-                    {
+                    if descriptor.instance == known.descriptor.instance {
                         peer.update(descriptor);
                         continue;
                     }
                     format!(
-                        "it is now process {} on {}",
-                        descriptor.process, descriptor.host.hostname
+                        "it is now another engine ({}, process {} on {})",
+                        descriptor.instance, descriptor.pid, descriptor.host.hostname
                     )
                 }
                 Err(error @ (Error::NotPublished { .. } | Error::Unreachable { .. })) => {
@@ -358,13 +363,15 @@ async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: Duration) {
     }
 }
 
-fn empty_descriptor() -> SegmentDescriptor {
+fn empty_descriptor(instance: InstanceId, process: InstanceId) -> SegmentDescriptor {
     SegmentDescriptor {
         version: DESCRIPTOR_VERSION,
         name: String::new(),
         host: HostIdentity::current(),
         generation: 0,
-        process: std::process::id(),
+        instance,
+        process,
+        pid: std::process::id(),
         endpoints: Vec::new(),
         gpus: Vec::new(),
         buffers: Vec::new(),
@@ -393,6 +400,10 @@ fn log_driver_once() {
 pub(crate) struct EngineInner {
     name: String,
     local_addr: SocketAddr,
+    /// This engine's random identity.
+    instance: InstanceId,
+    /// The identity shared by the engines of this process.
+    process: InstanceId,
     host: HostIdentity,
     pub(crate) table: Arc<RegionTable>,
     pub(crate) tcp: Arc<TcpTransport>,
@@ -437,7 +448,9 @@ impl EngineInner {
             name: self.name.clone(),
             host: self.host.clone(),
             generation: self.table.generation(),
-            process: std::process::id(),
+            instance: self.instance,
+            process: self.process,
+            pid: std::process::id(),
             gpus: self.gpus.clone(),
             endpoints: self
                 .transports
@@ -642,6 +655,16 @@ impl Engine {
         self.run(async move { inner.publish().await }).await
     }
 
+    /// The transports routes are chosen among, TCP last.
+    pub(crate) fn transports(&self) -> &[Arc<dyn Transport>] {
+        &self.inner.transports
+    }
+
+    /// The shared secret peers must prove, when set.
+    pub(crate) fn secret(&self) -> Option<Secret> {
+        self.inner.secret.clone()
+    }
+
     /// Starts a batch of reads and writes with `peer`.
     pub fn batch(&self, peer: &Peer) -> Batch {
         Batch::new(Arc::clone(&self.inner), peer)
@@ -725,9 +748,14 @@ impl EngineInner {
             .unwrap_or_else(|poison| poison.into_inner())
             .get(name)
             .cloned();
-        if let Some(peer) = cached.filter(Peer::is_alive) {
-            peer.update(descriptor);
-            return Ok(peer);
+        if let Some(peer) = cached {
+            if peer.is_alive() && peer.view().descriptor.instance == descriptor.instance {
+                peer.update(descriptor);
+                return Ok(peer);
+            }
+            // Another engine took the name (a restart): the old one's links and mappings
+            // must not carry transfers meant for the new one.
+            peer.close();
         }
         let link = self.tcp.connect(&descriptor).await?;
         let peer = Peer::new(descriptor, link);

@@ -281,6 +281,15 @@ pub enum ProtocolViolation {
     /// A response named a request that is not outstanding.
     #[error("response to unknown request {0}")]
     UnknownRequest(u64),
+    /// A field of the peer's segment descriptor or export does not fit what its memory
+    /// really is (as the CUDA driver reports it once mapped); nothing was copied.
+    #[error("its descriptor's {field} {problem}")]
+    Descriptor {
+        /// The field, such as `export.offset` or `export.pieces`.
+        field: &'static str,
+        /// What is wrong with it, with the numbers involved.
+        problem: String,
+    },
 }
 
 /// Why a shared-secret handshake failed, seen from the side that reports it.

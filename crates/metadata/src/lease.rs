@@ -61,11 +61,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-/// Who holds a name: the publishing engine's process and host.
+/// Who holds a name: the publishing engine's instance id, which alone decides ownership
+/// (PIDs repeat across containers), followed by its process and host for people.
 fn owner_of(descriptor: &SegmentDescriptor) -> String {
     format!(
-        "the engine of process {} on host {} (boot {})",
-        descriptor.process, descriptor.host.hostname, descriptor.host.boot_id
+        "engine {} (process {} on host {}, boot {})",
+        descriptor.instance, descriptor.pid, descriptor.host.hostname, descriptor.host.boot_id
     )
 }
 
@@ -241,7 +242,7 @@ pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_core::{HostIdentity, DESCRIPTOR_VERSION};
+    use ferry_core::{HostIdentity, InstanceId, DESCRIPTOR_VERSION};
 
     /// An in-memory backend: names with owner and value (tests corrupt a value in place).
     #[derive(Default)]
@@ -286,13 +287,17 @@ mod tests {
         }
     }
 
-    fn descriptor(name: &str, process: u32) -> SegmentDescriptor {
+    /// A descriptor of engine `instance`; every one claims PID 1 on this host, as services in
+    /// separate containers do.
+    fn descriptor(name: &str, instance: u128) -> SegmentDescriptor {
         SegmentDescriptor {
             version: DESCRIPTOR_VERSION,
             name: name.into(),
             host: HostIdentity::current(),
             generation: 1,
-            process,
+            instance: InstanceId::from_u128(instance),
+            process: InstanceId::from_u128(instance),
+            pid: 1,
             endpoints: Vec::new(),
             gpus: Vec::new(),
             buffers: Vec::new(),
@@ -307,7 +312,10 @@ mod tests {
     async fn a_name_is_found_while_published_and_gone_after() {
         let store = store();
         store.publish(&descriptor("a:1", 10)).await.unwrap();
-        assert_eq!(store.fetch("a:1").await.unwrap().process, 10);
+        assert_eq!(
+            store.fetch("a:1").await.unwrap().instance,
+            InstanceId::from_u128(10)
+        );
         store.unpublish("a:1").await.unwrap();
         assert!(matches!(
             store.fetch("a:1").await,
@@ -316,16 +324,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_held_name_is_refused_naming_the_holder_and_kept() {
+    async fn a_held_name_is_refused_to_another_engine_with_the_same_pid_naming_the_holder() {
         let store = store();
         store.publish(&descriptor("a:1", 10)).await.unwrap();
         match store.publish(&descriptor("a:1", 11)).await {
             Err(Error::Metadata { reason, .. }) => {
-                assert!(reason.contains("process 10"), "{reason}")
+                let holder = InstanceId::from_u128(10).to_string();
+                assert!(reason.contains(&holder), "{reason}")
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
-        assert_eq!(store.fetch("a:1").await.unwrap().process, 10);
+        assert_eq!(
+            store.fetch("a:1").await.unwrap().instance,
+            InstanceId::from_u128(10)
+        );
         // Only the holder can remove it.
         store.unpublish("a:1").await.unwrap();
         assert!(store.fetch("a:1").await.is_err());
@@ -343,7 +355,10 @@ mod tests {
             }
             other => panic!("expected the bad value to be refused, got {other:?}"),
         }
-        assert_eq!(store.fetch("good:1").await.unwrap().process, 10);
+        assert_eq!(
+            store.fetch("good:1").await.unwrap().instance,
+            InstanceId::from_u128(10)
+        );
     }
 
     #[test]

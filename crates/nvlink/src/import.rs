@@ -1,10 +1,11 @@
 //! Maps a peer's exported GPU buffer into this process: a legacy IPC handle directly, VMM
 //! memory through file descriptors fetched from the peer's fd socket.
 
+use crate::bounds;
 use ferry_core::cuda::{
-    AllocationHandle, Context, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
+    AllocationHandle, Context, CudaError, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
 };
-use ferry_core::Export;
+use ferry_core::{Export, ProtocolViolation};
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use std::io::{IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
@@ -20,20 +21,47 @@ pub(crate) enum PeerMapping {
     Vmm(VmmMapping),
 }
 
+/// A peer's export mapped here: the mapping, the offset of the buffer's first byte in it (the
+/// peer's word, checked before use) and the bytes the driver really mapped.
+pub(crate) struct Opened {
+    pub(crate) mapping: PeerMapping,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// Why an export could not be mapped: the peer's fault, or this side's.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// The export itself is wrong (a piece list that does not match, for example).
+    Peer(ProtocolViolation),
+    /// Mapping failed here, or the peer's fd socket could not be used.
+    Local(String),
+}
+
+impl From<CudaError> for OpenError {
+    fn from(error: CudaError) -> Self {
+        OpenError::Local(error.to_string())
+    }
+}
+
 impl PeerMapping {
-    /// Maps what `export` names into `context`'s GPU, returning it with the offset of the
-    /// buffer's first byte inside the mapping.
-    pub(crate) fn open(
-        context: Arc<Context>,
-        export: &Export,
-    ) -> Result<(PeerMapping, u64), String> {
+    /// Maps what `export` names into `context`'s GPU, with the offset of the buffer's first
+    /// byte inside the mapping and the mapping's real size.
+    pub(crate) fn open(context: Arc<Context>, export: &Export) -> Result<Opened, OpenError> {
         match export {
             Export::CudaIpc { handle, offset } => {
-                let handle = IpcHandle::from_hex(handle)
-                    .ok_or("the descriptor holds a malformed IPC handle")?;
-                let mapping =
-                    IpcMapping::open(context, &handle).map_err(|error| error.to_string())?;
-                Ok((PeerMapping::Ipc(mapping), *offset))
+                let handle = IpcHandle::from_hex(handle).ok_or_else(|| {
+                    OpenError::Peer(ProtocolViolation::Descriptor {
+                        field: "export.handle",
+                        problem: "is not a 64-byte IPC handle written as hex".into(),
+                    })
+                })?;
+                let mapping = IpcMapping::open(context, &handle)?;
+                Ok(Opened {
+                    len: mapping.len(),
+                    mapping: PeerMapping::Ipc(mapping),
+                    offset: *offset,
+                })
             }
             Export::VmmFd {
                 socket,
@@ -41,35 +69,44 @@ impl PeerMapping {
                 offset,
                 pieces,
             } => {
-                let fds = fetch_fds(socket, *region, pieces.len())?;
+                let sizes = bounds::vmm_pieces(pieces, pieces.len()).map_err(OpenError::Peer)?;
+                let fds = fetch_fds(socket, *region, pieces.len()).map_err(OpenError::Local)?;
+                if fds.len() != pieces.len() {
+                    return Err(OpenError::Peer(ProtocolViolation::Descriptor {
+                        field: "export.pieces",
+                        problem: format!(
+                            "lists {} allocations, but the peer's fd socket sent {} descriptors",
+                            pieces.len(),
+                            fds.len()
+                        ),
+                    }));
+                }
                 let mut handles = Vec::with_capacity(fds.len());
-                for (fd, &size) in fds.iter().zip(pieces) {
-                    let handle =
-                        AllocationHandle::import_fd(fd).map_err(|error| error.to_string())?;
-                    handles.push((handle, size as usize));
+                for (fd, size) in fds.iter().zip(sizes) {
+                    handles.push((AllocationHandle::import_fd(fd)?, size));
                 }
                 drop(fds);
-                let mapping =
-                    VmmMapping::map(context, handles).map_err(|error| error.to_string())?;
-                Ok((PeerMapping::Vmm(mapping), *offset))
+                map_vmm(context, handles, *offset)
             }
             Export::Fabric {
                 handles,
                 offset,
                 pieces,
             } => {
+                let sizes = bounds::vmm_pieces(pieces, handles.len()).map_err(OpenError::Peer)?;
                 let mut imported = Vec::with_capacity(handles.len());
-                for (handle, &size) in handles.iter().zip(pieces) {
-                    let bytes = fabric_handle(handle)?;
-                    let handle = AllocationHandle::import_fabric(&bytes)
-                        .map_err(|error| error.to_string())?;
-                    imported.push((handle, size as usize));
+                for (handle, size) in handles.iter().zip(sizes) {
+                    let bytes = fabric_handle(handle).map_err(|problem| {
+                        OpenError::Peer(ProtocolViolation::Descriptor {
+                            field: "export.handles",
+                            problem,
+                        })
+                    })?;
+                    imported.push((AllocationHandle::import_fabric(&bytes)?, size));
                 }
-                let mapping =
-                    VmmMapping::map(context, imported).map_err(|error| error.to_string())?;
-                Ok((PeerMapping::Vmm(mapping), *offset))
+                map_vmm(context, imported, *offset)
             }
-            other => Err(format!("unknown export {other:?}")),
+            other => Err(OpenError::Local(format!("unknown export {other:?}"))),
         }
     }
 
@@ -82,8 +119,34 @@ impl PeerMapping {
     }
 }
 
+/// Maps imported VMM allocations back to back. The driver refuses to map more bytes than an
+/// allocation holds: that is a piece list that lies about its allocations.
+fn map_vmm(
+    context: Arc<Context>,
+    handles: Vec<(AllocationHandle, usize)>,
+    offset: u64,
+) -> Result<Opened, OpenError> {
+    let mapping = VmmMapping::map(context, handles).map_err(|error| {
+        if error.call == "cuMemMap" && error.code == 1 {
+            OpenError::Peer(ProtocolViolation::Descriptor {
+                field: "export.pieces",
+                problem: format!(
+                    "gives an allocation a size it does not have (the driver refused to map it: {error})"
+                ),
+            })
+        } else {
+            OpenError::from(error)
+        }
+    })?;
+    Ok(Opened {
+        len: mapping.len() as u64,
+        mapping: PeerMapping::Vmm(mapping),
+        offset,
+    })
+}
+
 /// Parses a FABRIC handle written as hex in a descriptor.
-pub(crate) fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], String> {
+fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], String> {
     let malformed = || format!("the descriptor holds a malformed FABRIC handle {text:?}");
     if text.len() != FABRIC_HANDLE_LEN * 2 || !text.is_ascii() {
         return Err(malformed());
@@ -95,8 +158,9 @@ pub(crate) fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], Strin
     Ok(bytes)
 }
 
-/// Asks the peer's fd socket for the descriptors of the region registered at `region`,
-/// proving first the secret of the engine this thread works for, when it has one.
+/// Asks the peer's fd socket for the descriptors of the region registered at `region`, with
+/// room for `count` of them (what the peer sends beyond is dropped by the kernel), proving
+/// first the secret of the engine this thread works for, when it has one.
 fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, String> {
     let failed = |what: &str, error: std::io::Error| {
         format!("{what} the peer's fd socket {socket:?}: {error}")
@@ -152,12 +216,6 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
         let mut reason = String::new();
         let _ = stream.read_to_string(&mut reason);
         return Err(format!("the peer refused to share its memory: {reason}"));
-    }
-    if fds.len() != count {
-        return Err(format!(
-            "the peer sent {} descriptors for {count} allocations",
-            fds.len()
-        ));
     }
     Ok(fds)
 }

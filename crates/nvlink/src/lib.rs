@@ -22,12 +22,14 @@
 //! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
 
 mod args;
+mod bounds;
 mod import;
 mod kernels;
 mod link;
 mod mnnvl;
 mod plan;
 mod transport;
+mod trial;
 
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};

@@ -1,15 +1,23 @@
 use crate::args::ArgumentPool;
-use crate::import::PeerMapping;
-use crate::kernels::{CopyKernels, KernelShare, THREADS_PER_BLOCK};
-use crate::plan::{self, Copy, CopyPath};
+use crate::bounds::{self, MappedBuffer};
+use crate::import::{OpenError, Opened, PeerMapping};
+use crate::kernels::{CopyKernels, KernelShare};
+use crate::plan;
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{Context, DeviceInfo, Driver, Event, Kernel, KernelArg, Poller, Stream};
+use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
-    BlockOps, BufferDescriptor, Direction, Error, Export, Link, Location, Result, TransferOp,
+    BlockOps, BufferDescriptor, Direction, Error, Export, Link, Location, ProtocolViolation,
+    Result, TransferOp,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+#[cfg(all(test, feature = "gpu-tests"))]
+mod gpu_tests;
+mod launches;
+
+use launches::{Paged, Side, Work};
 
 /// Mappings of one peer's allocations and the local streams and kernels that copy to and from
 /// them.
@@ -21,7 +29,7 @@ pub(crate) struct NvlinkLink {
     /// The GPUs this process sees, to tell which peer GPUs a kernel can reach.
     gpus: Arc<Vec<DeviceInfo>>,
     /// The peer's allocations mapped here, by the export that names them.
-    mappings: Mutex<HashMap<Export, Arc<(PeerMapping, u64)>>>,
+    mappings: Mutex<HashMap<Export, Arc<Opened>>>,
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
@@ -36,6 +44,18 @@ struct GpuLane {
     /// Peer GPUs (ordinals) whose memory this GPU's kernels may touch, by whether enabling
     /// peer access to them worked.
     peers: Mutex<HashMap<u32, bool>>,
+}
+
+/// The peer mappings a transfer's copies go through, held until the copies are done, so that
+/// closing the link meanwhile unmaps nothing the GPU still uses.
+type Held = Vec<Arc<Opened>>;
+
+/// A remote buffer resolved for one GPU: where it is mapped here, and whether the GPU's
+/// kernels reach it.
+#[derive(Clone, Copy)]
+struct Resolved {
+    buffer: MappedBuffer,
+    reachable: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -87,28 +107,60 @@ impl NvlinkLink {
         Ok(lane)
     }
 
-    /// What to add to a remote address of `remote` to get where it is mapped in this process.
-    fn remote_shift(&self, remote: &BufferDescriptor, ordinal: u32) -> Result<u64> {
+    /// Where `remote` is mapped in this process, opening its export on first use; the mapping
+    /// is added to `held`. The buffer must lie inside what the driver really mapped.
+    fn mapped(
+        &self,
+        remote: &BufferDescriptor,
+        ordinal: u32,
+        held: &mut Held,
+    ) -> Result<MappedBuffer> {
         if self.same_process {
-            return Ok(0);
+            return MappedBuffer::in_place(remote.addr, remote.len)
+                .map_err(|violation| self.fail(violation));
         }
         let Some(export) = &remote.export else {
             return Err(self.refused("its buffer carries no export"));
         };
         // The lookup is its own statement so its guard is released before the insert below.
         let cached = lock(&self.mappings).get(export).cloned();
-        let mapping = match cached {
-            Some(mapping) => mapping,
+        let opened = match cached {
+            Some(opened) => opened,
             None => {
-                let opened = PeerMapping::open(Context::get(ordinal)?, export)
-                    .map_err(|reason| self.refused(&reason))?;
-                let mapping = Arc::new(opened);
-                lock(&self.mappings).insert(export.clone(), Arc::clone(&mapping));
-                mapping
+                let opened = PeerMapping::open(Context::get(ordinal)?, export).map_err(
+                    |error| match error {
+                        OpenError::Peer(violation) => self.fail(violation),
+                        OpenError::Local(reason) => self.refused(&reason),
+                    },
+                )?;
+                let opened = Arc::new(opened);
+                lock(&self.mappings).insert(export.clone(), Arc::clone(&opened));
+                opened
             }
         };
-        let (mapping, offset) = mapping.as_ref();
-        Ok((mapping.base() + offset).wrapping_sub(remote.addr))
+        let buffer = MappedBuffer::place(
+            opened.mapping.base(),
+            opened.len,
+            opened.offset,
+            remote.addr,
+            remote.len,
+        )
+        .map_err(|violation| self.fail(violation))?;
+        if !held.iter().any(|known| Arc::ptr_eq(known, &opened)) {
+            held.push(opened);
+        }
+        Ok(buffer)
+    }
+
+    /// Closes the link over what the peer sent and returns the error that names it: nothing of
+    /// the transfer was queued, and nothing more goes to this peer through the link.
+    fn fail(&self, violation: ProtocolViolation) -> Error {
+        tracing::warn!(peer = %self.peer, %violation, "closing the nvlink link to a peer whose descriptor does not fit its memory");
+        self.close();
+        Error::Protocol {
+            peer: self.peer.clone(),
+            violation,
+        }
     }
 
     /// Whether kernels on GPU `ordinal` can load and store `remote`'s memory directly: its GPU
@@ -138,12 +190,6 @@ impl NvlinkLink {
         enabled
     }
 
-    /// The peer's mappings as they are now, so that closing the link while copies run does
-    /// not unmap memory the GPU is still writing: they are released when the copies are done.
-    fn hold_mappings(&self) -> Vec<Arc<(PeerMapping, u64)>> {
-        lock(&self.mappings).values().cloned().collect()
-    }
-
     /// After the copies: the link must not have been closed meanwhile (the peer was found
     /// gone, or the transfer timed out), or the bytes went to memory nobody reads.
     fn still_alive(&self) -> Result<()> {
@@ -169,87 +215,65 @@ impl NvlinkLink {
         }
     }
 
-    /// Where `remote` is mapped here (as a shift) and whether this GPU's kernels reach it,
-    /// remembering the last buffer asked about: consecutive ops and pools mostly share one.
+    /// Where `remote` is mapped here and whether this GPU's kernels reach it, remembering the
+    /// last buffer asked about: consecutive ops and pools mostly share one.
     fn resolve(
         &self,
         lane: &GpuLane,
         ordinal: u32,
         remote: &Arc<BufferDescriptor>,
-        last: &mut Option<(*const BufferDescriptor, u64, bool)>,
-    ) -> Result<(u64, bool)> {
+        last: &mut Option<(*const BufferDescriptor, Resolved)>,
+        held: &mut Held,
+    ) -> Result<Resolved> {
         let key = Arc::as_ptr(remote);
-        if let Some((previous, shift, reachable)) = *last {
+        if let Some((previous, resolved)) = *last {
             if previous == key {
-                return Ok((shift, reachable));
+                return Ok(resolved);
             }
         }
-        let shift = self.remote_shift(remote, ordinal)?;
+        let buffer = self.mapped(remote, ordinal, held)?;
         let reachable = lane.kernels.is_some() && self.kernel_reaches(lane, ordinal, remote);
-        *last = Some((key, shift, reachable));
-        Ok((shift, reachable))
+        let resolved = Resolved { buffer, reachable };
+        *last = Some((key, resolved));
+        Ok(resolved)
     }
 
-    /// Turns the ops of one local GPU into copies between addresses of this process.
-    fn copies(&self, lane: &GpuLane, ordinal: u32, ops: &[&TransferOp]) -> Result<Vec<Copy>> {
+    /// Turns the ops of one local GPU into copies between addresses of this process, each
+    /// remote range checked against what its buffer's mapping really holds.
+    fn copies(
+        &self,
+        lane: &GpuLane,
+        ordinal: u32,
+        ops: &[&TransferOp],
+        held: &mut Held,
+    ) -> Result<Vec<plan::Copy>> {
         let mut copies = Vec::with_capacity(ops.len());
         let mut last = None;
         for op in ops {
-            let (shift, reachable) = self.resolve(lane, ordinal, &op.remote, &mut last)?;
-            let remote = op.remote_addr.wrapping_add(shift);
+            let resolved = self.resolve(lane, ordinal, &op.remote, &mut last, held)?;
+            let remote = resolved
+                .buffer
+                .translate(op.remote_addr, op.len)
+                .map_err(|violation| self.fail(violation))?;
+            self.host_len(op.len)?;
             let (dst, src) = match op.direction {
                 Direction::Write => (remote, op.local_addr),
                 Direction::Read => (op.local_addr, remote),
             };
-            copies.push(Copy {
+            copies.push(plan::Copy {
                 dst,
                 src,
                 len: op.len,
-                kernel_reaches: reachable,
+                kernel_reaches: resolved.reachable,
             });
         }
         Ok(copies)
     }
 
-    /// Launches `kernel` on the lane's first stream with its large arguments in a pinned
-    /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
-    /// returning the launch's arguments.
-    ///
-    /// The caller vouches that the returned arguments match `kernel`'s parameters and that
-    /// every range they name was checked against live registrations reachable from this GPU.
-    fn launch_kernel(
-        &self,
-        lane: &GpuLane,
-        kernel: &Kernel,
-        grid: u32,
-        arg_bytes: usize,
-        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
-    ) -> Result<()> {
-        let mut args = lane.args.take(arg_bytes)?;
-        let base = args.addr();
-        let launch_args = fill(args.as_mut_slice(), base);
-        let stream = &lane.streams[0];
-        // SAFETY: the caller matched the arguments to the kernel and checked every range they
-        // name (the ops keep the local registrations alive until their events fired); the
-        // pinned argument buffer goes back to the pool only with a fence recorded after this
-        // launch, so nothing overwrites it while the kernel reads it.
-        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
-        match Event::record(stream) {
-            Ok(fence) => lane.args.give_back(args, fence),
-            Err(error) => {
-                // The launch may still read the arguments: leak them rather than free them
-                // under the GPU.
-                std::mem::forget(args);
-                return Err(error.into());
-            }
-        }
-        launched.map_err(Error::from)
-    }
-
-    /// Queues a paged copy in one kernel launch and returns the event that fires after it, or
-    /// `None` when the copy engines should take it (path, size, or a pool the kernel cannot
-    /// reach).
-    fn launch_blocks(&self, blocks: &BlockOps) -> Result<Option<Event>> {
+    /// Plans a paged copy as one kernel launch, or `None` when the copy engines should take
+    /// it (path, size, or a pool the kernel cannot reach). Every remote pool is checked up to
+    /// its highest block id against what its buffer's mapping really holds.
+    fn paged(&self, blocks: &BlockOps, held: &mut Held) -> Result<Option<(Arc<GpuLane>, Paged)>> {
         let wanted = plan::takes_kernel(
             self.config.copy_path,
             blocks.len,
@@ -274,134 +298,63 @@ impl NvlinkLink {
         let Some(kernels) = lane.kernels.as_ref() else {
             return Ok(None);
         };
+        let highest = blocks.remote_ids.iter().copied().max().unwrap_or(0);
+        let extent = bounds::block_extent(
+            highest,
+            blocks.remote_stride,
+            blocks.remote_offset,
+            blocks.len,
+        )
+        .ok_or_else(|| {
+            Error::ApiMisuse(format!(
+                "remote block {highest} of a paged copy lies past the end of the address space; fix the block ids or the layout"
+            ))
+        })?;
         let mut local_bases = Vec::with_capacity(blocks.pools.len());
         let mut remote_bases = Vec::with_capacity(blocks.pools.len());
         let mut last = None;
         for pool in &blocks.pools {
             let same_gpu = matches!(pool.region.info().location, Location::Device { ordinal: other, .. } if other == ordinal);
-            let (shift, reachable) = self.resolve(&lane, ordinal, &pool.remote, &mut last)?;
-            if !same_gpu || !reachable {
+            let resolved = self.resolve(&lane, ordinal, &pool.remote, &mut last, held)?;
+            if !same_gpu || !resolved.reachable {
                 return Ok(None);
             }
+            let remote_base = resolved
+                .buffer
+                .translate(pool.remote_base, extent)
+                .map_err(|violation| self.fail(violation))?;
             local_bases.push(pool.local_base);
-            remote_bases.push(pool.remote_base.wrapping_add(shift));
+            remote_bases.push(remote_base);
         }
-        let local = (
-            &local_bases,
-            &blocks.local_ids,
-            blocks.local_stride,
-            blocks.local_offset,
-        );
-        let remote = (
-            &remote_bases,
-            &blocks.remote_ids,
-            blocks.remote_stride,
-            blocks.remote_offset,
-        );
+        let local = Side {
+            bases: local_bases,
+            ids: Arc::clone(&blocks.local_ids),
+            stride: blocks.local_stride,
+            offset: blocks.local_offset,
+        };
+        let remote = Side {
+            bases: remote_bases,
+            ids: Arc::clone(&blocks.remote_ids),
+            stride: blocks.remote_stride,
+            offset: blocks.remote_offset,
+        };
         let (src, dst) = match blocks.direction {
             Direction::Write => (local, remote),
             Direction::Read => (remote, local),
         };
-        let layout = plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len());
         let chunk = self.config.kernel_chunk_bytes.max(1);
         let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
-        self.launch_kernel(
-            &lane,
-            &kernels.paged,
-            kernels.grid(items, self.config.kernel_blocks_per_sm),
-            layout.bytes(),
-            |args, base| {
-                layout.write(args, src.0, dst.0, src.1, dst.1);
-                vec![
-                    KernelArg::U64(base + layout.src_bases),
-                    KernelArg::U64(base + layout.dst_bases),
-                    KernelArg::U32(pools),
-                    KernelArg::U64(base + layout.src_ids),
-                    KernelArg::U64(base + layout.dst_ids),
-                    KernelArg::U32(ids),
-                    KernelArg::U64(src.2),
-                    KernelArg::U64(dst.2),
-                    KernelArg::U64(src.3),
-                    KernelArg::U64(dst.3),
-                    KernelArg::U64(blocks.len),
-                    KernelArg::U64(chunk),
-                ]
-            },
-        )?;
-        Ok(Some(Event::record(&lane.streams[0])?))
-    }
-
-    /// Queues `copies` on `lane` and returns the events that fire once they are done.
-    fn launch(&self, lane: &GpuLane, copies: &[Copy]) -> Result<Vec<Event>> {
-        let path = self.config.copy_path;
-        let batched_copies = Driver::get().has_batched_copies();
-        let route = plan::route(copies, path, batched_copies);
-        let mut used = vec![false; lane.streams.len()];
-        if !route.kernel.is_empty() {
-            let kernels = lane
-                .kernels
-                .as_ref()
-                .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
-            let entries =
-                plan::kernel_entries(copies, &route.kernel, self.config.kernel_chunk_bytes);
-            let count = entries.len() as u64;
-            self.launch_kernel(
-                lane,
-                &kernels.list,
-                kernels.grid(count, self.config.kernel_blocks_per_sm),
-                entries.len() * plan::ENTRY_BYTES,
-                |args, base| {
-                    plan::write_entries(&entries, args);
-                    vec![KernelArg::U64(base), KernelArg::U64(count)]
-                },
-            )?;
-            used[0] = true;
-        }
-        let engine_streams = if lane.streams.len() > 1 && !route.kernel.is_empty() {
-            1..lane.streams.len()
-        } else {
-            0..lane.streams.len()
+        let paged = Paged {
+            layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
+            grid: kernels.grid(items, self.config.kernel_blocks_per_sm),
+            pools,
+            ids,
+            src,
+            dst,
+            len: blocks.len,
+            chunk,
         };
-        let batched = matches!(path, CopyPath::Batched | CopyPath::Auto) && batched_copies;
-        if batched && !route.copy_engine.is_empty() {
-            // One call per stream, each with an even share of the copies.
-            let share = route.copy_engine.len().div_ceil(engine_streams.len());
-            for (turn, indices) in route.copy_engine.chunks(share).enumerate() {
-                let stream = engine_streams.start + turn;
-                let mut dsts = Vec::with_capacity(indices.len());
-                let mut srcs = Vec::with_capacity(indices.len());
-                let mut sizes = Vec::with_capacity(indices.len());
-                for &index in indices {
-                    let copy = &copies[index];
-                    dsts.push(copy.dst);
-                    srcs.push(copy.src);
-                    sizes.push(self.host_len(copy.len)?);
-                }
-                // SAFETY: as for the single copies below, for every copy of the list.
-                unsafe { lane.streams[stream].copy_batch(&dsts, &srcs, &sizes)? };
-                used[stream] = true;
-            }
-        }
-        let singles: &[usize] = if batched { &[] } else { &route.copy_engine };
-        for (turn, &index) in singles.iter().enumerate() {
-            let stream = engine_streams.start + turn % engine_streams.len();
-            let copy = &copies[index];
-            let len = self.host_len(copy.len)?;
-            // SAFETY: the engine checked the local range against a live registration (the
-            // op's RegionUse keeps it registered until the ops drop, after the events below
-            // fired) and the remote range against the peer's registered buffer, which the
-            // mapping covers from its allocation base; the two belong to different
-            // registrations, so they do not overlap.
-            unsafe { lane.streams[stream].copy(copy.dst, copy.src, len)? };
-            used[stream] = true;
-        }
-        let mut events = Vec::new();
-        for (stream, used) in lane.streams.iter().zip(used) {
-            if used {
-                events.push(Event::record(stream)?);
-            }
-        }
-        Ok(events)
+        Ok(Some((lane, paged)))
     }
 }
 
@@ -419,26 +372,38 @@ impl Link for NvlinkLink {
                 None => by_gpu.push((ordinal, vec![op])),
             }
         }
-        let mut events = Vec::new();
-        for (ordinal, gpu_ops) in by_gpu {
-            let lane = self.lane(ordinal)?;
-            let copies = self.copies(&lane, ordinal, &gpu_ops)?;
-            events.extend(self.launch(&lane, &copies)?);
+        // Everything that can fail before the GPUs get work: lanes, mappings, every check.
+        let batched = Driver::get().has_batched_copies();
+        let mut held = Vec::new();
+        let mut lanes = Vec::with_capacity(by_gpu.len());
+        let mut work = Vec::new();
+        for (ordinal, gpu_ops) in &by_gpu {
+            let lane = self.lane(*ordinal)?;
+            let copies = self.copies(&lane, *ordinal, gpu_ops, &mut held)?;
+            let planned = plan::launches(
+                &copies,
+                self.config.copy_path,
+                batched,
+                lane.streams.len(),
+                self.config.kernel_chunk_bytes,
+            );
+            work.extend(
+                planned
+                    .into_iter()
+                    .map(|launch| (lanes.len(), Work::Copies(launch))),
+            );
+            lanes.push(lane);
         }
-        let held = self.hold_mappings();
-        let waits = events.into_iter().map(|event| Poller::global().wait(event));
-        futures::future::try_join_all(waits).await?;
-        drop((ops, held));
-        self.still_alive()
+        drop(by_gpu);
+        self.run(lanes, work, (ops, held)).await
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
-        match self.launch_blocks(&blocks)? {
-            Some(event) => {
-                let held = self.hold_mappings();
-                Poller::global().wait(event).await?;
-                drop((blocks, held));
-                self.still_alive()
+        let mut held = Vec::new();
+        match self.paged(&blocks, &mut held)? {
+            Some((lane, paged)) => {
+                self.run(vec![lane], vec![(0, Work::Paged(paged))], (blocks, held))
+                    .await
             }
             None => self.transfer(blocks.into_ops()).await,
         }
@@ -452,21 +417,19 @@ impl Link for NvlinkLink {
         gpu: u32,
     ) -> Result<()> {
         let lane = self.lane(gpu)?;
-        let (shift, reachable) = self.resolve(&lane, gpu, &remote, &mut None)?;
-        if !reachable {
+        let mut held = Vec::new();
+        let resolved = self.resolve(&lane, gpu, &remote, &mut None, &mut held)?;
+        if !resolved.reachable {
             return Err(self.refused(&format!(
                 "GPU {gpu} cannot store into the peer's GPU directly (no peer access), so it cannot signal it"
             )));
         }
-        let stream = &lane.streams[0];
-        // SAFETY: the engine checked that addr..addr+4 lies inside the peer's registered
-        // buffer and is 4-byte aligned; the mapping covers it and this GPU reaches it
-        // (checked above); the event below is awaited before returning.
-        unsafe { stream.write_value32(addr.wrapping_add(shift), value)? };
-        let held = self.hold_mappings();
-        Poller::global().wait(Event::record(stream)?).await?;
-        drop(held);
-        self.still_alive()
+        let addr = resolved
+            .buffer
+            .translate(addr, 4)
+            .map_err(|violation| self.fail(violation))?;
+        self.run(vec![lane], vec![(0, Work::Signal { addr, value })], held)
+            .await
     }
 
     fn is_alive(&self) -> bool {

@@ -126,6 +126,67 @@ pub(crate) fn kernel_entries(copies: &[Copy], indices: &[usize], chunk: u64) -> 
     entries
 }
 
+/// One launch of one GPU's copies, on one of its streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Launch {
+    /// The copy kernel over these entries (src, dst, len), on stream 0.
+    Kernel(Vec<[u64; 3]>),
+    /// One batched copy call on `stream` for these copies.
+    Batch { stream: usize, copies: Vec<Copy> },
+    /// One copy on `stream`.
+    Single { stream: usize, copy: Copy },
+}
+
+impl Launch {
+    /// The stream (of its GPU) the launch queues on.
+    pub(crate) fn stream(&self) -> usize {
+        match self {
+            Launch::Kernel(_) => 0,
+            Launch::Batch { stream, .. } | Launch::Single { stream, .. } => *stream,
+        }
+    }
+}
+
+/// The launches that queue `copies` on `streams` streams (at least one) of one GPU, split as
+/// `path` says (`batched` tells whether the driver has batched copies): the kernel's share in
+/// one launch on stream 0 with entries of at most `chunk` bytes; the copy engines' share over
+/// the other streams (all of them when the kernel has none), as one batched call per stream
+/// or else one copy per stream in turn.
+pub(crate) fn launches(
+    copies: &[Copy],
+    path: CopyPath,
+    batched: bool,
+    streams: usize,
+    chunk: u64,
+) -> Vec<Launch> {
+    let streams = streams.max(1);
+    let route = route(copies, path, batched);
+    let mut launches = Vec::new();
+    if !route.kernel.is_empty() {
+        launches.push(Launch::Kernel(kernel_entries(copies, &route.kernel, chunk)));
+    }
+    let first = usize::from(streams > 1 && !route.kernel.is_empty());
+    let engine_streams = streams - first;
+    let batch_calls = matches!(path, CopyPath::Batched | CopyPath::Auto) && batched;
+    if batch_calls && !route.copy_engine.is_empty() {
+        let share = route.copy_engine.len().div_ceil(engine_streams);
+        for (turn, indices) in route.copy_engine.chunks(share).enumerate() {
+            launches.push(Launch::Batch {
+                stream: first + turn,
+                copies: indices.iter().map(|&index| copies[index]).collect(),
+            });
+        }
+    } else {
+        for (turn, &index) in route.copy_engine.iter().enumerate() {
+            launches.push(Launch::Single {
+                stream: first + turn % engine_streams,
+                copy: copies[index],
+            });
+        }
+    }
+    launches
+}
+
 /// Writes `entries` in the kernel's layout into the front of `out`, which must hold
 /// `entries.len() * ENTRY_BYTES` bytes.
 pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
@@ -292,6 +353,74 @@ mod tests {
         assert_eq!(&out[40..44], &3u32.to_le_bytes());
         assert_eq!(&out[44..48], &4u32.to_le_bytes());
         assert_eq!(&out[52..56], &6u32.to_le_bytes());
+    }
+
+    #[test]
+    fn the_kernel_takes_stream_zero_and_the_copy_engines_share_the_others() {
+        let copies = [
+            copy(4096, true),
+            copy(ENGINE_FROM, true),
+            copy(ENGINE_FROM + 1, false),
+            copy(8192, true),
+            copy(ENGINE_FROM * 2, true),
+        ];
+        let planned = launches(&copies, CopyPath::Auto, false, 3, 1 << 20);
+        assert_eq!(
+            planned,
+            vec![
+                Launch::Kernel(vec![
+                    [0x20_0000, 0x10_0000, 4096],
+                    [0x20_0000, 0x10_0000, 8192]
+                ]),
+                Launch::Single {
+                    stream: 1,
+                    copy: copies[1]
+                },
+                Launch::Single {
+                    stream: 2,
+                    copy: copies[2]
+                },
+                Launch::Single {
+                    stream: 1,
+                    copy: copies[4]
+                },
+            ]
+        );
+        assert_eq!(
+            planned.iter().map(Launch::stream).collect::<Vec<_>>(),
+            [0, 1, 2, 1]
+        );
+    }
+
+    #[test]
+    fn batched_copies_go_out_as_one_even_call_per_stream() {
+        let copies: Vec<Copy> = (0..5).map(|_| copy(BATCHED_FROM, true)).collect();
+        let planned = launches(&copies, CopyPath::Batched, true, 2, 1 << 20);
+        assert_eq!(
+            planned,
+            vec![
+                Launch::Batch {
+                    stream: 0,
+                    copies: copies[..3].to_vec()
+                },
+                Launch::Batch {
+                    stream: 1,
+                    copies: copies[3..].to_vec()
+                },
+            ]
+        );
+        // Without the driver's batched copies the same path falls back to one call each, and
+        // one stream takes everything, the kernel's launch included.
+        let planned = launches(&copies, CopyPath::Batched, false, 1, 1 << 20);
+        assert_eq!(planned.len(), 5);
+        assert!(planned.iter().all(|launch| launch.stream() == 0));
+        let mixed = [copy(4096, true), copy(ENGINE_FROM, true)];
+        let planned = launches(&mixed, CopyPath::Auto, false, 1, 1 << 20);
+        assert_eq!(
+            planned.iter().map(Launch::stream).collect::<Vec<_>>(),
+            [0, 0]
+        );
+        assert!(launches(&[], CopyPath::Auto, true, 4, 1 << 20).is_empty());
     }
 
     #[test]

@@ -1,9 +1,10 @@
 use crate::link::NvlinkLink;
 use crate::plan::CopyPath;
+use crate::trial::Trials;
 use ferry_core::cuda::{DeviceInfo, Driver};
 use ferry_core::{
-    BufferDescriptor, Endpoint, Export, HostIdentity, Link, Location, Reach, RegionInfo, Result,
-    SegmentDescriptor, Transport,
+    BufferDescriptor, Endpoint, Export, HostIdentity, InstanceId, Link, Location, Reach,
+    RegionInfo, Result, SegmentDescriptor, Transport,
 };
 use std::sync::Arc;
 
@@ -45,6 +46,11 @@ pub struct NvlinkTransport {
     peer_pairs: Vec<(u32, u32)>,
     config: NvlinkConfig,
     unavailable: Option<String>,
+    /// The id shared by this process's engines; `None` when none could be drawn, and then no
+    /// peer is taken for this process.
+    process: Option<InstanceId>,
+    /// Whether mapping each peer's kinds of export worked, tried once per peer and kind.
+    trials: Trials,
 }
 
 impl NvlinkTransport {
@@ -75,11 +81,19 @@ impl NvlinkTransport {
             peer_pairs,
             config,
             unavailable,
+            process: InstanceId::of_this_process().ok(),
+            trials: Trials::default(),
         }
     }
 
     fn same_host(&self, peer: &SegmentDescriptor) -> bool {
         !self.host.boot_id.is_empty() && peer.host == self.host
+    }
+
+    /// Whether `peer` is an engine of this very process, by the random process id alone: two
+    /// containers' PID 1 on one host are different processes.
+    fn same_process(&self, peer: &SegmentDescriptor) -> bool {
+        self.process == Some(peer.process) && self.same_host(peer)
     }
 }
 
@@ -121,15 +135,12 @@ impl Transport for NvlinkTransport {
                 peer.host.hostname, peer.host.boot_id
             ));
         }
-        if peer.process == std::process::id() {
+        if self.same_process(peer) {
             return Reach::Yes { cost: 5 };
         }
-        if !matches!(
-            remote.export,
-            Some(Export::CudaIpc { .. } | Export::VmmFd { .. })
-        ) {
+        let Some(export @ (Export::CudaIpc { .. } | Export::VmmFd { .. })) = &remote.export else {
             return no("the peer's buffer carries no CUDA IPC handle or VMM export".into());
-        }
+        };
         // A remote GPU this process cannot see (CUDA_VISIBLE_DEVICES) is still mapped through
         // IPC; whether the two GPUs can reach each other is then up to the driver.
         if let Some(visible) = self.gpus.iter().find(|gpu| gpu.uuid == remote_gpu) {
@@ -142,11 +153,16 @@ impl Transport for NvlinkTransport {
                 ));
             }
         }
-        Reach::Yes { cost: 10 }
+        // Namespaces, cgroups and users decide whether the mapping works, and nothing short
+        // of trying tells: map this kind of export once per peer and remember the answer.
+        match self.trials.verdict(local_gpu, peer, export) {
+            Ok(()) => Reach::Yes { cost: 10 },
+            Err(reason) => no(reason),
+        }
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
-        let same_process = peer.process == std::process::id() && self.same_host(peer);
+        let same_process = self.same_process(peer);
         Ok(Arc::new(NvlinkLink::new(
             peer.name.clone(),
             same_process,
@@ -179,10 +195,25 @@ mod tests {
             peer_pairs: Vec::new(),
             config: NvlinkConfig::default(),
             unavailable: None,
+            process: Some(THIS_PROCESS),
+            trials: Trials::new(maps_unless_vmm),
         }
     }
 
-    fn peer(hostname: &str, process: u32) -> SegmentDescriptor {
+    const THIS_PROCESS: InstanceId = InstanceId::from_u128(0x70);
+    const OTHER_PROCESS: InstanceId = InstanceId::from_u128(0x71);
+
+    /// IPC handles map; fd sockets are out of reach, as across network namespaces.
+    fn maps_unless_vmm(_: u32, export: &Export) -> std::result::Result<(), String> {
+        match export {
+            Export::VmmFd { .. } => {
+                Err("connecting to the peer's fd socket: Connection refused".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn peer(hostname: &str, process: InstanceId) -> SegmentDescriptor {
         SegmentDescriptor {
             version: ferry_core::DESCRIPTOR_VERSION,
             name: "decode".into(),
@@ -191,7 +222,10 @@ mod tests {
                 boot_id: "boot-1".into(),
             },
             generation: 1,
+            instance: process,
             process,
+            // Both sides are PID 1 in their containers; the PID must not matter.
+            pid: std::process::id(),
             endpoints: Vec::new(),
             gpus: Vec::new(),
             buffers: Vec::new(),
@@ -232,30 +266,71 @@ mod tests {
 
     #[test]
     fn a_gpu_buffer_of_another_process_on_this_host_is_reached() {
-        let reach = transport().reach(&local(ON_GPU), &peer("node-a", 1), &remote(ipc()));
+        let reach = transport().reach(
+            &local(ON_GPU),
+            &peer("node-a", OTHER_PROCESS),
+            &remote(ipc()),
+        );
         assert_eq!(reach, Reach::Yes { cost: 10 });
     }
 
     #[test]
     fn the_same_process_is_reached_without_ipc() {
-        let reach = transport().reach(
-            &local(ON_GPU),
-            &peer("node-a", std::process::id()),
-            &remote(None),
-        );
+        let reach = transport().reach(&local(ON_GPU), &peer("node-a", THIS_PROCESS), &remote(None));
         assert_eq!(reach, Reach::Yes { cost: 5 });
+    }
+
+    #[test]
+    fn a_peer_with_this_pid_in_another_process_is_mapped_not_taken_for_this_process() {
+        // The peer's PID equals this process's (both PID 1 in containers); only its process
+        // id tells them apart, so its buffer goes through IPC.
+        let other = peer("node-a", OTHER_PROCESS);
+        assert_eq!(other.pid, std::process::id());
+        assert_eq!(
+            transport().reach(&local(ON_GPU), &other, &remote(ipc())),
+            Reach::Yes { cost: 10 }
+        );
+        assert!(matches!(
+            transport().reach(&local(ON_GPU), &other, &remote(None)),
+            Reach::No { .. }
+        ));
+    }
+
+    #[test]
+    fn an_export_that_does_not_map_here_is_declined_with_the_cause() {
+        let vmm = Some(Export::VmmFd {
+            socket: "ferry-x".into(),
+            region: 0x9000,
+            offset: 0,
+            pieces: vec![4096],
+        });
+        match transport().reach(&local(ON_GPU), &peer("node-a", OTHER_PROCESS), &remote(vmm)) {
+            Reach::No { reason } => {
+                assert!(reason.contains("Connection refused"), "{reason}");
+                assert!(reason.contains("TCP staging"), "{reason}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     #[test]
     fn other_hosts_host_memory_and_missing_handles_are_declined_with_the_reason() {
         let reasons = [
-            transport().reach(&local(ON_GPU), &peer("node-b", 1), &remote(ipc())),
             transport().reach(
-                &local(Location::Host { pinned: true }),
-                &peer("node-a", 1),
+                &local(ON_GPU),
+                &peer("node-b", OTHER_PROCESS),
                 &remote(ipc()),
             ),
-            transport().reach(&local(ON_GPU), &peer("node-a", 1), &remote(None)),
+            transport().reach(
+                &local(Location::Host { pinned: true }),
+                &peer("node-a", OTHER_PROCESS),
+                &remote(ipc()),
+            ),
+            transport().reach(
+                &local(ON_GPU),
+                &peer("node-a", OTHER_PROCESS),
+                &remote(None),
+            ),
         ];
         let expected = [
             "node-b",
@@ -274,7 +349,11 @@ mod tests {
     fn without_a_driver_every_pair_is_declined_with_its_status() {
         let mut transport = transport();
         transport.unavailable = Some("no CUDA driver library (libcuda) found".into());
-        let reach = transport.reach(&local(ON_GPU), &peer("node-a", 1), &remote(ipc()));
+        let reach = transport.reach(
+            &local(ON_GPU),
+            &peer("node-a", OTHER_PROCESS),
+            &remote(ipc()),
+        );
         assert_eq!(
             reach,
             Reach::No {

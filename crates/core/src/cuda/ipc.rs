@@ -47,11 +47,14 @@ impl IpcHandle {
 #[derive(Debug)]
 pub struct IpcMapping {
     base: u64,
+    /// Bytes mapped from `base`, as the driver reports the opened allocation's range.
+    len: u64,
     context: Arc<Context>,
 }
 
 impl IpcMapping {
-    /// Maps the allocation `handle` names, in `context`, with peer access enabled lazily.
+    /// Maps the allocation `handle` names, in `context`, with peer access enabled lazily, and
+    /// asks the driver how large the mapped allocation really is ([`IpcMapping::len`]).
     pub fn open(context: Arc<Context>, handle: &IpcHandle) -> Result<IpcMapping, CudaError> {
         context.bind()?;
         let raw = CUipcMemHandle {
@@ -67,12 +70,43 @@ impl IpcMapping {
                 CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
         })?;
-        Ok(IpcMapping { base, context })
+        // From here on, Drop closes the handle, also when the size query below fails.
+        let mut mapping = IpcMapping {
+            base,
+            len: 0,
+            context,
+        };
+        let mut range_base = 0u64;
+        let mut range_len = 0usize;
+        // SAFETY: the context is still current (nothing rebound it since the open); `base` is
+        // the device address the open just returned; both outputs are valid places.
+        CudaError::check("cuMemGetAddressRange_v2", unsafe {
+            sys::cuMemGetAddressRange_v2(&mut range_base, &mut range_len, base)
+        })?;
+        mapping.len = mapped_from(base, range_base, range_len as u64).ok_or(CudaError {
+            call: "cuMemGetAddressRange_v2",
+            code: 1,
+            name: format!(
+                "CUDA_ERROR_INVALID_VALUE: the reported range {range_base:#x}..+{range_len} does not hold the mapped address {base:#x}"
+            ),
+        })?;
+        Ok(mapping)
     }
 
     /// Where the allocation's first byte is mapped in this process.
     pub fn base(&self) -> u64 {
         self.base
+    }
+
+    /// Bytes mapped from [`IpcMapping::base`]: the size of the exporter's whole allocation, as
+    /// the driver reports it, whatever the exporter's descriptor claims.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for an empty mapping (the driver never maps one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -90,9 +124,26 @@ impl Drop for IpcMapping {
     }
 }
 
+/// Bytes from `base` to the end of the range `range_base..+range_len` that holds it, or
+/// `None` when the range does not hold `base` or wraps.
+fn mapped_from(base: u64, range_base: u64, range_len: u64) -> Option<u64> {
+    let end = range_base.checked_add(range_len)?;
+    (range_base <= base && base < end).then(|| end - base)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mapped_length_runs_from_the_base_to_the_end_of_the_reported_range() {
+        assert_eq!(mapped_from(0x1000, 0x1000, 0x2000), Some(0x2000));
+        assert_eq!(mapped_from(0x1800, 0x1000, 0x2000), Some(0x1800));
+        assert_eq!(mapped_from(0x3000, 0x1000, 0x2000), None);
+        assert_eq!(mapped_from(0x0fff, 0x1000, 0x2000), None);
+        assert_eq!(mapped_from(0x1000, 0x1000, 0), None);
+        assert_eq!(mapped_from(u64::MAX, u64::MAX - 1, 4), None);
+    }
 
     #[test]
     fn handles_round_trip_through_hex_and_refuse_junk() {

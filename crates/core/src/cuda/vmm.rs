@@ -126,13 +126,23 @@ pub struct VmmMapping {
 }
 
 impl VmmMapping {
-    /// Maps `pieces` (each with its size) in order and gives the context's GPU access.
+    /// Maps `pieces` (each with its size) in order and gives the context's GPU access. The
+    /// driver refuses a size larger than its allocation holds, so [`VmmMapping::len`] counts
+    /// only bytes that are really there.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_INVALID_VALUE` for no pieces, a piece of size 0, or sizes whose sum
+    /// overflows, before anything is reserved; else the driver's error.
     pub fn map(
         context: Arc<Context>,
         pieces: Vec<(AllocationHandle, usize)>,
     ) -> Result<VmmMapping, CudaError> {
+        let size = total_size(pieces.iter().map(|(_, size)| *size)).ok_or(CudaError {
+            call: "VmmMapping::map",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE: no pieces, a piece of size 0, or piece sizes that add up past the address space".into(),
+        })?;
         context.bind()?;
-        let size: usize = pieces.iter().map(|(_, size)| size).sum();
         let mut base = 0u64;
         // SAFETY: the context is current; `base` is a valid place for the reserved address.
         CudaError::check("cuMemAddressReserve", unsafe {
@@ -206,6 +216,20 @@ impl Drop for VmmMapping {
     }
 }
 
+/// The sum of `sizes`, or `None` when there are none, one is 0, or the sum overflows.
+fn total_size(sizes: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut total = 0usize;
+    let mut any = false;
+    for size in sizes {
+        if size == 0 {
+            return None;
+        }
+        total = total.checked_add(size)?;
+        any = true;
+    }
+    any.then_some(total)
+}
+
 /// The properties of a pinned VMM allocation on `context`'s GPU exportable as `handles`, with
 /// the GPU's minimum granularity for it (at least 1). Binds the context.
 pub(super) fn device_allocation(
@@ -264,4 +288,21 @@ pub fn create_vmm(
         handles.push((AllocationHandle { raw }, size));
     }
     VmmMapping::map(context, handles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::total_size;
+
+    #[test]
+    fn piece_sizes_are_summed_only_when_every_piece_is_real_and_the_sum_fits() {
+        assert_eq!(total_size([2 << 20, 2 << 20].into_iter()), Some(4 << 20));
+        assert_eq!(total_size(std::iter::empty()), None);
+        assert_eq!(total_size([2 << 20, 0].into_iter()), None);
+        assert_eq!(total_size([usize::MAX, 1].into_iter()), None);
+        assert_eq!(
+            total_size([usize::MAX / 2, usize::MAX / 2 + 2].into_iter()),
+            None
+        );
+    }
 }

@@ -10,6 +10,7 @@ pub(crate) mod fd_server;
 mod host;
 mod region;
 mod span;
+mod staging;
 mod table;
 
 pub(crate) use export::export_device;

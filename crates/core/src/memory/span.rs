@@ -1,10 +1,12 @@
 //! Bytes of a registered region as the TCP transport moves them: host memory in place, GPU
-//! memory through a pinned staging buffer that the GPU's copy engine fills or drains
-//! asynchronously (the socket work of other connections goes on meanwhile).
+//! memory through pinned staging memory (small spans share chunks, see `staging`) that the
+//! GPU's copy engine fills or drains asynchronously (the socket work of other connections goes
+//! on meanwhile).
 
 use super::host::HostSpan;
 use super::region::{Location, RegionUse};
-use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Poller, Stream};
+use super::staging::Staging;
+use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -31,6 +33,7 @@ impl Span {
                     len: usize::try_from(len).ok()?,
                     ordinal,
                     staging: None,
+                    queued: false,
                     _use: region,
                 }))
             }
@@ -75,13 +78,16 @@ impl Span {
     }
 }
 
-/// A range of registered GPU memory with the pinned buffer that stands in for it.
+/// A range of registered GPU memory with the pinned memory that stands in for it.
 pub(crate) struct StagedSpan {
     addr: u64,
     len: usize,
     ordinal: u32,
-    /// Taken from the pool when bytes first move; Drop hands it back.
-    staging: Option<PinnedBuffer>,
+    /// Taken when bytes first move (small spans share a chunk); Drop hands it back.
+    staging: Option<Staging>,
+    /// A copy was queued and not yet seen finished: set by `queue`, cleared by `copy_all`
+    /// once its copies ended. Still set on drop only when `copy_all` was dropped mid-way.
+    queued: bool,
     /// Keeps the region registered, and so its memory valid, while the span exists.
     _use: Arc<RegionUse>,
 }
@@ -95,21 +101,21 @@ enum CopyWay {
 impl StagedSpan {
     fn staged(&self) -> &[u8] {
         match &self.staging {
-            Some(buffer) => &buffer.as_slice()[..self.len],
+            Some(staging) => staging.bytes(self.len),
             None => &[],
         }
     }
 
-    fn buffer(&mut self) -> Result<&mut PinnedBuffer, CudaError> {
+    fn staging(&mut self) -> Result<&mut Staging, CudaError> {
         match self.staging {
-            Some(ref mut buffer) => Ok(buffer),
-            None => Ok(self.staging.insert(staging_buffer(self.ordinal, self.len)?)),
+            Some(ref mut staging) => Ok(staging),
+            None => Ok(self.staging.insert(Staging::new(self.ordinal, self.len)?)),
         }
     }
 
     fn staged_mut(&mut self) -> Result<&mut [u8], CudaError> {
         let len = self.len;
-        Ok(&mut self.buffer()?.as_mut_slice()[..len])
+        Ok(self.staging()?.bytes_mut(len))
     }
 
     /// Queues the copy between the GPU range and the staging buffer on `stream`.
@@ -118,75 +124,130 @@ impl StagedSpan {
     /// `stream` after this call has fired.
     fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), CudaError> {
         let (addr, len) = (self.addr, self.len);
-        let buffer = self.buffer()?;
+        let staging = self.staging()?.addr();
+        self.queued = true;
         let (dst, src) = match way {
-            CopyWay::FromGpu => (buffer.addr(), addr),
-            CopyWay::ToGpu => (addr, buffer.addr()),
+            CopyWay::FromGpu => (staging, addr),
+            CopyWay::ToGpu => (addr, staging),
         };
         // SAFETY: the GPU range lies inside a registered region (checked in `Span::new`) that
-        // the held RegionUse keeps registered; the pinned buffer holds at least `len` bytes and
-        // is owned by this span, which `copy_all` keeps borrowed until the event after this
-        // copy has fired; GPU memory and pinned host memory never overlap.
+        // the held RegionUse keeps registered; the pinned staging memory holds at least `len`
+        // bytes that no other span shares and is owned by this span, which `copy_all` keeps
+        // borrowed until the event after this copy has fired; GPU memory and pinned host
+        // memory never overlap.
         unsafe { stream.copy(dst, src, len) }
     }
 }
 
+/// Queues the copies of every staged span (one stream per GPU) and waits for all of them:
+/// also when queueing one failed, every copy queued before it has finished before this returns
+/// and the spans may be dropped.
 async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
     let mut streams: Vec<(u32, Arc<Stream>)> = Vec::new();
+    let mut staged = Vec::new();
     for span in spans.iter_mut() {
         let Span::Staged(span) = span else { continue };
-        let stream = match streams.iter().find(|(ordinal, _)| *ordinal == span.ordinal) {
-            Some((_, stream)) => Arc::clone(stream),
+        let stream = match streams
+            .iter()
+            .position(|(ordinal, _)| *ordinal == span.ordinal)
+        {
+            Some(index) => index,
             None => {
-                let stream = staging_stream(span.ordinal)?;
-                streams.push((span.ordinal, Arc::clone(&stream)));
-                stream
+                streams.push((span.ordinal, staging_stream(span.ordinal)?));
+                streams.len() - 1
             }
         };
-        span.queue(way, &stream)?;
+        staged.push((span, stream));
     }
-    for (_, stream) in streams {
-        Poller::global().wait(Event::record(&stream)?).await?;
+    let copies = StagingCopies {
+        way,
+        streams,
+        staged,
+    };
+    let outcome = launch_all(copies, |event| Poller::global().wait(event), ()).await;
+    for span in spans.iter_mut() {
+        if let Span::Staged(span) = span {
+            span.queued = false;
+        }
     }
-    Ok(())
+    outcome
+}
+
+/// The staging copies of one frame, as launches: one per staged span, on its GPU's stream.
+struct StagingCopies<'a> {
+    way: CopyWay,
+    streams: Vec<(u32, Arc<Stream>)>,
+    /// Each span with the index of its stream in `streams`.
+    staged: Vec<(&'a mut StagedSpan, usize)>,
+}
+
+impl Launcher for StagingCopies<'_> {
+    type Fence = Event;
+    type Error = CudaError;
+
+    fn count(&self) -> usize {
+        self.staged.len()
+    }
+
+    fn stream(&self, index: usize) -> usize {
+        self.staged[index].1
+    }
+
+    fn launch(&mut self, index: usize) -> Result<(), CudaError> {
+        let (span, stream) = &mut self.staged[index];
+        span.queue(self.way, &self.streams[*stream].1)
+    }
+
+    fn fence(&mut self, stream: usize) -> Result<Event, CudaError> {
+        Event::record(&self.streams[stream].1)
+    }
+
+    fn drain(&mut self, stream: usize) -> Result<(), CudaError> {
+        self.streams[stream].1.synchronize()
+    }
 }
 
 impl Drop for StagedSpan {
     fn drop(&mut self) {
-        if let Some(buffer) = self.staging.take() {
-            give_back(buffer);
+        let Some(staging) = self.staging.take() else {
+            return;
+        };
+        if self.queued {
+            // Dropped while its copy may still run (the task moving it was aborted mid-way):
+            // the staging memory and the region stay held until the stream is past the copy.
+            release_after_copies(self.ordinal, staging, Arc::clone(&self._use));
+        } else {
+            staging.release();
         }
     }
 }
 
-/// Pinned buffers come in powers of two from this size up.
-const SMALLEST: usize = 64 << 10;
-/// Bytes of buffers of one size kept for reuse; more are freed.
-const KEPT_PER_SIZE: usize = 64 << 20;
-
-fn pool() -> &'static Mutex<HashMap<usize, Vec<PinnedBuffer>>> {
-    static POOL: OnceLock<Mutex<HashMap<usize, Vec<PinnedBuffer>>>> = OnceLock::new();
-    POOL.get_or_init(Mutex::default)
-}
-
-fn staging_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
-    let size = len.next_power_of_two().max(SMALLEST);
-    let reused = pool()
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner())
-        .get_mut(&size)
-        .and_then(Vec::pop);
-    match reused {
-        Some(buffer) => Ok(buffer),
-        None => PinnedBuffer::new(Context::get(ordinal)?, size),
-    }
-}
-
-fn give_back(buffer: PinnedBuffer) {
-    let mut pool = pool().lock().unwrap_or_else(|poison| poison.into_inner());
-    let kept = pool.entry(buffer.len()).or_default();
-    if (kept.len() + 1) * buffer.len() <= KEPT_PER_SIZE {
-        kept.push(buffer);
+/// Releases `staging` and `region` once everything queued so far on GPU `ordinal`'s staging
+/// stream has finished, waiting from a task of the current runtime; without a runtime, or when
+/// no event can be recorded, blocks on the stream instead. A stream that reports an error has
+/// failed for good and runs nothing more, so the memory is released then too.
+fn release_after_copies(ordinal: u32, staging: Staging, region: Arc<RegionUse>) {
+    let stream = staging_stream(ordinal);
+    let fence = stream
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|stream| Event::record(stream));
+    match (fence, tokio::runtime::Handle::try_current()) {
+        (Ok(event), Ok(runtime)) => {
+            runtime.spawn(async move {
+                if let Err(error) = Poller::global().wait(event).await {
+                    tracing::warn!(%error, "a staging copy abandoned mid-way failed");
+                }
+                staging.release();
+                drop(region);
+            });
+        }
+        _ => {
+            if let Err(error) = stream.and_then(|stream| stream.synchronize()) {
+                tracing::warn!(%error, "waiting for a staging copy abandoned mid-way failed");
+            }
+            staging.release();
+        }
     }
 }
 

@@ -1,0 +1,232 @@
+//! How a transfer's launches queue work on a GPU's streams: the copy kernels, batched and
+//! single copies, the signal store, each checked before (see the parent module), and the run
+//! that waits for all of it through [`launch_all`].
+
+use super::{GpuLane, NvlinkLink};
+use crate::kernels::THREADS_PER_BLOCK;
+use crate::plan::{self, Launch};
+use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
+use ferry_core::{Error, Result};
+use std::sync::Arc;
+
+impl NvlinkLink {
+    /// Launches `kernel` on the lane's first stream with its large arguments in a pinned
+    /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
+    /// returning the launch's arguments.
+    ///
+    /// The caller vouches that the returned arguments match `kernel`'s parameters and that
+    /// every range they name was checked against live registrations reachable from this GPU.
+    fn launch_kernel(
+        &self,
+        lane: &GpuLane,
+        kernel: &Kernel,
+        grid: u32,
+        arg_bytes: usize,
+        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
+    ) -> Result<()> {
+        let mut args = lane.args.take(arg_bytes)?;
+        let base = args.addr();
+        let launch_args = fill(args.as_mut_slice(), base);
+        let stream = &lane.streams[0];
+        // SAFETY: the caller matched the arguments to the kernel and checked every range they
+        // name (the transfer keeps the local registrations and the peer mappings until every
+        // stream it gave work has finished); the pinned argument buffer goes back to the pool
+        // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
+        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
+        match Event::record(stream) {
+            Ok(fence) => lane.args.give_back(args, fence),
+            Err(error) => {
+                // The launch may still read the arguments: leak them rather than free them
+                // under the GPU.
+                std::mem::forget(args);
+                return Err(error.into());
+            }
+        }
+        launched.map_err(Error::from)
+    }
+
+    /// Queues one launch of a transfer on `lane`.
+    fn launch(&self, lane: &GpuLane, work: &Work) -> Result<()> {
+        match work {
+            Work::Copies(Launch::Kernel(entries)) => {
+                let kernels = lane
+                    .kernels
+                    .as_ref()
+                    .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
+                let count = entries.len() as u64;
+                self.launch_kernel(
+                    lane,
+                    &kernels.list,
+                    kernels.grid(count, self.config.kernel_blocks_per_sm),
+                    entries.len() * plan::ENTRY_BYTES,
+                    |args, base| {
+                        plan::write_entries(entries, args);
+                        vec![KernelArg::U64(base), KernelArg::U64(count)]
+                    },
+                )
+            }
+            Work::Copies(Launch::Batch { stream, copies }) => {
+                let dsts: Vec<u64> = copies.iter().map(|copy| copy.dst).collect();
+                let srcs: Vec<u64> = copies.iter().map(|copy| copy.src).collect();
+                let sizes = copies
+                    .iter()
+                    .map(|copy| self.host_len(copy.len))
+                    .collect::<Result<Vec<_>>>()?;
+                // SAFETY: as for the single copies below, for every copy of the list.
+                unsafe { lane.streams[*stream].copy_batch(&dsts, &srcs, &sizes)? };
+                Ok(())
+            }
+            Work::Copies(Launch::Single { stream, copy }) => {
+                let len = self.host_len(copy.len)?;
+                // SAFETY: the engine checked the local range against a live registration and
+                // the remote range against the peer's buffer, which was checked against the
+                // size the driver reports for its mapping (`copies`); the transfer keeps both
+                // (the ops' RegionUses, the held mappings) until every stream it gave work has
+                // finished; the two belong to different registrations, so they do not overlap.
+                unsafe { lane.streams[*stream].copy(copy.dst, copy.src, len)? };
+                Ok(())
+            }
+            Work::Paged(paged) => {
+                let kernels = lane
+                    .kernels
+                    .as_ref()
+                    .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
+                let (src, dst, layout) = (&paged.src, &paged.dst, paged.layout);
+                self.launch_kernel(
+                    lane,
+                    &kernels.paged,
+                    paged.grid,
+                    layout.bytes(),
+                    |args, base| {
+                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                        vec![
+                            KernelArg::U64(base + layout.src_bases),
+                            KernelArg::U64(base + layout.dst_bases),
+                            KernelArg::U32(paged.pools),
+                            KernelArg::U64(base + layout.src_ids),
+                            KernelArg::U64(base + layout.dst_ids),
+                            KernelArg::U32(paged.ids),
+                            KernelArg::U64(src.stride),
+                            KernelArg::U64(dst.stride),
+                            KernelArg::U64(src.offset),
+                            KernelArg::U64(dst.offset),
+                            KernelArg::U64(paged.len),
+                            KernelArg::U64(paged.chunk),
+                        ]
+                    },
+                )
+            }
+            Work::Signal { addr, value } => {
+                // SAFETY: the engine checked that the word lies inside the peer's registered
+                // buffer and is 4-byte aligned, and `write_value` translated it through the
+                // buffer's checked mapping, which this GPU reaches; the transfer holds the
+                // mapping until the stream has finished.
+                unsafe { lane.streams[0].write_value32(*addr, *value)? };
+                Ok(())
+            }
+        }
+    }
+
+    /// Queues `work` (each with the index of its lane in `lanes`) and waits for everything it
+    /// queued, also when a launch failed part-way, before dropping `keep`; then fails if the
+    /// link was closed meanwhile.
+    pub(super) async fn run<K>(
+        &self,
+        lanes: Vec<Arc<GpuLane>>,
+        work: Vec<(usize, Work)>,
+        keep: K,
+    ) -> Result<()> {
+        let launches = Launches {
+            link: self,
+            streams: self.config.streams_per_gpu.max(1),
+            lanes,
+            work,
+        };
+        let wait =
+            |event: Event| async move { Poller::global().wait(event).await.map_err(Error::from) };
+        launch_all(launches, wait, keep).await?;
+        self.still_alive()
+    }
+}
+
+/// One side of a paged copy, as the kernel takes it.
+pub(super) struct Side {
+    pub(super) bases: Vec<u64>,
+    pub(super) ids: Arc<[u32]>,
+    pub(super) stride: u64,
+    pub(super) offset: u64,
+}
+
+/// A paged copy planned as one kernel launch, every address checked.
+pub(super) struct Paged {
+    pub(super) layout: plan::PagedArgs,
+    pub(super) grid: u32,
+    pub(super) pools: u32,
+    pub(super) ids: u32,
+    pub(super) src: Side,
+    pub(super) dst: Side,
+    pub(super) len: u64,
+    pub(super) chunk: u64,
+}
+
+/// What one launch of a transfer queues.
+pub(super) enum Work {
+    Copies(Launch),
+    Paged(Paged),
+    /// A 32-bit store into the peer's memory at `addr` (mapped here), on stream 0.
+    Signal {
+        addr: u64,
+        value: u32,
+    },
+}
+
+impl Work {
+    fn stream(&self) -> usize {
+        match self {
+            Work::Copies(launch) => launch.stream(),
+            Work::Paged(_) | Work::Signal { .. } => 0,
+        }
+    }
+}
+
+/// The launches of one transfer over the lanes of its GPUs.
+pub(super) struct Launches<'a> {
+    pub(super) link: &'a NvlinkLink,
+    /// Streams of every lane: a stream's number in the transfer is lane * streams + stream.
+    pub(super) streams: usize,
+    pub(super) lanes: Vec<Arc<GpuLane>>,
+    pub(super) work: Vec<(usize, Work)>,
+}
+
+impl Launches<'_> {
+    fn stream_of(&self, stream: usize) -> &Stream {
+        &self.lanes[stream / self.streams].streams[stream % self.streams]
+    }
+}
+
+impl Launcher for Launches<'_> {
+    type Fence = Event;
+    type Error = Error;
+
+    fn count(&self) -> usize {
+        self.work.len()
+    }
+
+    fn stream(&self, index: usize) -> usize {
+        let (lane, work) = &self.work[index];
+        lane * self.streams + work.stream()
+    }
+
+    fn launch(&mut self, index: usize) -> Result<()> {
+        let (lane, work) = &self.work[index];
+        self.link.launch(&self.lanes[*lane], work)
+    }
+
+    fn fence(&mut self, stream: usize) -> Result<Event> {
+        Ok(Event::record(self.stream_of(stream))?)
+    }
+
+    fn drain(&mut self, stream: usize) -> Result<()> {
+        Ok(self.stream_of(stream).synchronize()?)
+    }
+}

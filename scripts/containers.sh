@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The namespace matrix: a decode and a prefill process started as two "containers" would be,
+# each layout with cudaMalloc and with VMM memory, every block verified by the decode side.
+# Runs as root on the GPU machine, from the folder scripts/gpu-build.sh fills (dist/gpu/).
+# Usage: containers.sh [LOG_DIR] [PREFILL_GPU DECODE_GPU]   (GPUs 0 0 by default)
+# MEMORY="cuda vmm" (the default) picks the memory kinds; "host" runs the layouts without a GPU.
+# Writes LOG_DIR/containers.txt (one row per case) and LOG_DIR/containers.log (all output);
+# exits non-zero when any case failed to verify, hung, or fell back to TCP without saying why.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+logs=${1:-${OUT:-$here/logs}}
+prefill_gpu=${2:-0}
+decode_gpu=${3:-0}
+mkdir -p "$logs"
+table="$logs/containers.txt"
+log="$logs/containers.log"
+: >"$table"
+: >"$log"
+status=0
+
+# Outside /tmp (one layout mounts a private /tmp) and readable by other users (one layout
+# runs prefill as nobody).
+bin=/opt/ferry-containers
+rm -rf "$bin"
+mkdir -p "$bin"
+cp "$here/decode" "$here/prefill" "$here/ferry" "$bin/"
+chmod 755 "$bin" "$bin"/*
+work=$(mktemp -d /var/tmp/ferry-containers.XXXXXX)
+chmod 755 "$work"
+
+shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
+private_tmp='mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
+netns_ready=false
+# Inside each network namespace; `env -u` keeps a wrapped ip's library path out of ferry.
+in_d=(ip netns exec ferry-d env -u LD_LIBRARY_PATH)
+in_p=(ip netns exec ferry-p env -u LD_LIBRARY_PATH)
+
+setup_netns() {
+  command -v ip >/dev/null || { echo "no ip command (iproute2)" >>"$log"; return 1; }
+  ip netns del ferry-d 2>/dev/null
+  ip netns del ferry-p 2>/dev/null
+  ip netns add ferry-d && ip netns add ferry-p &&
+    ip link add ferry-vd type veth peer name ferry-vp &&
+    ip link set ferry-vd netns ferry-d && ip link set ferry-vp netns ferry-p &&
+    ip -n ferry-d addr add 10.231.0.1/24 dev ferry-vd &&
+    ip -n ferry-p addr add 10.231.0.2/24 dev ferry-vp &&
+    ip -n ferry-d link set ferry-vd up && ip -n ferry-p link set ferry-vp up &&
+    ip -n ferry-d link set lo up && ip -n ferry-p link set lo up
+}
+
+teardown_netns() {
+  ip netns del ferry-d 2>/dev/null
+  ip netns del ferry-p 2>/dev/null
+}
+
+# run_case LAYOUT MEMORY LISTEN DECODE_WRAPPER... -- PREFILL_WRAPPER...
+run_case() {
+  local layout=$1 memory=$2 listen=$3
+  shift 3
+  local decode_wrap=() prefill_wrap=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do decode_wrap+=("$1"); shift; done
+  shift
+  prefill_wrap=("$@")
+  # With CUDA_VISIBLE_DEVICES narrowed, each process sees its one GPU as GPU 0.
+  local on_decode=$decode_gpu on_prefill=$prefill_gpu
+  [ "$layout" = visible-gpu ] && on_decode=0 on_prefill=0
+  local decode_memory=(--gpu "$on_decode") prefill_memory=(--gpu "$on_prefill")
+  case $memory in
+    vmm) decode_memory+=(--vmm-pieces 2) prefill_memory+=(--vmm-pieces 2) ;;
+    host) decode_memory=() prefill_memory=() ;;
+  esac
+  local case_dir="$work/$layout-$memory"
+  mkdir -p "$case_dir"
+  chmod 777 "$case_dir"
+  local started=$SECONDS
+  {
+    echo "===== $layout / $memory"
+    echo "decode:  ${decode_wrap[*]} decode --listen $listen"
+    echo "prefill: ${prefill_wrap[*]} prefill"
+  } >>"$log"
+  timeout 150 "${decode_wrap[@]}" "$bin/decode" "${shape[@]}" "${decode_memory[@]}" \
+    --listen "$listen" --requests 2 >"$case_dir/decode.out" 2>"$case_dir/decode.err" &
+  local decode_pid=$!
+  local segment=""
+  for _ in $(seq 1 300); do
+    segment=$(sed -n 's/^segment: //p' "$case_dir/decode.out" 2>/dev/null)
+    [ -n "$segment" ] && break
+    kill -0 "$decode_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  local probe_route="-" transport="-" verified="false" outcome="FAIL" reason="-"
+  if [ -z "$segment" ]; then
+    reason="decode did not start"
+  else
+    timeout 60 "${prefill_wrap[@]}" "$bin/ferry" probe --peer "$segment" >"$case_dir/probe.out" 2>"$case_dir/probe.err"
+    # The transport the probe names for the peer's buffers from the GPUs here.
+    probe_route=$(awk '/^  from gpu/ { gpu = 1; next } /^  from / { gpu = 0 }
+      gpu && /^    buffer/ { sub(/.*\): /, ""); print $1 }' "$case_dir/probe.out" | sort -u | tr '\n' ' ')
+    timeout 120 "${prefill_wrap[@]}" "$bin/prefill" "${shape[@]}" "${prefill_memory[@]}" \
+      --peer "$segment" --requests 2 >"$case_dir/prefill.out" 2>"$case_dir/prefill.err"
+    local prefill_status=$?
+    wait "$decode_pid"
+    local decode_status=$?
+    transport=$(sed -n 's/^transport: //p' "$case_dir/prefill.out" | sort -u | tr '\n' ' ')
+    grep -q '^verified: true' "$case_dir/decode.out" && verified=true
+    reason=$(grep -ho 'mapping the peer.s [^)]*([^)]*)' "$case_dir/prefill.err" | sort -u | head -1)
+    reason=${reason:--}
+    if [ "$prefill_status" -ne 0 ] || [ "$decode_status" -ne 0 ] || [ "$verified" != true ]; then
+      reason="prefill exit $prefill_status, decode exit $decode_status; $reason"
+    elif [ "$memory" != host ] && [[ "$transport" == *tcp* ]] && [ "$reason" = - ]; then
+      reason="fell back to tcp without a logged cause"
+    else
+      outcome=ok
+    fi
+  fi
+  kill "$decode_pid" 2>/dev/null
+  wait "$decode_pid" 2>/dev/null
+  for file in "$case_dir"/*; do
+    echo "--- $(basename "$file")" >>"$log"
+    grep -v '^$' "$file" | tail -n 40 >>"$log"
+  done
+  [ "$outcome" = ok ] || status=1
+  printf '%-4s %-10s %-6s transport=%-8s probe=%-8s verified=%-5s %3ss  %s\n' \
+    "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$verified" \
+    "$((SECONDS - started))" "$reason" >>"$table"
+}
+
+for memory in ${MEMORY:-cuda vmm}; do
+  run_case host "$memory" 127.0.0.1:0 env -- env
+  run_case pid "$memory" 127.0.0.1:0 unshare -p -f --mount-proc -- unshare -p -f --mount-proc
+  run_case mount "$memory" 127.0.0.1:0 unshare -m sh -c "$private_tmp" -- unshare -m sh -c "$private_tmp"
+  run_case ipc "$memory" 127.0.0.1:0 unshare -i -- unshare -i
+  run_case visible-gpu "$memory" 127.0.0.1:0 env CUDA_VISIBLE_DEVICES="$decode_gpu" -- env CUDA_VISIBLE_DEVICES="$prefill_gpu"
+  run_case uid "$memory" 127.0.0.1:0 env -- setpriv --reuid=65534 --regid=65534 --clear-groups
+  if setup_netns; then
+    netns_ready=true
+    run_case net "$memory" 10.231.0.1:0 "${in_d[@]}" -- "${in_p[@]}"
+    run_case pod "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp" -- \
+      "${in_p[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp"
+    run_case pod-shared-pid-ipc "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" unshare -m sh -c "$private_tmp" -- \
+      "${in_p[@]}" unshare -m sh -c "$private_tmp"
+    teardown_netns
+  else
+    echo "FAIL net/pod  $memory  network namespaces could not be set up (see containers.log)" >>"$table"
+    status=1
+  fi
+done
+[ "$netns_ready" = true ] || echo "network namespaces were not available" >>"$log"
+cat "$table"
+exit $status
