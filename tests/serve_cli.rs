@@ -99,3 +99,37 @@ fn secret_file_guards_serve() {
         outcome => panic!("expected Error::Unauthenticated, got {outcome:?}"),
     }
 }
+
+#[test]
+fn echo_answers_the_engine_its_parent_names_on_stdin() {
+    use std::io::BufRead;
+    let named = Engine::builder().build_blocking().unwrap();
+    let mut inbox = named.notifications().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["serve", "--bytes", "4096", "--echo"])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let segment = lines.next().unwrap().unwrap();
+    let serve_name = segment.strip_prefix("segment: ").unwrap().to_owned();
+    lines.next().unwrap().unwrap();
+    writeln!(input, "reply-to {}", named.name()).unwrap();
+    input.flush().unwrap();
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        format!("reply-to: {}", named.name())
+    );
+
+    notify_claiming(&serve_name, "127.0.0.1:1", b"ping 1").unwrap();
+    let answer = inbox
+        .recv_timeout_blocking(Duration::from_secs(10))
+        .unwrap()
+        .expect("the named engine is alive");
+    assert!(answer.payload.starts_with(b"held "), "{:?}", answer.payload);
+    let _ = child.kill();
+    let _ = child.wait();
+}
