@@ -1,10 +1,13 @@
 //! The decode side of a prefill/decode pair: allocates a paged KV pool (one tensor per layer
-//! for K and for V), prints its segment name, waits for announcements and verifies every block
-//! it was told about. Exits non-zero on any mismatch.
+//! for K and for V), prints its segment name, waits for announcements, verifies every block
+//! it was told about and answers the prefill engine named by `--reply-to` (never the sender a
+//! notification claims to be from). Exits non-zero on any mismatch.
 //!
 //! ```text
-//! cargo run --release --example decode -- --requests 1
+//! cargo run --release --example decode -- --requests 1 --reply-to 127.0.0.1:17001
 //! ```
+//!
+//! With `--secret-file PATH` (or `FERRY_SECRET`) only engines holding the same secret get in.
 
 #[allow(dead_code)] // the shared roles module; each example uses its own part
 mod kv;

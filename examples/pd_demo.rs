@@ -12,6 +12,7 @@
 mod kv;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -36,6 +37,9 @@ struct Cli {
     /// Send each block as its own batch entry instead of one paged block copy.
     #[arg(long)]
     entries: bool,
+    /// Passed to both processes.
+    #[command(flatten)]
+    secret: kv::SecretFile,
 }
 
 /// The roles the demo starts itself in; not meant to be typed by hand.
@@ -53,7 +57,13 @@ fn main() -> ExitCode {
     let outcome = match cli.role {
         Some(Role::Decode(args)) => kv::decode::run(args),
         Some(Role::Prefill(args)) => kv::prefill::run(args).map(|()| true),
-        None => orchestrate(&cli.shape, cli.requests, cli.entries, placement(&cli)),
+        None => orchestrate(
+            &cli.shape,
+            cli.requests,
+            cli.entries,
+            &cli.secret,
+            placement(&cli),
+        ),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -162,6 +172,7 @@ fn orchestrate(
     shape: &kv::Shape,
     requests: u32,
     entries: bool,
+    secret: &kv::SecretFile,
     placement: Placement,
 ) -> Result<bool, Box<dyn std::error::Error>> {
     shape.validate()?;
@@ -177,6 +188,7 @@ fn orchestrate(
     );
     let mut decode_args = shape_args(shape);
     decode_args.extend(["--requests".to_owned(), requests.to_string()]);
+    decode_args.extend(secret.args());
     let (mut decode, mut decode_lines) = start("decode", &placement.decode, decode_args)?;
     let segment = decode_lines
         .next()
@@ -194,8 +206,20 @@ fn orchestrate(
     if entries {
         prefill_args.push("--entries".to_owned());
     }
-    let (mut prefill, prefill_lines) = start("prefill", &placement.prefill, prefill_args)?;
+    prefill_args.extend(secret.args());
+    let (mut prefill, mut prefill_lines) = start("prefill", &placement.prefill, prefill_args)?;
     let prefill_pid = prefill.0.id();
+    // The decode side answers the engine named here, not whoever a notification claims.
+    let prefill_segment = prefill_lines
+        .next()
+        .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
+        .ok_or("the prefill process did not print its segment name")?;
+    let mut decode_input = decode
+        .0
+        .stdin
+        .take()
+        .ok_or("the decode process's input was not captured")?;
+    writeln!(decode_input, "reply-to {prefill_segment}")?;
     let prefill_lines: Vec<String> = prefill_lines.collect();
     let prefill_ok = prefill.0.wait()?.success();
     let decode_lines: Vec<String> = decode_lines.collect();

@@ -2,8 +2,11 @@
 //! into the decode engine's pool in one batch and notifies it.
 //!
 //! ```text
-//! cargo run --release --example prefill -- --peer 127.0.0.1:PORT
+//! cargo run --release --example prefill -- --listen 127.0.0.1:17001 --peer 127.0.0.1:PORT
 //! ```
+//!
+//! It waits for the decode side's answer after each request, and stops waiting as soon as the
+//! decode engine is gone.
 
 #[allow(dead_code)] // the shared roles module; each example uses its own part
 mod kv;

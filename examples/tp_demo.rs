@@ -31,6 +31,9 @@ struct Cli {
     /// Keep the caches in host memory even when GPUs are present.
     #[arg(long)]
     host: bool,
+    /// Passed to every rank.
+    #[command(flatten)]
+    secret: kv::SecretFile,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +86,12 @@ struct RankArgs {
     /// Decode ranks' segment names, in rank order (prefill ranks only).
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
+    /// Prefill ranks' segment names, in rank order, to answer (decode ranks only); without
+    /// them, the line `reply-to NAME,...` is read from stdin when the answers are due.
+    #[arg(long, value_delimiter = ',')]
+    reply_to: Vec<String>,
+    #[command(flatten)]
+    secret: kv::SecretFile,
 }
 
 impl Split {
@@ -119,9 +128,11 @@ fn fill_head(bytes: &mut [u8], tensor: u32, block: u32, head: u32) {
     kv::fill_block(bytes, 0, tensor, block * 1024 + head);
 }
 
-fn engine(split: &Split) -> Result<ferry::Engine, Box<dyn std::error::Error>> {
-    Ok(ferry::Engine::builder()
-        .metadata(ferry::metadata::from_url(&split.metadata)?)
+fn engine(args: &RankArgs) -> Result<ferry::Engine, Box<dyn std::error::Error>> {
+    Ok(args
+        .secret
+        .apply(ferry::Engine::builder())?
+        .metadata(ferry::metadata::from_url(&args.split.metadata)?)
         .build_blocking()?)
 }
 
@@ -142,7 +153,11 @@ fn pools(
 
 fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     let heads = args.split.heads();
-    let engine = engine(&args.split)?;
+    let engine = engine(&args)?;
+    // First, so the orchestrator can tell the decode ranks whom to answer.
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "segment: {}", engine.name())?;
+    stdout.flush()?;
     let block = heads.prefill_block_bytes();
     let pools = pools(&engine, &args.split, block, args.gpu)?;
     let sources: Arc<[u32]> = args.split.ids(1).into();
@@ -167,6 +182,7 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     let mut inbox = engine.notifications()?;
     let started = Instant::now();
     let mut transfers = Vec::new();
+    let mut peers = Vec::new();
     for slice in heads
         .slices()
         .iter()
@@ -177,6 +193,7 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
             .get(slice.decode_rank as usize)
             .ok_or("fewer --peers than decode ranks")?;
         let peer = engine.connect_blocking(name)?;
+        peers.push(peer.clone());
         let remote = peer.buffers();
         let mut copy = heads.block_copy(
             slice,
@@ -200,7 +217,6 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
                 .submit()?,
         ));
     }
-    let mut stdout = std::io::stdout().lock();
     let mut answers = 0;
     for (decode_rank, transfer) in transfers {
         let done = transfer.wait()?;
@@ -222,12 +238,11 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64() * 1e3
     )?;
     stdout.flush()?;
-    // Every decode rank that got data answers once it checked it.
+    // Every decode rank that got data answers once it checked it; a rank that died will not.
     let mut good = true;
     for _ in 0..answers {
-        let verdict = inbox
-            .recv_timeout_blocking(Duration::from_secs(120))?
-            .ok_or("the engine stopped before the decode ranks answered")?;
+        let verdict = kv::await_answer(&mut inbox, &peers, Duration::from_secs(120))
+            .map_err(|error| format!("a decode rank did not answer: {error}"))?;
         good &= verdict.payload == b"tp verified ok";
     }
     Ok(good)
@@ -235,26 +250,23 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
 
 fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     let heads = args.split.heads();
-    let engine = engine(&args.split)?;
+    let engine = engine(&args)?;
     let block = heads.decode_block_bytes();
     let pools = pools(&engine, &args.split, block, args.gpu)?;
     let mut inbox = engine.notifications()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "segment: {}", engine.name())?;
     stdout.flush()?;
-    let senders = heads
+    let senders: Vec<u32> = heads
         .slices()
         .iter()
         .filter(|slice| slice.decode_rank == args.rank)
-        .count();
-    let mut from = Vec::new();
-    for _ in 0..senders {
-        from.push(
-            inbox
-                .recv_blocking()
-                .ok_or("the engine stopped before every prefill rank sent")?
-                .from,
-        );
+        .map(|slice| slice.prefill_rank)
+        .collect();
+    for _ in &senders {
+        inbox
+            .recv_blocking()
+            .ok_or("the engine stopped before every prefill rank sent")?;
     }
     let destinations = args.split.ids(2);
     let first = args.rank * (args.split.heads / args.split.decode_tp);
@@ -279,8 +291,14 @@ fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     } else {
         b"tp verified bad"
     };
-    for name in from {
-        let peer = engine.connect_blocking(&name)?;
+    // The prefill ranks this rank's slices come from, by the names the operator gave: a
+    // notification's `from` is only what its sender claims.
+    let names = kv::reply_to(&args.reply_to)?;
+    for rank in senders {
+        let name = names
+            .get(rank as usize)
+            .ok_or("fewer reply-to names than prefill ranks")?;
+        let peer = engine.connect_blocking(name)?;
         futures::executor::block_on(engine.notify(&peer, verdict.to_vec()))?;
     }
     match bad {
@@ -327,6 +345,7 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     );
     let rank_args = |rank: u32, gpu: Option<u32>| {
         let mut args = split.args();
+        args.extend(cli.secret.args());
         args.extend(["--rank".to_owned(), rank.to_string()]);
         if let Some(gpu) = gpu {
             args.extend(["--gpu".to_owned(), gpu.to_string()]);
@@ -345,10 +364,27 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         decoders.push((process, lines));
     }
     let mut prefills = Vec::new();
+    let mut prefill_names = Vec::new();
     for rank in 0..split.prefill_tp {
         let mut args = rank_args(rank, prefill_gpu);
         args.extend(["--peers".to_owned(), names.join(",")]);
-        prefills.push(kv::spawn_role("prefill", args, None)?);
+        let (process, mut lines) = kv::spawn_role("prefill", args, None)?;
+        let name = lines
+            .next()
+            .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
+            .ok_or("a prefill rank did not print its segment name")?;
+        prefill_names.push(name);
+        prefills.push((process, lines));
+    }
+    // The decode ranks answer these engines, not whoever a notification claims to be.
+    for (process, _) in &mut decoders {
+        let input = process
+            .0
+            .stdin
+            .as_mut()
+            .ok_or("a decode rank's input was not captured")?;
+        writeln!(input, "reply-to {}", prefill_names.join(","))?;
+        input.flush()?;
     }
     let mut all_good = true;
     for (mut process, lines) in prefills.into_iter().chain(decoders) {

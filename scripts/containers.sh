@@ -69,6 +69,10 @@ run_case() {
     vmm) decode_memory+=(--vmm-pieces 2) prefill_memory+=(--vmm-pieces 2) ;;
     host) decode_memory=() prefill_memory=() ;;
   esac
+  # The decode side answers only the prefill engine it is told about (never a notification's
+  # claimed sender), so the prefill listens at a known address.
+  local prefill_listen=127.0.0.1:17321
+  [ "${listen%%:*}" = 10.231.0.1 ] && prefill_listen=10.231.0.2:17321
   local case_dir="$work/$layout-$memory"
   mkdir -p "$case_dir"
   chmod 777 "$case_dir"
@@ -79,7 +83,8 @@ run_case() {
     echo "prefill: ${prefill_wrap[*]} prefill"
   } >>"$log"
   timeout 150 "${decode_wrap[@]}" "$bin/decode" "${shape[@]}" "${decode_memory[@]}" \
-    --listen "$listen" --requests 2 >"$case_dir/decode.out" 2>"$case_dir/decode.err" &
+    --listen "$listen" --reply-to "$prefill_listen" --requests 2 \
+    >"$case_dir/decode.out" 2>"$case_dir/decode.err" </dev/null &
   local decode_pid=$!
   local segment=""
   for _ in $(seq 1 300); do
@@ -97,7 +102,8 @@ run_case() {
     probe_route=$(awk '/^  from gpu/ { gpu = 1; next } /^  from / { gpu = 0 }
       gpu && /^    buffer/ { sub(/.*\): /, ""); print $1 }' "$case_dir/probe.out" | sort -u | tr '\n' ' ')
     timeout 120 "${prefill_wrap[@]}" "$bin/prefill" "${shape[@]}" "${prefill_memory[@]}" \
-      --peer "$segment" --requests 2 >"$case_dir/prefill.out" 2>"$case_dir/prefill.err"
+      --listen "$prefill_listen" --peer "$segment" --requests 2 \
+      >"$case_dir/prefill.out" 2>"$case_dir/prefill.err"
     local prefill_status=$?
     wait "$decode_pid"
     local decode_status=$?

@@ -150,6 +150,15 @@ impl EngineBuilder {
         }
     }
 
+    /// A shared secret peers must prove they hold; `FERRY_SECRET` when not set. See
+    /// [`ferry_core::EngineBuilder::secret`].
+    pub fn secret(self, secret: impl Into<Vec<u8>>) -> Self {
+        EngineBuilder {
+            core: self.core.secret(secret),
+            ..self
+        }
+    }
+
     /// Adds a transport of the caller's own.
     pub fn transport(self, transport: Arc<dyn Transport>) -> Self {
         EngineBuilder {

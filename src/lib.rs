@@ -51,11 +51,12 @@ pub use engine::{Engine, EngineBuilder};
 pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL, NVLINK};
 
 pub use ferry_core::{
-    cuda, wire, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp, BufferDescriptor, Completion,
-    Direction, Endpoint, Error, Export, HostIdentity, InstanceId, Link, Location, MetadataStore,
-    Notification, Notifications, Peer, PeerToPeer, ProtocolViolation, RangeError, Reach, Region,
-    RegionInfo, RegionUse, Result, SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp,
-    Transport, DESCRIPTOR_VERSION, MAX_NOTIFICATION_BYTES, TCP,
+    auth, cuda, wire, AuthFailure, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp,
+    BufferDescriptor, Completion, Direction, Endpoint, Error, Export, HostIdentity, InstanceId,
+    Link, Location, MetadataStore, Notification, Notifications, Peer, PeerToPeer,
+    ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result, Secret,
+    SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION,
+    MAX_NOTIFICATION_BYTES, TCP,
 };
 
 #[doc = include_str!("../README.md")]

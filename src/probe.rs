@@ -6,7 +6,11 @@ use ferry::{Location, Reach, Region};
 
 /// Prints the machine's CUDA driver, GPUs, peer access, FABRIC support and transports; with
 /// `peer`, the route from here to each of that engine's buffers.
-pub(crate) fn run(peer: Option<&str>, metadata: &str) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn run(
+    peer: Option<&str>,
+    metadata: &str,
+    secret: &crate::secret_file::SecretFile,
+) -> Result<(), Box<dyn std::error::Error>> {
     let driver = Driver::get();
     println!("cuda: {}", driver.status());
     let gpus = driver.devices()?;
@@ -62,7 +66,7 @@ pub(crate) fn run(peer: Option<&str>, metadata: &str) -> Result<(), Box<dyn std:
         (false, true) => println!("  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
     }
     match peer {
-        Some(name) => routes(name, metadata, &gpus),
+        Some(name) => routes(name, metadata, secret, &gpus),
         None => Ok(()),
     }
 }
@@ -72,9 +76,11 @@ pub(crate) fn run(peer: Option<&str>, metadata: &str) -> Result<(), Box<dyn std:
 fn routes(
     name: &str,
     metadata: &str,
+    secret: &crate::secret_file::SecretFile,
     gpus: &[DeviceInfo],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let engine = ferry::Engine::builder()
+    let engine = secret
+        .apply(ferry::Engine::builder())?
         .metadata(ferry::metadata::from_url(metadata)?)
         .build_blocking()?;
     let peer = engine.connect_blocking(name)?;

@@ -383,6 +383,57 @@ fn vmm_memory_between_processes_gpu0_to_gpu1() {
     vmm_between_processes("1");
 }
 
+#[test]
+fn vmm_memory_crosses_nvlink_between_engines_sharing_a_secret() {
+    // The fd-passing socket of the serving process refuses a client that does not prove the
+    // secret, so nvlink only works if this engine's fd client authenticates.
+    gpus();
+    const SECRET: &[u8] = b"gpu-suite-secret-0123456789abcdef";
+    let path = std::env::temp_dir().join(format!("ferry-gpu-secret-{}", std::process::id()));
+    std::fs::write(&path, SECRET).unwrap();
+    let target = ServeProcess::start_with(
+        6 << 20,
+        &[
+            "--gpu",
+            "0",
+            "--vmm-pieces",
+            "3",
+            "--secret-file",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    std::fs::remove_file(&path).unwrap();
+    let engine = Engine::builder()
+        .secret(SECRET)
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .unwrap();
+    let source = engine.allocate_device(0, 1 << 20).unwrap();
+    let bytes = pattern(63, 1 << 20);
+    source.write_at(0, &bytes).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let done = engine
+        .batch(&peer)
+        .write(&source, 0, target.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.transports, vec!["nvlink"]);
+    let back = engine.allocate_device(0, 1 << 20).unwrap();
+    engine
+        .batch(&peer)
+        .read(&back, 0, target.buffer_addr, 1 << 20)
+        .submit_blocking()
+        .unwrap();
+    let mut arrived = vec![0u8; 1 << 20];
+    back.read_at(0, &mut arrived).unwrap();
+    assert_bytes_eq(
+        &arrived,
+        &bytes,
+        "VMM memory behind an authenticated fd socket",
+    );
+}
+
 fn engine_with(path: ferry::CopyPath) -> Engine {
     Engine::builder()
         .transfer_timeout(Duration::from_secs(20))

@@ -1,7 +1,11 @@
 //! The decode role: owns the KV pool, waits for announcements, verifies every block and tells
-//! the sender the outcome, so it does not reuse the blocks before they were checked.
+//! the prefill engine its operator named the outcome, so it does not reuse the blocks before
+//! they were checked.
 
-use super::{allocate_pools, decode_notification, encode_verdict, first_mismatch, Shape};
+use super::{
+    allocate_pools, decode_notification, encode_verdict, first_mismatch, reply_to, SecretFile,
+    Shape,
+};
 use clap::Args;
 use std::io::Write;
 
@@ -21,15 +25,23 @@ pub(crate) struct DecodeArgs {
     /// Requests to receive before exiting.
     #[arg(long, default_value_t = 1)]
     pub(crate) requests: u32,
+    /// Segment name of the prefill engine to answer (its `segment:` line). Without it, the
+    /// line `reply-to NAME` is read from stdin when the first answer is due.
+    #[arg(long)]
+    pub(crate) reply_to: Option<String>,
+    #[command(flatten)]
+    pub(crate) secret: SecretFile,
 }
 
 /// Runs the decode role; `Ok(false)` when some block did not verify.
 pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> {
     let shape = &args.shape;
     shape.validate()?;
-    let mut builder = ferry::Engine::builder()
-        .listen(args.listen.clone())
-        .metadata(ferry::metadata::from_url(&shape.metadata)?);
+    let mut builder = args.secret.apply(
+        ferry::Engine::builder()
+            .listen(args.listen.clone())
+            .metadata(ferry::metadata::from_url(&shape.metadata)?),
+    )?;
     if let Some(host) = &args.advertise {
         builder = builder.advertise(host.clone());
     }
@@ -41,8 +53,8 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     stdout.flush()?;
 
     let mut all_good = true;
-    let mut senders: std::collections::HashMap<String, ferry::Peer> =
-        std::collections::HashMap::new();
+    // Opened when the first answer is due: the prefill engine starts after this one.
+    let mut prefill: Option<ferry::Peer> = None;
     let mut block = vec![0u8; shape.block_bytes as usize];
     for _ in 0..args.requests {
         let note = inbox
@@ -66,11 +78,16 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
                 }
             }
         }
-        let peer = match senders.get(&note.from) {
+        let peer = match &prefill {
             Some(peer) => peer.clone(),
             None => {
-                let peer = engine.connect_blocking(&note.from)?;
-                senders.insert(note.from.clone(), peer.clone());
+                let given: Vec<String> = args.reply_to.iter().cloned().collect();
+                let name = reply_to(&given)?
+                    .into_iter()
+                    .next()
+                    .ok_or("no prefill engine to answer")?;
+                let peer = engine.connect_blocking(&name)?;
+                prefill = Some(peer.clone());
                 peer
             }
         };
@@ -79,8 +96,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         match bad {
             None => writeln!(
                 stdout,
-                "request {request} from {}: {} blocks in {} tensors verified",
-                note.from,
+                "request {request}: {} blocks in {} tensors verified",
                 blocks.len(),
                 pools.len()
             )?,

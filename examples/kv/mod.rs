@@ -6,6 +6,9 @@ pub(crate) mod decode;
 pub(crate) mod prefill;
 
 use clap::Args;
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// The cache's shape; the defaults are `kv-llama70b-4k` of BENCHMARKS.md (Llama-3-70B fp16).
 #[derive(Args, Debug, Clone)]
@@ -82,6 +85,88 @@ pub(crate) fn block_ids(pool_blocks: u32, take: u32, seed: u64) -> Vec<u32> {
     ids
 }
 
+/// `--secret-file`: the shared secret of this process's engine, and of the children it starts.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct SecretFile {
+    /// File holding the shared secret peers must prove they hold (trailing whitespace is
+    /// ignored). Overrides FERRY_SECRET; without either, any process that reaches the
+    /// listener can read and write the registered pools.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) secret_file: Option<PathBuf>,
+}
+
+impl SecretFile {
+    /// `builder` with the file's secret, when a file was named.
+    pub(crate) fn apply(
+        &self,
+        builder: ferry::EngineBuilder,
+    ) -> Result<ferry::EngineBuilder, ferry::Error> {
+        Ok(match &self.secret_file {
+            Some(path) => builder.secret(ferry::auth::read_secret_file(path)?),
+            None => builder,
+        })
+    }
+
+    /// The argument again, for a child process that must use the same secret.
+    pub(crate) fn args(&self) -> Vec<String> {
+        match &self.secret_file {
+            Some(path) => vec![
+                "--secret-file".to_owned(),
+                path.to_string_lossy().into_owned(),
+            ],
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The segment names of the engines to answer: `given` (`--reply-to`), or else the line
+/// `reply-to NAME[,NAME...]` the parent writes on stdin once it started them (they start
+/// after this process). Never a notification's `from`: that is the sender's own,
+/// unauthenticated claim, and answering it would let anyone point this process at any address.
+pub(crate) fn reply_to(given: &[String]) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    if !given.is_empty() {
+        return Ok(given.to_vec());
+    }
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let names = line
+        .trim()
+        .strip_prefix("reply-to ")
+        .ok_or("no engine to answer: give --reply-to NAME")?;
+    Ok(names.split(',').map(str::to_owned).collect())
+}
+
+/// Waits up to `limit` for the next notification, and gives up as soon as one of `peers` is
+/// gone (its connections closed: the process died), instead of waiting out the limit.
+pub(crate) fn await_answer(
+    inbox: &mut ferry::Notifications,
+    peers: &[ferry::Peer],
+    limit: Duration,
+) -> Result<ferry::Notification, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + limit;
+    let next = |inbox: &mut ferry::Notifications, wait| match inbox.recv_timeout_blocking(wait) {
+        Ok(Some(note)) => Ok(Some(note)),
+        Ok(None) => Err("the engine stopped before the answer came".into()),
+        Err(ferry::Error::Timeout { .. }) => Ok(None),
+        Err(error) => Err(Box::<dyn std::error::Error>::from(error)),
+    };
+    loop {
+        if let Some(note) = next(inbox, Duration::from_millis(100))? {
+            return Ok(note);
+        }
+        if let Some(gone) = peers.iter().find(|peer| !peer.is_alive()) {
+            // An answer sent just before the peer exited may still be on its way in.
+            if let Some(note) = next(inbox, Duration::from_millis(200))? {
+                return Ok(note);
+            }
+            return Err(format!("{} went away before it answered", gone.name()).into());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("no answer within {limit:?}").into());
+        }
+    }
+}
+
 /// `--flag value` pairs as a child process's arguments.
 pub(crate) fn flag_args(pairs: impl IntoIterator<Item = (&'static str, String)>) -> Vec<String> {
     pairs
@@ -140,7 +225,8 @@ impl Drop for Process {
 }
 
 /// Starts this example again as `role` with `args` (and `CUDA_VISIBLE_DEVICES` when given),
-/// with its output read line by line.
+/// with its output read line by line and its input left to the caller
+/// (`process.0.stdin`), for [`reply_to`].
 pub(crate) fn spawn_role(
     role: &str,
     args: Vec<String>,
@@ -154,6 +240,7 @@ pub(crate) fn spawn_role(
     let mut child = command
         .arg(role)
         .args(args)
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .spawn()?;

@@ -1,7 +1,10 @@
 //! The prefill role: for each request, fills its blocks, writes them into the decode pool in
 //! one batch and notifies.
 
-use super::{allocate_pools, encode_notification, encode_verdict, fill_block, Shape};
+use super::{
+    allocate_pools, await_answer, encode_notification, encode_verdict, fill_block, SecretFile,
+    Shape,
+};
 use clap::Args;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -16,6 +19,12 @@ pub(crate) struct PrefillArgs {
     /// Segment name of the decode engine (printed by `decode`).
     #[arg(long)]
     pub(crate) peer: String,
+    /// Control listener address; the decode side answers here (`--reply-to` there).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: String,
+    /// Host name or IP peers use to reach this engine (needed with 0.0.0.0).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
     /// Requests to send, one after another (ids 0, 1, ...) into the same destination blocks:
     /// the first pays for first-touch page faults in the decode pool, later ones do not.
     #[arg(long, default_value_t = 1)]
@@ -24,6 +33,8 @@ pub(crate) struct PrefillArgs {
     /// the two id lists).
     #[arg(long)]
     pub(crate) entries: bool,
+    #[command(flatten)]
+    pub(crate) secret: SecretFile,
 }
 
 /// Salts that make source and destination block ids different permutations.
@@ -31,14 +42,23 @@ pub(crate) const SOURCE_SALT: u64 = 1;
 /// See [`SOURCE_SALT`].
 pub(crate) const DESTINATION_SALT: u64 = 2;
 
-/// Runs the prefill role; prints `transport:` and one `request ID: bytes B seconds S gbps G`
-/// line per request.
+/// Runs the prefill role; prints `segment: NAME` (the name the decode side answers), then
+/// `transport:` and one `request ID: bytes B seconds S gbps G` line per request.
 pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let shape = &args.shape;
     shape.validate()?;
-    let engine = ferry::Engine::builder()
-        .metadata(ferry::metadata::from_url(&shape.metadata)?)
-        .build_blocking()?;
+    let mut builder = args.secret.apply(
+        ferry::Engine::builder()
+            .listen(args.listen.clone())
+            .metadata(ferry::metadata::from_url(&shape.metadata)?),
+    )?;
+    if let Some(host) = &args.advertise {
+        builder = builder.advertise(host.clone());
+    }
+    let engine = builder.build_blocking()?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "segment: {}", engine.name())?;
+    stdout.flush()?;
     // Shared, so each request's block copy takes them without copying.
     let sources: std::sync::Arc<[u32]> = shape.block_ids(SOURCE_SALT).into();
     let destinations: std::sync::Arc<[u32]> = shape.block_ids(DESTINATION_SALT).into();
@@ -54,7 +74,6 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let mut stdout = std::io::stdout().lock();
     let mut block = vec![0u8; shape.block_bytes as usize];
     for request in 0..u64::from(args.requests) {
         for (tensor, pool) in pools.iter().enumerate() {
@@ -105,10 +124,14 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
             done.bytes as f64 / seconds / 1e9
         )?;
         stdout.flush()?;
-        // The decode side checks the blocks before this side may fill and send them again.
-        let verdict = inbox
-            .recv_timeout_blocking(Duration::from_secs(120))?
-            .ok_or("the engine stopped before the decode side answered")?;
+        // The decode side checks the blocks before this side may fill and send them again;
+        // if it dies meanwhile, there is nothing to wait for.
+        let verdict = await_answer(
+            &mut inbox,
+            std::slice::from_ref(&peer),
+            Duration::from_secs(120),
+        )
+        .map_err(|error| format!("the decode side did not answer: {error}"))?;
         if verdict.payload != encode_verdict(request, "ok") {
             return Err(format!(
                 "the decode side reported: {}",

@@ -88,6 +88,8 @@ pub(crate) struct Options {
     /// Metadata store URL both processes use (`p2p`, `etcd://...`, `redis://...`).
     #[arg(long, default_value = "p2p")]
     pub(crate) metadata: String,
+    #[command(flatten)]
+    pub(crate) secret: crate::secret_file::SecretFile,
 }
 
 fn parse_direction(text: &str) -> Result<Direction, String> {
@@ -158,7 +160,13 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         area as f64 / GIB as f64,
         options.decode_gpu
     ));
-    let decode = ServeChild::start(area, options.decode_gpu, true, &options.metadata)?;
+    let mut decode = ServeChild::start(
+        area,
+        options.decode_gpu,
+        true,
+        &options.metadata,
+        &options.secret,
+    )?;
     progress.set_message("peer_copy baseline");
     let baseline = peer_copy(
         &[(options.prefill_gpu, options.decode_gpu)],
@@ -180,7 +188,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     }
     let base = pattern(options.seed);
     for path in paths {
-        let side = Side::new(options, path, area, check, &decode)?;
+        let side = Side::new(options, path, area, check, &mut decode)?;
         if options.paths.contains(&path) {
             for (workload, shape) in &shapes {
                 progress.set_message(format!("{workload} ({path})"));
@@ -306,9 +314,11 @@ impl Side {
         path: CopyPath,
         area: u64,
         check: u64,
-        decode: &ServeChild,
+        decode: &mut ServeChild,
     ) -> Result<Side, BoxError> {
-        let engine = Engine::builder()
+        let engine = options
+            .secret
+            .apply(Engine::builder())?
             .metadata(ferry::metadata::from_url(&options.metadata)?)
             .gpu_links(!options.tcp)
             .transfer_timeout(Duration::from_secs(60))
@@ -324,6 +334,7 @@ impl Side {
         let zeros = engine.allocate_device(gpu, GIB.min(area) as usize)?;
         let check = engine.allocate_device(gpu, check as usize)?;
         let peer = engine.connect_blocking(&decode.name)?;
+        decode.reply_to(engine.name())?;
         let inbox = std::cell::RefCell::new(engine.notifications()?);
         Ok(Side {
             inbox,

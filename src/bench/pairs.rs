@@ -144,7 +144,15 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     ));
     let decoders = decode_gpus
         .iter()
-        .map(|&gpu| ServeChild::start(sharded.decode_area(), gpu, false, &options.metadata))
+        .map(|&gpu| {
+            ServeChild::start(
+                sharded.decode_area(),
+                gpu,
+                false,
+                &options.metadata,
+                &options.secret,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut report = PairsReport {
         workload: format!(
@@ -469,6 +477,7 @@ impl RankChild {
                 &(options.seed ^ (run << 32) ^ (u64::from(rank) << 16) ^ 0x5eed).to_string(),
             ])
             .args(["--metadata", &options.metadata])
+            .args(options.secret.args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -59,6 +59,8 @@ pub(crate) struct RankOptions {
     /// Metadata store URL.
     #[arg(long)]
     pub(crate) metadata: String,
+    #[command(flatten)]
+    pub(crate) secret: crate::secret_file::SecretFile,
 }
 
 /// The sharded cache both sides use: `kv-llama70b-4k` split by heads.
@@ -100,7 +102,9 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         paged: super::workload::llama(options.seed),
     };
     sharded.split.validate()?;
-    let engine = Engine::builder()
+    let engine = options
+        .secret
+        .apply(Engine::builder())?
         .metadata(ferry::metadata::from_url(&options.metadata)?)
         .transfer_timeout(Duration::from_secs(60))
         .nvlink(NvlinkConfig {

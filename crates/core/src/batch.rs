@@ -269,6 +269,7 @@ impl Batch {
             ..
         } = self;
         let handle = engine.handle.clone();
+        let secret = engine.secret.clone();
         let mut task = Box::pin(async move {
             let work = Work {
                 uses,
@@ -291,6 +292,8 @@ impl Batch {
         // the real wakers in place of this no-op one).
         let first = {
             let _runtime = handle.enter();
+            // Opening a peer's memory may ask its fd socket, which wants this engine's secret.
+            let _secret = crate::auth::EngineScope::enter(secret);
             task.as_mut()
                 .poll(&mut Context::from_waker(std::task::Waker::noop()))
         };

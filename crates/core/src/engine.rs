@@ -2,6 +2,7 @@
 //! metadata store and the notification inbox, and runs all of its I/O on its own small runtime,
 //! so callers with or without an async runtime use it alike.
 
+use crate::auth::{Secret, SECRET_ENV};
 use crate::batch::Batch;
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
@@ -42,6 +43,7 @@ pub struct EngineBuilder {
     metadata: Option<Arc<dyn MetadataStore>>,
     transports: Vec<Arc<dyn Transport>>,
     liveness_interval: Duration,
+    secret: Option<Vec<u8>>,
 }
 
 impl Default for EngineBuilder {
@@ -60,6 +62,7 @@ impl Default for EngineBuilder {
             metadata: None,
             transports: Vec::new(),
             liveness_interval: Duration::from_secs(2),
+            secret: None,
         }
     }
 }
@@ -151,6 +154,21 @@ impl EngineBuilder {
         self
     }
 
+    /// A shared secret (at least [`Secret::MIN_LEN`] bytes) that peers must prove they hold.
+    ///
+    /// With it, every connection this engine opens or accepts (TCP, descriptor lookups, the
+    /// fd-passing socket) starts with a mutual challenge-response ([`crate::auth`]), and a peer
+    /// with another secret or none is refused on both sides with
+    /// [`Error::Unauthenticated`] before anything about registered memory is sent.
+    ///
+    /// Where the secret comes from, first match wins: this method; the environment variable
+    /// `FERRY_SECRET` (its bytes as they are), read when the engine is built; none. Without
+    /// one, any process that reaches the listener can read and write every registered byte.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
     /// Adds a transport besides TCP, which every engine has.
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transports.push(transport);
@@ -161,8 +179,9 @@ impl EngineBuilder {
     ///
     /// # Errors
     /// [`Error::Io`] when the address cannot be bound, [`Error::ApiMisuse`] for an
-    /// unspecified listen address without [`Self::advertise`], and the metadata store's error
-    /// when publishing fails.
+    /// unspecified listen address without [`Self::advertise`] or a secret (given or in
+    /// `FERRY_SECRET`) shorter than [`Secret::MIN_LEN`], and the metadata store's error when
+    /// publishing fails.
     pub async fn build(self) -> Result<Engine> {
         let (engine, published) = self.start()?;
         published.await.map_err(|_| Error::Shutdown {
@@ -181,6 +200,10 @@ impl EngineBuilder {
 
     fn start(self) -> Result<(Engine, tokio::task::JoinHandle<Result<()>>)> {
         log_driver_once();
+        let secret = match self.secret {
+            Some(bytes) => Some(Secret::new(bytes)?),
+            None => Secret::from_env()?,
+        };
         let address = self
             .listen
             .to_socket_addrs()
@@ -202,6 +225,12 @@ impl EngineBuilder {
             .local_addr()
             .map_err(|error| Error::io("reading the listener's address", error))?;
         let name = segment_name(local_addr, self.advertise.as_deref())?;
+        if secret.is_none() && !local_addr.ip().is_loopback() {
+            tracing::warn!(
+                listener = %local_addr,
+                "no shared secret: any peer that reaches this port can read and write all registered memory; set one with EngineBuilder::secret, {SECRET_ENV} or --secret-file"
+            );
+        }
         let instance =
             InstanceId::random().map_err(|error| Error::io("drawing the engine's id", error))?;
         let process = InstanceId::of_this_process()
@@ -210,6 +239,10 @@ impl EngineBuilder {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.worker_threads)
             .thread_name("ferry-io")
+            .on_thread_start({
+                let secret = secret.clone();
+                move || crate::auth::enter_engine(secret.clone())
+            })
             .enable_all()
             .build()
             .map_err(|error| Error::io("starting the engine's runtime", error))?;
@@ -224,7 +257,7 @@ impl EngineBuilder {
                 .map_err(|error| Error::io("registering the listener", error))?;
             let fd_socket = (!gpus.is_empty())
                 .then(|| format!("ferry-{instance}"))
-                .filter(|socket| match crate::memory::fd_server::start(socket, &table) {
+                .filter(|socket| match crate::memory::fd_server::start(socket, &table, secret.clone()) {
                     Ok(()) => true,
                     Err(error) => {
                         tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
@@ -240,10 +273,18 @@ impl EngineBuilder {
             config: self.tcp,
             limits: self.limits,
             io_timeout: self.transfer_timeout,
+            secret: secret.clone(),
         });
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;
         transports.push(Arc::clone(&tcp) as Arc<dyn Transport>);
         let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
+        let metadata = self
+            .metadata
+            .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout)));
+        let metadata = match &secret {
+            Some(secret) => metadata.with_secret(secret).unwrap_or(metadata),
+            None => metadata,
+        };
         let inner = Arc::new(EngineInner {
             name,
             local_addr,
@@ -253,15 +294,14 @@ impl EngineBuilder {
             table,
             tcp,
             transports,
-            metadata: self
-                .metadata
-                .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout))),
+            metadata,
             handle: runtime.handle().clone(),
             inbox: Mutex::new(Some((receiver, inbox_held))),
             peers: Mutex::new(HashMap::new()),
             transfer_timeout: self.transfer_timeout,
             gpus,
             fd_socket,
+            secret: secret.clone(),
             shutting_down: AtomicBool::new(false),
         });
         let describer = Arc::downgrade(&inner);
@@ -280,6 +320,7 @@ impl EngineBuilder {
                 idle_timeout: self.idle_timeout,
             },
             max_connections: self.max_connections,
+            secret,
         });
         runtime.spawn(tcp::serve(listener, context));
         let publisher = Arc::clone(&inner);
@@ -424,6 +465,9 @@ pub(crate) struct EngineInner {
     gpus: Vec<crate::cuda::DeviceInfo>,
     /// The abstract Unix socket that hands out VMM file descriptors, when it could be opened.
     fd_socket: Option<String>,
+    /// Proven to peers on every connection, when set; transports' side channels find it
+    /// through [`crate::auth::engine_secret`] on the engine's threads.
+    pub(crate) secret: Option<Secret>,
     /// Set when the engine is dropped, before its runtime stops: a transfer that fails from
     /// then on failed because of the shutdown (its connections closing under it).
     pub(crate) shutting_down: AtomicBool,
@@ -662,6 +706,11 @@ impl Engine {
     /// The transports routes are chosen among, TCP last.
     pub(crate) fn transports(&self) -> &[Arc<dyn Transport>] {
         &self.inner.transports
+    }
+
+    /// The shared secret peers must prove, when set.
+    pub(crate) fn secret(&self) -> Option<Secret> {
+        self.inner.secret.clone()
     }
 
     /// Starts a batch of reads and writes with `peer`.

@@ -103,6 +103,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The peer did not prove it holds this engine's shared secret, or refused this engine's
+    /// proof; nothing about registered memory was exchanged.
+    #[error("authenticating with {peer} failed: {reason}")]
+    Unauthenticated {
+        /// The peer's address or segment name.
+        peer: String,
+        /// What went wrong, with what to do.
+        reason: AuthFailure,
+    },
     /// The caller used the API in a way it does not allow.
     #[error("{0}")]
     ApiMisuse(String),
@@ -281,4 +290,43 @@ pub enum ProtocolViolation {
         /// What is wrong with it, with the numbers involved.
         problem: String,
     },
+}
+
+/// Why a shared-secret handshake failed, seen from the side that reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// The peer's proof does not match this engine's secret.
+    #[error("the peer's proof does not match this engine's shared secret; give both engines the same secret (EngineBuilder::secret, FERRY_SECRET or --secret-file)")]
+    PeerProofMismatch,
+    /// The peer found this engine's proof does not match its secret.
+    #[error("the peer refused this engine's proof: the two hold different shared secrets; give both engines the same secret (EngineBuilder::secret, FERRY_SECRET or --secret-file)")]
+    RejectedByPeer,
+    /// This engine has a secret and the peer has none.
+    #[error("the peer has no shared secret configured while this engine has one; give the peer the same secret, or remove it here")]
+    PeerHasNoSecret,
+    /// The peer has a secret and this engine has none.
+    #[error("the peer requires a shared secret and this engine has none; give this engine the peer's secret (EngineBuilder::secret, FERRY_SECRET or --secret-file)")]
+    NoLocalSecret,
+    /// The peer speaks another version of the handshake.
+    #[error("the peer speaks authentication version {found}, this build speaks {}; run the same ferry version on both sides", crate::auth::VERSION)]
+    Version {
+        /// The version the peer sent.
+        found: u8,
+    },
+    /// A handshake message broke the protocol.
+    #[error("malformed handshake: {0}; check that the peer is a ferry engine of the same version")]
+    Malformed(&'static str),
+    /// The stream ended before the handshake was over.
+    #[error("the peer closed the connection before authentication finished; it may run an older ferry, or have refused this engine (see its log)")]
+    Closed,
+    /// The handshake did not finish in time.
+    #[error("authentication did not finish within {after:?}; check that the peer is a ferry engine and not overloaded")]
+    TimedOut {
+        /// The limit that passed.
+        after: std::time::Duration,
+    },
+    /// Reading or writing the stream failed.
+    #[error("the connection failed during authentication: {0}")]
+    Io(String),
 }

@@ -36,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 mod batch;
 mod blocks;
 pub mod cuda;
@@ -56,13 +57,14 @@ mod tcp;
 mod transport;
 pub mod wire;
 
+pub use auth::Secret;
 pub use batch::{Batch, Completion, Transfer};
 pub use blocks::{BlockCopy, BlockLayout, BlockOps, BlockPoolOp};
 pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
 pub use engine::{Engine, EngineBuilder};
-pub use error::{Error, ProtocolViolation, RangeError, Result, Side};
+pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
 pub use identity::InstanceId;
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};

@@ -4,8 +4,10 @@
 //! engine's control listener, and fetching asks that listener. Stores such as etcd or redis
 //! (crate `ferry-metadata`) implement the same trait.
 
+use crate::auth::Secret;
 use crate::descriptor::SegmentDescriptor;
 use crate::error::Result;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A place where engines publish their descriptors and find each other's.
@@ -30,18 +32,33 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// # Errors
     /// When the store cannot be written.
     async fn unpublish(&self, name: &str) -> Result<()>;
+
+    /// This store with its lookups authenticated by `secret`, for stores that fetch
+    /// descriptors from the engines themselves (peer-to-peer); an engine with a secret swaps
+    /// its store for this. `None`, the default, for stores that never talk to engines.
+    fn with_secret(&self, secret: &Secret) -> Option<Arc<dyn MetadataStore>> {
+        let _ = secret;
+        None
+    }
 }
 
 /// The service-free default: each engine serves its own descriptor on its control listener.
+///
+/// An engine with a shared secret authenticates each lookup with it (see
+/// [`MetadataStore::with_secret`]), so a listener that requires the secret answers it.
 #[derive(Debug, Clone)]
 pub struct PeerToPeer {
     timeout: Duration,
+    secret: Option<Secret>,
 }
 
 impl PeerToPeer {
     /// A lookup that gives up on a silent peer after `timeout`.
     pub fn new(timeout: Duration) -> Self {
-        PeerToPeer { timeout }
+        PeerToPeer {
+            timeout,
+            secret: None,
+        }
     }
 }
 
@@ -58,10 +75,17 @@ impl MetadataStore for PeerToPeer {
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        crate::tcp::fetch_descriptor(name, self.timeout).await
+        crate::tcp::fetch_descriptor(name, self.timeout, self.secret.as_ref()).await
     }
 
     async fn unpublish(&self, _name: &str) -> Result<()> {
         Ok(())
+    }
+
+    fn with_secret(&self, secret: &Secret) -> Option<Arc<dyn MetadataStore>> {
+        Some(Arc::new(PeerToPeer {
+            timeout: self.timeout,
+            secret: Some(secret.clone()),
+        }))
     }
 }

@@ -15,8 +15,11 @@ pub const MAX_NOTIFICATION_BYTES: usize = 64 << 10;
 /// A message from a peer, delivered after the data of the batch it was sent with is visible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
-    /// The sender's segment name, as the sender introduced itself (not authenticated: any
-    /// process that reaches the listener can claim any name).
+    /// The sender's segment name as the sender itself claims it in its hello: unauthenticated,
+    /// since any process that reaches the listener can claim any name (with a shared secret,
+    /// only a holder of the secret can, but still any name). Show it to people; never connect
+    /// to it or answer it as if it were the sender's address: name the peer to answer in your
+    /// own configuration and open it with [`crate::Engine::connect`].
     pub from: String,
     /// What the sender attached, such as a request id.
     pub payload: Vec<u8>,

@@ -159,7 +159,8 @@ fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], String> {
 }
 
 /// Asks the peer's fd socket for the descriptors of the region registered at `region`, with
-/// room for `count` of them (what the peer sends beyond is dropped by the kernel).
+/// room for `count` of them (what the peer sends beyond is dropped by the kernel), proving
+/// first the secret of the engine this thread works for, when it has one.
 fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, String> {
     let failed = |what: &str, error: std::io::Error| {
         format!("{what} the peer's fd socket {socket:?}: {error}")
@@ -168,6 +169,13 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
         .map_err(|error| failed("naming", error))?;
     let mut stream =
         UnixStream::connect_addr(&address).map_err(|error| failed("connecting to", error))?;
+    if let Some(secret) = ferry_core::auth::engine_secret() {
+        ferry_core::auth::blocking::client(&mut stream, &secret, Duration::from_secs(5)).map_err(
+            |reason| {
+                format!("authenticating with the peer's fd socket {socket:?} failed: {reason}")
+            },
+        )?;
+    }
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|error| failed("configuring", error))?;
@@ -197,6 +205,13 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
             "the peer's fd socket {socket:?} closed without answering"
         ));
     }
+    if status[0] == ferry_core::auth::MAGIC[0] {
+        // An authentication refusal, sent to a client that did not authenticate.
+        return Err(format!(
+            "the peer's fd socket {socket:?} refused this engine: {}",
+            ferry_core::AuthFailure::NoLocalSecret
+        ));
+    }
     if status[0] != 0 {
         let mut reason = String::new();
         let _ = stream.read_to_string(&mut reason);
@@ -207,7 +222,37 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
 
 #[cfg(test)]
 mod tests {
-    use super::fabric_handle;
+    use super::{fabric_handle, fetch_fds};
+    use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    use std::time::Duration;
+
+    #[test]
+    fn an_fd_socket_that_requires_a_secret_is_named_as_the_reason() {
+        let name = format!("ferry-test-fd-auth-{}", std::process::id());
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&address).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let secret = ferry_core::Secret::new(b"fd-secret-0123456789abcdef".to_vec()).unwrap();
+            let outcome = ferry_core::auth::blocking::server(
+                &mut stream,
+                Some(&secret),
+                Duration::from_secs(5),
+            );
+            stream.shutdown(std::net::Shutdown::Write).unwrap();
+            let _ = stream.read_to_end(&mut Vec::new());
+            outcome
+        });
+        // This thread belongs to no engine, so the client has no secret to prove.
+        let error = fetch_fds(&name, 0x1000, 1).unwrap_err();
+        assert_eq!(
+            server.join().unwrap(),
+            Err(ferry_core::AuthFailure::PeerHasNoSecret)
+        );
+        assert!(error.contains("requires a shared secret"), "{error}");
+    }
 
     #[test]
     fn fabric_handles_parse_from_hex_and_junk_is_named() {

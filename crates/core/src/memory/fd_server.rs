@@ -1,11 +1,14 @@
 //! Hands out the file descriptors of registered VMM memory to processes of the same user, over
 //! an abstract Unix socket (SCM_RIGHTS), so they can map it.
 //!
-//! A client sends the registered buffer's address (8 bytes, little-endian). The answer is one
-//! status byte: 0 with one descriptor per allocation attached, in mapping order; or 1 followed
-//! by the reason as UTF-8 until the socket closes.
+//! With a shared secret, a connection starts with the handshake of [`crate::auth`]; a client
+//! that fails it is refused before it can ask for anything. Then the client sends the
+//! registered buffer's address (8 bytes, little-endian). The answer is one status byte: 0 with
+//! one descriptor per allocation attached, in mapping order; or 1 followed by the reason as
+//! UTF-8 until the socket closes.
 
 use super::table::RegionTable;
+use crate::auth::Secret;
 use crate::cuda::Context;
 use crate::memory::Location;
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -17,18 +20,29 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+/// How long one request may take, the handshake included.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Binds the abstract socket `name` and serves it on the current tokio runtime until the
-/// runtime shuts down or the table is gone.
-pub(crate) fn start(name: &str, table: &Arc<RegionTable>) -> std::io::Result<()> {
+/// runtime shuts down or the table is gone; with `secret`, only to clients that prove it.
+pub(crate) fn start(
+    name: &str,
+    table: &Arc<RegionTable>,
+    secret: Option<Secret>,
+) -> std::io::Result<()> {
     let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let table = Arc::downgrade(table);
-    tokio::spawn(accept_loop(listener, table));
+    tokio::spawn(accept_loop(listener, table, secret));
     Ok(())
 }
 
-async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable>) {
+async fn accept_loop(
+    listener: tokio::net::UnixListener,
+    table: Weak<RegionTable>,
+    secret: Option<Secret>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -45,8 +59,9 @@ async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable
         });
         match served {
             Ok(stream) => {
+                let secret = secret.clone();
                 tokio::task::spawn_blocking(move || {
-                    if let Err(error) = serve(stream, &table) {
+                    if let Err(error) = serve(stream, &table, secret.as_ref()) {
                         tracing::warn!(%error, "an fd-passing request failed");
                     }
                 });
@@ -56,9 +71,13 @@ async fn accept_loop(listener: tokio::net::UnixListener, table: Weak<RegionTable
     }
 }
 
-fn serve(mut stream: UnixStream, table: &RegionTable) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+fn serve(
+    mut stream: UnixStream,
+    table: &RegionTable,
+    secret: Option<&Secret>,
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     let peer = rustix::net::sockopt::socket_peercred(&stream)?;
     let own = rustix::process::getuid();
     if peer.uid != own {
@@ -71,6 +90,21 @@ fn serve(mut stream: UnixStream, table: &RegionTable) -> std::io::Result<()> {
         tracing::error!(%reason, "refused an fd-passing request");
         return refuse(&mut stream, &reason);
     }
+    if let Err(reason) = crate::auth::blocking::server(&mut stream, secret, TIMEOUT) {
+        tracing::warn!(
+            pid = peer.pid.as_raw_nonzero(),
+            %reason,
+            "refused an fd-passing connection that did not authenticate"
+        );
+        // Closing with the client's bytes unread would reset the connection and could take
+        // the refusal with it: stop sending, and drop what the client still sends until it
+        // closes (bounded by the timeouts and 64 KiB).
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let _ = std::io::copy(&mut (&stream).take(64 << 10), &mut std::io::sink());
+        return Ok(());
+    }
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     let mut request = [0u8; 8];
     stream.read_exact(&mut request)?;
     let addr = u64::from_le_bytes(request);
@@ -120,4 +154,63 @@ fn export(table: &RegionTable, addr: u64) -> Result<Vec<OwnedFd>, String> {
         .iter()
         .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(text: &str) -> Secret {
+        Secret::new(format!("{text}-0123456789abcdef").into_bytes()).unwrap()
+    }
+
+    /// Serves one connection on a thread; the caller plays the client on the other end.
+    fn serving(secret: Option<Secret>) -> (UnixStream, std::thread::JoinHandle<()>) {
+        let (near, far) = UnixStream::pair().unwrap();
+        let table = RegionTable::new();
+        let server = std::thread::spawn(move || {
+            serve(near, &table, secret.as_ref()).unwrap();
+        });
+        (far, server)
+    }
+
+    #[test]
+    fn a_client_without_the_secret_gets_a_refusal_and_no_answer_to_its_request() {
+        let (mut client, server) = serving(Some(secret("a")));
+        client.write_all(&0x1000u64.to_le_bytes()).unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        server.join().unwrap();
+        assert_eq!(answer[..4], crate::auth::MAGIC, "{answer:?}");
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("registered"),
+            "the request must not be served"
+        );
+    }
+
+    #[test]
+    fn a_client_with_another_secret_is_refused_before_its_request() {
+        let (mut client, server) = serving(Some(secret("a")));
+        let outcome =
+            crate::auth::blocking::client(&mut client, &secret("b"), Duration::from_secs(5));
+        assert_eq!(outcome, Err(crate::AuthFailure::PeerProofMismatch));
+        drop(client);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_with_the_secret_is_served() {
+        let (mut client, server) = serving(Some(secret("a")));
+        crate::auth::blocking::client(&mut client, &secret("a"), Duration::from_secs(5)).unwrap();
+        client.write_all(&0x1000u64.to_le_bytes()).unwrap();
+        server.join().unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer[0], 1, "refused for the address, not for the secret");
+        assert_eq!(
+            String::from_utf8_lossy(&answer[1..]),
+            "no region is registered at 0x1000"
+        );
+    }
 }

@@ -2,14 +2,16 @@
 //! matches acks and read data to them. They decide nothing; the link planned every frame.
 
 use super::frame_io::{self, FrameError};
+use super::handshake::refusal_seen_as_frame;
 use super::tracker::Ticket;
-use crate::error::{Error, ProtocolViolation, Result};
+use crate::auth::Secret;
+use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use crate::memory::Span;
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -41,6 +43,10 @@ struct Awaiting {
 
 type AwaitingMap = Arc<Mutex<HashMap<u64, Awaiting>>>;
 
+/// Set by the reader, before the connection is marked dead, when the listener refused this
+/// engine for want of a shared secret: every frame of the connection then fails with that.
+type Refused = Arc<OnceLock<AuthFailure>>;
+
 fn lock(map: &AwaitingMap) -> std::sync::MutexGuard<'_, HashMap<u64, Awaiting>> {
     // Each update is one insert or remove, so a poisoned map is still consistent.
     map.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -54,25 +60,28 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects, introduces this engine with a hello, and starts the two tasks.
+    /// Connects, authenticates with `secret` when set, introduces this engine with a hello,
+    /// and starts the two tasks.
     pub(crate) async fn open(
         address: &str,
         peer: Arc<str>,
         local_name: &str,
         limits: Limits,
         io_timeout: Duration,
+        secret: Option<&Secret>,
     ) -> Result<Connection> {
         let unreachable = |reason: String| Error::Unreachable {
             peer: peer.to_string(),
             reason,
         };
-        let stream = tokio::time::timeout(io_timeout, TcpStream::connect(address))
+        let mut stream = tokio::time::timeout(io_timeout, TcpStream::connect(address))
             .await
             .map_err(|_| unreachable(format!("connecting to {address} took over {io_timeout:?}")))?
             .map_err(|error| unreachable(format!("connecting to {address} failed: {error}")))?;
         stream
             .set_nodelay(true)
             .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
+        super::handshake::client(&mut stream, secret, &peer, io_timeout).await?;
         let (read_half, mut writer) = stream.into_split();
         let hello = wire::encode_hello(&Hello {
             name: local_name.to_owned(),
@@ -89,11 +98,13 @@ impl Connection {
         let (queue, receiver) = mpsc::unbounded_channel();
         let alive = Arc::new(AtomicBool::new(true));
         let awaiting: AwaitingMap = Arc::default();
+        let refused: Refused = Arc::default();
         let writer_task = tokio::spawn(write_loop(
             writer,
             receiver,
             Arc::clone(&awaiting),
             Arc::clone(&alive),
+            Arc::clone(&refused),
             io_timeout,
             Arc::clone(&peer),
         ));
@@ -101,6 +112,7 @@ impl Connection {
             BufReader::with_capacity(READ_BUFFER, read_half),
             awaiting,
             Arc::clone(&alive),
+            refused,
             limits,
             io_timeout,
             peer,
@@ -185,9 +197,20 @@ async fn write_loop(
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
+    refused: Refused,
     io_timeout: Duration,
     peer: Arc<str>,
 ) {
+    let gone = |reason: &str| match refused.get() {
+        Some(failure) => Error::Unauthenticated {
+            peer: peer.to_string(),
+            reason: failure.clone(),
+        },
+        None => Error::PeerGone {
+            peer: peer.to_string(),
+            reason: reason.to_owned(),
+        },
+    };
     let reason = loop {
         let Some(frame) = queue.recv().await else {
             break "the link was closed".to_owned();
@@ -214,7 +237,7 @@ async fn write_loop(
             let mut waiting = lock(&awaiting);
             if !alive.load(Ordering::Acquire) {
                 drop(waiting);
-                ticket.fail("the connection's reader stopped");
+                ticket.complete(Err(gone("the connection's reader stopped")));
                 break "the connection's reader stopped".to_owned();
             }
             waiting.insert(header.id, Awaiting { read_into, ticket });
@@ -228,18 +251,16 @@ async fn write_loop(
     };
     queue.close();
     while let Ok(frame) = queue.try_recv() {
-        frame.ticket.fail(&reason);
+        frame.ticket.complete(Err(gone(&reason)));
     }
-    fail_all(&awaiting, &alive, || Error::PeerGone {
-        peer: peer.to_string(),
-        reason: reason.clone(),
-    });
+    fail_all(&awaiting, &alive, || gone(&reason));
 }
 
 async fn read_loop(
     mut reader: BufReader<OwnedReadHalf>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
+    refused: Refused,
     limits: Limits,
     io_timeout: Duration,
     peer: Arc<str>,
@@ -254,18 +275,26 @@ async fn read_loop(
             }
         }
     };
-    fail_all(&awaiting, &alive, || match &failure {
-        FrameError::Protocol(violation) => Error::Protocol {
+    // A listener that requires a secret answers a connection without one with its refusal.
+    if let Some(reason) = refusal_seen_as_frame(&failure) {
+        let _ = refused.set(reason);
+    }
+    fail_all(&awaiting, &alive, || match (&failure, refused.get()) {
+        (_, Some(reason)) => Error::Unauthenticated {
+            peer: peer.to_string(),
+            reason: reason.clone(),
+        },
+        (FrameError::Protocol(violation), None) => Error::Protocol {
             peer: peer.to_string(),
             violation: violation.clone(),
         },
-        FrameError::Io(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+        (FrameError::Io(error), None) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
             Error::PeerGone {
                 peer: peer.to_string(),
                 reason: "the peer closed the connection".into(),
             }
         }
-        FrameError::Io(error) => Error::PeerGone {
+        (FrameError::Io(error), None) => Error::PeerGone {
             peer: peer.to_string(),
             reason: error.to_string(),
         },

@@ -38,6 +38,7 @@ impl TcpLink {
                     &transport.local_name,
                     transport.limits,
                     transport.io_timeout,
+                    transport.secret.as_ref(),
                 )
                 .await?,
             );

@@ -9,6 +9,7 @@
 
 mod driver;
 mod frame_io;
+mod handshake;
 mod link;
 mod server;
 mod tracker;
@@ -16,6 +17,7 @@ mod tracker;
 pub(crate) use link::TcpLink;
 pub(crate) use server::{serve, ServerContext};
 
+use crate::auth::Secret;
 use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::RegionInfo;
@@ -60,6 +62,8 @@ pub(crate) struct TcpTransport {
     pub(crate) config: TcpConfig,
     pub(crate) limits: Limits,
     pub(crate) io_timeout: Duration,
+    /// Proven to every listener before anything else is sent, when set.
+    pub(crate) secret: Option<Secret>,
 }
 
 impl TcpTransport {
@@ -107,10 +111,12 @@ impl Transport for TcpTransport {
     }
 }
 
-/// Asks the engine listening at `address` for its descriptor (the peer-to-peer lookup).
+/// Asks the engine listening at `address` for its descriptor (the peer-to-peer lookup),
+/// authenticating first with `secret` when set.
 pub(crate) async fn fetch_descriptor(
     address: &str,
     timeout: Duration,
+    secret: Option<&Secret>,
 ) -> Result<SegmentDescriptor> {
     let unreachable = |reason: String| Error::Unreachable {
         peer: address.to_owned(),
@@ -120,6 +126,7 @@ pub(crate) async fn fetch_descriptor(
         let mut stream = TcpStream::connect(address)
             .await
             .map_err(|error| unreachable(format!("connect failed: {error}")))?;
+        handshake::client(&mut stream, secret, address, timeout).await?;
         let hello = wire::encode_hello(&Hello {
             name: String::new(),
         });
@@ -145,7 +152,13 @@ pub(crate) async fn fetch_descriptor(
         let limits = Limits::default();
         let header = frame_io::read_header(&mut stream, &limits)
             .await
-            .map_err(|error| unreachable(format!("no descriptor came back: {error}")))?
+            .map_err(|error| match handshake::refusal_seen_as_frame(&error) {
+                Some(reason) => Error::Unauthenticated {
+                    peer: address.to_owned(),
+                    reason,
+                },
+                None => unreachable(format!("no descriptor came back: {error}")),
+            })?
             .ok_or_else(|| unreachable("it closed the connection without answering".into()))?;
         let body = frame_io::read_body(&mut stream, header.len)
             .await

@@ -23,6 +23,8 @@ pub(crate) struct ServerContext {
     pub(crate) session: SessionConfig,
     /// Most connections served at once; more are closed as they arrive.
     pub(crate) max_connections: usize,
+    /// When set, peers prove they hold it before they are served.
+    pub(crate) secret: Option<crate::auth::Secret>,
 }
 
 impl Served for ServerContext {
@@ -83,6 +85,16 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
 
 /// Runs one accepted connection to its end and logs why it ended.
 async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
+    let Some(stream) = super::handshake::accept(
+        stream,
+        address,
+        context.secret.as_ref(),
+        context.session.io_timeout,
+    )
+    .await
+    else {
+        return;
+    };
     let _ = stream.set_nodelay(true);
     let session = ServerSession::new(Arc::clone(&context), context.session, Instant::now());
     let mut driver = Driver {
@@ -227,6 +239,7 @@ mod tests {
             }),
             session: test_config(),
             max_connections: 1,
+            secret: None,
         })
     }
 

@@ -78,15 +78,6 @@ impl Ticket {
             tracker.finish_one(result);
         }
     }
-
-    /// Reports that the connection failed with `reason`.
-    pub(crate) fn fail(self, reason: &str) {
-        let peer = self.peer.to_string();
-        self.complete(Err(Error::PeerGone {
-            peer,
-            reason: reason.to_owned(),
-        }));
-    }
 }
 
 impl Drop for Ticket {

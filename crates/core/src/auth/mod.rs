@@ -1,0 +1,59 @@
+//! Peer authentication with a shared secret: a mutual challenge-response at the start of every
+//! connection, before anything about registered memory is sent.
+//!
+//! Engines configured with the same [`Secret`] prove to each other that they hold it; engines
+//! without one skip this step and talk as before. One side with a secret and the other without
+//! is refused on both sides, with [`crate::AuthFailure::PeerHasNoSecret`] or
+//! [`crate::AuthFailure::NoLocalSecret`].
+//!
+//! # Protocol
+//!
+//! Four fixed-size messages; `CODE` is 0 to go on, or a refusal code (1: no secret here,
+//! 2: your proof does not match, 3: a secret is required):
+//!
+//! | # | from | bytes | layout |
+//! |---|---|---|---|
+//! | 1 | client | 37 | `FRYA` · version · client nonce (32) |
+//! | 2 | server | 70 | `FRYA` · version · CODE · server nonce (32) · server proof (32) |
+//! | 3 | client | 33 | CODE · client proof (32) |
+//! | 4 | server | 1 | CODE |
+//!
+//! A proof is HMAC-SHA256 keyed with the secret over a label naming the prover's role
+//! (`ferry-auth-v1 server` or `ferry-auth-v1 client`), the client nonce and the server nonce.
+//! Both nonces are 32 random bytes per connection, so a recorded proof is worth nothing on
+//! another connection, and the role label keeps a server's proof from being reflected back as a
+//! client's. The server proves first; the client checks that proof before it sends its own, so
+//! a client never hands its proof to a listener that does not hold the secret. Proofs are
+//! compared in constant time.
+//!
+//! What this does not do: it authenticates the start of a connection and then gets out of the
+//! way; the bytes that follow are neither encrypted nor integrity-protected, so an attacker who
+//! can sit on the path between two engines can still read or alter them. Use a private network
+//! (or a tunnel) for that.
+//!
+//! [`Handshake`] is the protocol as a state machine without I/O; [`blocking`] drives it over a
+//! std stream, and the TCP transport drives it over tokio streams.
+
+pub mod blocking;
+mod handshake;
+mod secret;
+
+pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
+pub use secret::{engine_secret, read_secret_file, Secret, SECRET_ENV};
+
+pub(crate) use secret::{enter_engine, EngineScope};
+
+/// Fresh random bytes for a nonce.
+///
+/// # Errors
+/// [`crate::Error::Io`] when the operating system's random source fails.
+pub fn nonce() -> crate::Result<[u8; NONCE_LEN]> {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|error| {
+        crate::Error::io(
+            "reading random bytes for an authentication nonce",
+            std::io::Error::other(error.to_string()),
+        )
+    })?;
+    Ok(nonce)
+}

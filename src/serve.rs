@@ -1,0 +1,108 @@
+//! `ferry serve`: a standalone engine with one buffer, for tests, benchmarks and trying
+//! ferry out.
+
+use std::io::Write;
+
+/// What `ferry serve` was asked for.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Options {
+    /// Control listener address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: String,
+    /// Host name or IP peers use to reach this engine (needed with 0.0.0.0).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Size of the registered buffer in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub(crate) bytes: usize,
+    /// Metadata store URL.
+    #[arg(long, default_value = "p2p")]
+    pub(crate) metadata: String,
+    /// Exit after this many notifications (run until killed when absent).
+    #[arg(long)]
+    pub(crate) notifications: Option<u64>,
+    /// Put the buffer on this GPU (`cudaMalloc` memory) instead of in host memory.
+    #[arg(long)]
+    pub(crate) gpu: Option<u32>,
+    /// Answer every notification with one carrying `held <ns>`: the wall-clock time this
+    /// process held it (for `ferry bench`'s latency rows). The answer goes to the engine
+    /// named by --reply-to, or by the latest `reply-to NAME` line on stdin (confirmed with
+    /// `reply-to: NAME` on stdout), never to the sender a notification claims to be from.
+    #[arg(long)]
+    pub(crate) echo: bool,
+    /// With --echo: segment name of the engine that gets the answers.
+    #[arg(long, requires = "echo")]
+    pub(crate) reply_to: Option<String>,
+    /// With --gpu: make the buffer VMM memory in this many allocations mapped back to
+    /// back (as PyTorch's expandable segments are), each rounded up to the granularity.
+    #[arg(long, requires = "gpu")]
+    pub(crate) vmm_pieces: Option<usize>,
+    #[command(flatten)]
+    pub(crate) secret: crate::secret_file::SecretFile,
+}
+
+/// Runs the engine until `--notifications` arrived, or forever.
+pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
+    let bytes = options.bytes;
+    let limit = options.notifications;
+    let gpu = options.gpu.map(|ordinal| (ordinal, options.vmm_pieces));
+    let mut builder = options.secret.apply(
+        ferry::Engine::builder()
+            .listen(options.listen.clone())
+            .metadata(ferry::metadata::from_url(&options.metadata)?),
+    )?;
+    if let Some(host) = &options.advertise {
+        builder = builder.advertise(host.clone());
+    }
+    let engine = builder.build_blocking()?;
+    let buffer = match gpu {
+        Some((ordinal, None)) => engine.allocate_device(ordinal, bytes)?,
+        Some((ordinal, Some(pieces))) => {
+            engine.allocate_device_vmm(ordinal, bytes.div_ceil(pieces.max(1)), pieces)?
+        }
+        None => engine.allocate(bytes)?,
+    };
+    if gpu.is_some() {
+        // GPU memory starts with whatever was there: clear it a chunk at a time.
+        let chunk = vec![0u8; buffer.len().min(256 << 20) as usize];
+        let mut at = 0;
+        while at < buffer.len() {
+            let len = (buffer.len() - at).min(chunk.len() as u64);
+            buffer.write_at(at, &chunk[..len as usize])?;
+            at += len;
+        }
+    }
+    let mut inbox = engine.notifications()?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "segment: {}", engine.name())?;
+        writeln!(stdout, "buffer: {:#x} {}", buffer.addr(), buffer.len())?;
+        stdout.flush()?;
+    }
+    let reply_to = options
+        .echo
+        .then(|| crate::echo::ReplyTo::new(options.reply_to.clone()));
+    let mut received = 0u64;
+    while limit.is_none_or(|limit| received < limit) {
+        let Some(note) = inbox.recv_blocking() else {
+            break;
+        };
+        received += 1;
+        match &reply_to {
+            Some(reply_to) => {
+                reply_to.answer(&engine, &format!("held {}", crate::bench::now_ns()))?
+            }
+            None => {
+                let mut stdout = std::io::stdout().lock();
+                writeln!(
+                    stdout,
+                    "notification from {} (as it claims): {}",
+                    note.from,
+                    String::from_utf8_lossy(&note.payload)
+                )?;
+                stdout.flush()?;
+            }
+        }
+    }
+    Ok(())
+}
