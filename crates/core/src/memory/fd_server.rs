@@ -78,21 +78,20 @@ fn serve(
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    let peer = rustix::net::sockopt::socket_peercred(&stream)?;
-    let own = rustix::process::getuid();
+    let peer = PeerCredentials::of(&stream)?;
+    let own = rustix::process::getuid().as_raw();
     if peer.uid != own {
         let reason = format!(
-            "process {} runs as uid {}, this engine as uid {}; GPU memory is shared with the same user only",
-            peer.pid.as_raw_nonzero(),
-            peer.uid.as_raw(),
-            own.as_raw()
+            "{} runs as uid {}, this engine as uid {own}; GPU memory is shared with the same user only",
+            peer.describe(),
+            peer.uid,
         );
         tracing::error!(%reason, "refused an fd-passing request");
         return refuse(&mut stream, &reason);
     }
     if let Err(reason) = crate::auth::blocking::server(&mut stream, secret, TIMEOUT) {
         tracing::warn!(
-            pid = peer.pid.as_raw_nonzero(),
+            peer = %peer.describe(),
             %reason,
             "refused an fd-passing connection that did not authenticate"
         );
@@ -129,6 +128,35 @@ fn serve(
     }
 }
 
+/// Who is at the other end of a Unix stream, as the kernel saw it connect.
+struct PeerCredentials {
+    /// The peer's process id in this PID namespace; 0 when it lives in another one (the
+    /// kernel has no number for it here).
+    pid: i32,
+    uid: u32,
+}
+
+impl PeerCredentials {
+    fn of(stream: &UnixStream) -> std::io::Result<PeerCredentials> {
+        // Not rustix's `socket_peercred`: its PID type cannot hold the 0 the kernel reports for
+        // a peer in another PID namespace, which is the usual case between containers.
+        let credentials =
+            nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+                .map_err(std::io::Error::from)?;
+        Ok(PeerCredentials {
+            pid: credentials.pid(),
+            uid: credentials.uid(),
+        })
+    }
+
+    fn describe(&self) -> String {
+        match self.pid {
+            0 => "a process in another PID namespace".to_owned(),
+            pid => format!("process {pid}"),
+        }
+    }
+}
+
 fn refuse(stream: &mut UnixStream, reason: &str) -> std::io::Result<()> {
     stream.write_all(&[1])?;
     stream.write_all(reason.as_bytes())
@@ -159,6 +187,17 @@ fn export(table: &RegionTable, addr: u64) -> Result<Vec<OwnedFd>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_credentials_name_the_peer_and_a_foreign_pid_namespace() {
+        let (near, _far) = UnixStream::pair().unwrap();
+        let peer = PeerCredentials::of(&near).unwrap();
+        assert_eq!(peer.pid, std::process::id() as i32);
+        assert_eq!(peer.uid, rustix::process::getuid().as_raw());
+        assert_eq!(peer.describe(), format!("process {}", std::process::id()));
+        let foreign = PeerCredentials { pid: 0, uid: 0 };
+        assert_eq!(foreign.describe(), "a process in another PID namespace");
+    }
 
     fn secret(text: &str) -> Secret {
         Secret::new(format!("{text}-0123456789abcdef").into_bytes()).unwrap()
