@@ -296,3 +296,58 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout_and_its_peer_reconn
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(23, 4096), "write after the idle timeout");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_that_arrive_in_one_read_are_each_delivered_once() {
+    let decode = Engine::builder()
+        .transfer_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let mut inbox = decode.notifications().unwrap();
+    let mut bytes = hello_frame("burst");
+    for (id, payload) in [(1u64, b"first".as_slice()), (2, b"second"), (3, b"third")] {
+        bytes.extend_from_slice(
+            &Header {
+                kind: Kind::Notify,
+                id,
+                len: payload.len() as u32,
+            }
+            .encode(),
+        );
+        bytes.extend_from_slice(payload);
+    }
+    let address = decode.local_addr();
+    let acks = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // One write: the three frames arrive together and are parsed from one read.
+        stream.write_all(&bytes).unwrap();
+        let mut acks = Vec::new();
+        for _ in 0..3 {
+            let mut header = [0u8; wire::HEADER_LEN];
+            stream.read_exact(&mut header).unwrap();
+            let header = Header::decode(&header, &wire::Limits::default()).unwrap();
+            let mut body = vec![0u8; header.len as usize];
+            stream.read_exact(&mut body).unwrap();
+            acks.push((header.id, wire::decode_ack(&body).unwrap()));
+        }
+        acks
+    })
+    .await
+    .unwrap();
+    assert_eq!(acks, vec![(1, Ok(())), (2, Ok(())), (3, Ok(()))]);
+    for expected in [b"first".as_slice(), b"second", b"third"] {
+        let note = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+            .await
+            .expect("every acknowledged notification is delivered")
+            .unwrap();
+        assert_eq!(note.payload, expected);
+    }
+    assert!(
+        inbox.try_recv().unwrap().is_none(),
+        "nothing is delivered twice"
+    );
+}

@@ -32,8 +32,7 @@ impl<S: Landing> Output<S> {
         self.chunks.is_empty()
     }
 
-    /// Bytes queued and not yet written.
-    #[cfg(any(test, fuzzing))]
+    /// Bytes queued and not yet written, read answers' spans included.
     pub(super) fn queued(&self) -> usize {
         self.queued
     }

@@ -114,6 +114,11 @@ impl<M: Served> ServerSession<M> {
         self.event.take()
     }
 
+    /// Whether an event waits for the driver: it must be handled before waiting for bytes.
+    pub(crate) fn has_event(&self) -> bool {
+        self.event.is_some()
+    }
+
     /// The next bytes to write to the peer.
     pub(crate) fn poll_transmit(&self) -> Option<&[u8]> {
         self.output.front()
@@ -227,12 +232,22 @@ impl<M: Served> ServerSession<M> {
 
     /// `len` bytes of [`Self::poll_transmit`] were written.
     pub(crate) fn handle_transmitted(&mut self, now: Instant, len: usize) {
+        let backed_up = self.answers_backed_up();
         self.output.advance(len);
         if self.output.is_empty() {
             self.output_since = None;
         } else if len > 0 {
             self.output_since = Some(now);
         }
+        if backed_up && !self.answers_backed_up() {
+            self.process(now);
+        }
+    }
+
+    /// Whether the answers queued for the peer hold a frame's worth of bytes or more; new
+    /// frames wait until the peer has read them.
+    fn answers_backed_up(&self) -> bool {
+        self.output.queued() >= self.config.limits.max_data as usize
     }
 
     /// Answers [`Event::Store`]: whether the bytes are in memory, or why not.
@@ -273,7 +288,8 @@ impl<M: Served> ServerSession<M> {
         self.handle_stored(now, outcome);
     }
 
-    /// Bytes the session holds for the peer: buffers and queued answers, not the spans.
+    /// Bytes the session holds for the peer: buffers and queued answers, read answers'
+    /// spans included.
     #[cfg(any(test, fuzzing))]
     pub(crate) fn held_bytes(&self) -> usize {
         Input::CAPACITY + self.scratch.capacity() + self.output.queued()

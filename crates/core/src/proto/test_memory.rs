@@ -116,6 +116,8 @@ pub(crate) struct Harness {
     pub(crate) delivered: Vec<Vec<u8>>,
     /// How many more notifications the inbox takes before it refuses.
     pub(crate) inbox_room: usize,
+    /// The most bytes the session held at any point before its answers were written.
+    pub(crate) peak_held: usize,
 }
 
 impl Harness {
@@ -129,11 +131,22 @@ impl Harness {
             sent: Vec::new(),
             delivered: Vec::new(),
             inbox_room: 4,
+            peak_held: 0,
         }
     }
 
     /// Answers every event and writes every answer, as a driver does before it reads again.
     pub(crate) fn pump(&mut self) {
+        // Writing answers can let the session take its next buffered frame: go round until
+        // neither events nor answers are left.
+        while self.session.has_event() || self.session.poll_transmit().is_some() {
+            self.answer_events();
+            self.transmit();
+        }
+    }
+
+    /// Answers every event the session has, without writing any answer.
+    pub(crate) fn answer_events(&mut self) {
         while let Some(event) = self.session.poll_event() {
             match event {
                 Event::Store(spans) => {
@@ -155,7 +168,12 @@ impl Harness {
                     self.session.handle_delivery(self.now, outcome);
                 }
             }
+            self.peak_held = self.peak_held.max(self.session.held_bytes());
         }
+    }
+
+    /// Writes every queued answer to the peer.
+    pub(crate) fn transmit(&mut self) {
         while let Some(bytes) = self.session.poll_transmit() {
             let len = bytes.len();
             self.sent.extend_from_slice(bytes);

@@ -399,3 +399,40 @@ fn limits_too_large_to_add_to_an_instant_never_pass() {
     harness.wait(Duration::from_secs(365 * 24 * 3600));
     assert_eq!(harness.closed(), None);
 }
+
+#[test]
+fn a_peer_that_asks_faster_than_it_reads_is_answered_one_frame_at_a_time() {
+    let mut config = test_config();
+    config.limits.max_data = 4096;
+    let mut harness = Harness::new(1 << 20, config);
+    let mut bytes = hello("greedy");
+    for id in 1..=8 {
+        bytes.extend(frame(
+            Kind::ReadRequest,
+            id,
+            &wire::encode_read_request(BASE + id * 4096, 4096),
+        ));
+    }
+    // All eight requests arrive at once and the peer reads nothing back.
+    let target = harness.session.read_target().unwrap();
+    target[..bytes.len()].copy_from_slice(&bytes);
+    harness.session.handle_read(harness.now, bytes.len());
+    harness.answer_events();
+    assert!(
+        harness.session.held_bytes() <= (16 << 10) + 1024 + 2 * (4096 + wire::HEADER_LEN),
+        "the session held {} bytes for a peer that reads nothing",
+        harness.session.held_bytes()
+    );
+    assert!(
+        !harness.session.has_event(),
+        "no new frame is taken while answers back up"
+    );
+    // Once the peer reads, the rest is answered, in order.
+    harness.pump();
+    let answers = harness.answers();
+    assert_eq!(answers.len(), 8);
+    for (index, (header, body)) in answers.iter().enumerate() {
+        assert_eq!((header.kind, header.id), (Kind::ReadData, index as u64 + 1));
+        assert_eq!(body.len(), 4096);
+    }
+}

@@ -124,15 +124,19 @@ struct Driver {
 impl Driver {
     async fn run(&mut self) -> std::io::Result<Closed> {
         loop {
-            let delivery = self.handle_events().await;
-            let sent = self.transmit().await;
-            // Handed over only once its answer is on the wire (see `Event::Notify`).
-            if let Some((room, notification)) = delivery {
+            let deliveries = self.handle_events().await;
+            // Handed over only once their answers are on the wire (see `Event::Notify`): a
+            // sender whose ack was lost may send again, and must not be delivered twice.
+            self.transmit().await?;
+            for (room, notification) in deliveries {
                 room.deliver(notification);
             }
-            sent?;
             if let Some(closed) = self.session.closed() {
                 return Ok(closed.clone());
+            }
+            // Writing answers may have let the session take the next buffered frame.
+            if self.session.has_event() {
+                continue;
             }
             let deadline = self.session.poll_timeout();
             let Some(target) = self.session.read_target() else {
@@ -149,10 +153,10 @@ impl Driver {
         }
     }
 
-    /// Does what the session's events ask; returns a notification to hand over once its
-    /// answer has been written.
-    async fn handle_events(&mut self) -> Option<(Room, Notification)> {
-        let mut delivery = None;
+    /// Does what the session's events ask; returns the notifications to hand over once their
+    /// answers have been written (several frames may arrive in one read).
+    async fn handle_events(&mut self) -> Vec<(Room, Notification)> {
+        let mut deliveries = Vec::new();
         while let Some(event) = self.session.poll_event() {
             // Staging copies are awaited to their end, never cut short by the session's timer:
             // dropping one half-way would free staging buffers under a running GPU copy.
@@ -175,14 +179,14 @@ impl Driver {
                     match self.context.inbox.reserve(&from, &payload) {
                         Ok(room) => {
                             self.session.handle_delivery(Instant::now(), Ok(()));
-                            delivery = Some((room, Notification { from, payload }));
+                            deliveries.push((room, Notification { from, payload }));
                         }
                         Err(reason) => self.session.handle_delivery(Instant::now(), Err(reason)),
                     }
                 }
             }
         }
-        delivery
+        deliveries
     }
 
     /// Writes every queued answer, within the session's timer.

@@ -10,9 +10,11 @@ use crate::wire::{self, Header, Kind, HEADER_LEN};
 use std::time::Instant;
 
 impl<M: Served> ServerSession<M> {
-    /// Handles everything buffered, until more bytes or an event's answer are needed.
+    /// Handles everything buffered, until more bytes or an event's answer are needed, or
+    /// until the answers queued for the peer reach one frame's worth: a peer that asks faster
+    /// than it reads must not make this side stage and hold its memory without bound.
     pub(super) fn process(&mut self, now: Instant) {
-        while self.closed.is_none() && self.event.is_none() {
+        while self.closed.is_none() && self.event.is_none() && !self.answers_backed_up() {
             let progressed = match &mut self.state {
                 State::Waiting { .. } => false,
                 State::Collect { part, need } => {
