@@ -93,7 +93,7 @@ fn routes(
         descriptor.host.hostname,
         descriptor.host.boot_id,
         match (
-            descriptor.host == mine.host,
+            descriptor.host.same_boot(&mine.host),
             descriptor.process == mine.process
         ) {
             (_, true) => "this process",

@@ -40,7 +40,8 @@ pub struct SegmentDescriptor {
     pub buffers: Vec<BufferDescriptor>,
 }
 
-/// Identifies one boot of one machine, so peers can tell "same host" reliably.
+/// Identifies one boot of one machine, so peers can tell "same host" reliably: the boot id
+/// decides ([`HostIdentity::same_boot`]); the host name is for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostIdentity {
     /// The kernel's host name.
@@ -50,6 +51,13 @@ pub struct HostIdentity {
 }
 
 impl HostIdentity {
+    /// Whether both name the same running kernel: by boot id alone, since containers on one
+    /// host each have their own host name (UTS namespace) but share the kernel's boot id.
+    /// False when either boot id is unknown.
+    pub fn same_boot(&self, other: &HostIdentity) -> bool {
+        !self.boot_id.is_empty() && self.boot_id == other.boot_id
+    }
+
     /// Reads this machine's identity from the kernel; fields it cannot read are left empty.
     pub fn current() -> Self {
         let read = |path: &str| {

@@ -256,7 +256,7 @@ impl EngineBuilder {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|error| Error::io("registering the listener", error))?;
             let fd_socket = (!gpus.is_empty())
-                .then(|| format!("ferry-{instance}"))
+                .then(|| crate::memory::fd_server::fd_socket_name(instance))
                 .filter(|socket| match crate::memory::fd_server::start(socket, &table, secret.clone()) {
                     Ok(()) => true,
                     Err(error) => {
@@ -304,6 +304,7 @@ impl EngineBuilder {
             secret: secret.clone(),
             shutting_down: AtomicBool::new(false),
         });
+        crate::local::remember(instance, &inner.table);
         let describer = Arc::downgrade(&inner);
         let context = Arc::new(ServerContext {
             table: Arc::clone(&inner.table),
@@ -827,6 +828,7 @@ impl std::fmt::Debug for Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.inner.shutting_down.store(true, Ordering::Release);
+        crate::local::forget(self.inner.instance);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }

@@ -3,7 +3,7 @@
 //! arithmetic and must lie inside the mapping whose size the driver reported, before the GPU
 //! gets any work. A violation names the field.
 
-use ferry_core::ProtocolViolation;
+use ferry_core::{Export, InstanceId, ProtocolViolation};
 
 /// The most allocations one export may list: enough for a 1 TiB range of PyTorch's 20 MiB
 /// expandable segments, and a bound on what a peer can make this process allocate.
@@ -148,6 +148,22 @@ pub(crate) fn block_extent(highest: u32, stride: u64, offset: u64, len: u64) -> 
         .checked_mul(stride)?
         .checked_add(offset)?
         .checked_add(len)
+}
+
+/// Checks that an fd-passing export names the fd socket of the engine it came from: a peer
+/// must not point this engine at another engine's memory.
+pub(crate) fn export_owner(export: &Export, owner: InstanceId) -> Result<(), ProtocolViolation> {
+    match export {
+        Export::VmmFd { socket, .. } if *socket != ferry_core::fd_socket_name(owner) => {
+            Err(ProtocolViolation::Descriptor {
+                field: "export.socket",
+                problem: format!(
+                    "names the fd socket {socket:?}, which is not that of the peer's engine {owner}"
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -301,5 +317,19 @@ mod tests {
         let reach = |highest| block_extent(highest, BLOCK, 0, BLOCK).unwrap();
         assert_eq!(buffer.translate(0x10_0000, reach(127)), Ok(0x7000_0000));
         assert_eq!(field(buffer.translate(0x10_0000, reach(128))), "addr");
+    }
+
+    #[test]
+    fn an_fd_export_must_name_its_own_engines_socket() {
+        let owner = InstanceId::from_u128(7);
+        let export = |socket: String| Export::VmmFd {
+            socket,
+            region: 0x1000,
+            offset: 0,
+            pieces: vec![4096],
+        };
+        assert!(export_owner(&export(ferry_core::fd_socket_name(owner)), owner).is_ok());
+        let other = ferry_core::fd_socket_name(InstanceId::from_u128(8));
+        assert_eq!(field(export_owner(&export(other), owner)), "export.socket");
     }
 }

@@ -6,8 +6,8 @@ use crate::plan;
 use crate::transport::NvlinkConfig;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
-    BlockOps, BufferDescriptor, Direction, Error, Export, Link, Location, ProtocolViolation,
-    Result, TransferOp,
+    BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location,
+    ProtocolViolation, Result, TransferOp,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +23,11 @@ use launches::{Paged, Side, Work};
 /// them.
 pub(crate) struct NvlinkLink {
     peer: String,
-    /// Both engines live in this process: remote addresses are usable as they are.
-    same_process: bool,
+    /// The peer engine's instance id: exports must name its own fd socket.
+    instance: InstanceId,
+    /// The peer is this engine of this process: remote addresses are usable as they are,
+    /// for ranges that engine registered.
+    local_peer: Option<InstanceId>,
     config: NvlinkConfig,
     /// The GPUs this process sees, to tell which peer GPUs a kernel can reach.
     gpus: Arc<Vec<DeviceInfo>>,
@@ -66,13 +69,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl NvlinkLink {
     pub(crate) fn new(
         peer: String,
-        same_process: bool,
+        instance: InstanceId,
+        local_peer: Option<InstanceId>,
         config: NvlinkConfig,
         gpus: Arc<Vec<DeviceInfo>>,
     ) -> NvlinkLink {
         NvlinkLink {
             peer,
-            same_process,
+            instance,
+            local_peer,
             config,
             gpus,
             mappings: Mutex::default(),
@@ -115,7 +120,16 @@ impl NvlinkLink {
         ordinal: u32,
         held: &mut Held,
     ) -> Result<MappedBuffer> {
-        if self.same_process {
+        if let Some(instance) = self.local_peer {
+            if !ferry_core::local_engine_registered(instance, remote.addr, remote.len) {
+                return Err(self.fail(ProtocolViolation::Descriptor {
+                    field: "addr",
+                    problem: format!(
+                        "names {} bytes at {:#x}, which the engine of this process does not have registered",
+                        remote.len, remote.addr
+                    ),
+                }));
+            }
             return MappedBuffer::in_place(remote.addr, remote.len)
                 .map_err(|violation| self.fail(violation));
         }
@@ -127,6 +141,8 @@ impl NvlinkLink {
         let opened = match cached {
             Some(opened) => opened,
             None => {
+                bounds::export_owner(export, self.instance)
+                    .map_err(|violation| self.fail(violation))?;
                 let opened = PeerMapping::open(Context::get(ordinal)?, export).map_err(
                     |error| match error {
                         OpenError::Peer(violation) => self.fail(violation),

@@ -112,7 +112,8 @@ impl Transport for MnnvlTransport {
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         Ok(Arc::new(NvlinkLink::new(
             peer.name.clone(),
-            false,
+            peer.instance,
+            None,
             self.config,
             // Remote GPUs of other nodes are never visible here, so every copy takes the copy
             // engines until the kernel path is checked on a multi-node NVLink domain.

@@ -51,6 +51,8 @@ pub struct NvlinkTransport {
     process: Option<InstanceId>,
     /// Whether mapping each peer's kinds of export worked, tried once per peer and kind.
     trials: Trials,
+    /// Whether an instance id names an engine alive in this process.
+    is_local: fn(InstanceId) -> bool,
 }
 
 impl NvlinkTransport {
@@ -83,17 +85,19 @@ impl NvlinkTransport {
             unavailable,
             process: InstanceId::of_this_process().ok(),
             trials: Trials::default(),
+            is_local: ferry_core::is_local_engine,
         }
     }
 
     fn same_host(&self, peer: &SegmentDescriptor) -> bool {
-        !self.host.boot_id.is_empty() && peer.host == self.host
+        self.host.same_boot(&peer.host)
     }
 
-    /// Whether `peer` is an engine of this very process, by the random process id alone: two
-    /// containers' PID 1 on one host are different processes.
+    /// Whether `peer` is an engine of this very process: by the random process id (two
+    /// containers' PID 1 on one host are different processes), and, since a peer can copy
+    /// that id, only if this process really runs an engine with the peer's instance id.
     fn same_process(&self, peer: &SegmentDescriptor) -> bool {
-        self.process == Some(peer.process) && self.same_host(peer)
+        self.process == Some(peer.process) && self.same_host(peer) && (self.is_local)(peer.instance)
     }
 }
 
@@ -162,10 +166,11 @@ impl Transport for NvlinkTransport {
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
-        let same_process = self.same_process(peer);
+        let local_peer = self.same_process(peer).then_some(peer.instance);
         Ok(Arc::new(NvlinkLink::new(
             peer.name.clone(),
-            same_process,
+            peer.instance,
+            local_peer,
             self.config,
             Arc::clone(&self.gpus),
         )))
@@ -197,6 +202,7 @@ mod tests {
             unavailable: None,
             process: Some(THIS_PROCESS),
             trials: Trials::new(maps_unless_vmm),
+            is_local: |instance| instance == THIS_PROCESS,
         }
     }
 
@@ -213,13 +219,18 @@ mod tests {
         }
     }
 
+    /// A peer on host `hostname`; `node-b` is another machine (another boot id), any other
+    /// name is this machine's kernel seen from a container with its own host name.
     fn peer(hostname: &str, process: InstanceId) -> SegmentDescriptor {
         SegmentDescriptor {
             version: ferry_core::DESCRIPTOR_VERSION,
             name: "decode".into(),
             host: HostIdentity {
                 hostname: hostname.into(),
-                boot_id: "boot-1".into(),
+                boot_id: match hostname {
+                    "node-b" => "boot-2".into(),
+                    _ => "boot-1".into(),
+                },
             },
             generation: 1,
             instance: process,
@@ -297,9 +308,26 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_that_copies_this_process_id_is_not_taken_for_this_process() {
+        // The descriptor claims this process, but no engine here has its instance id: its
+        // addresses are not used as they are, and without an export it is not reached.
+        let mut impostor = peer("node-a", THIS_PROCESS);
+        impostor.instance = OTHER_PROCESS;
+        assert!(!transport().same_process(&impostor));
+        assert!(matches!(
+            transport().reach(&local(ON_GPU), &impostor, &remote(None)),
+            Reach::No { .. }
+        ));
+        assert_eq!(
+            transport().reach(&local(ON_GPU), &impostor, &remote(ipc())),
+            Reach::Yes { cost: 10 }
+        );
+    }
+
+    #[test]
     fn an_export_that_does_not_map_here_is_declined_with_the_cause() {
         let vmm = Some(Export::VmmFd {
-            socket: "ferry-x".into(),
+            socket: ferry_core::fd_socket_name(OTHER_PROCESS),
             region: 0x9000,
             offset: 0,
             pieces: vec![4096],
@@ -311,6 +339,16 @@ mod tests {
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_container_with_its_own_host_name_on_this_machine_is_on_this_host() {
+        // Pods have their own UTS namespace: another host name, the same kernel boot.
+        let pod = peer("decode-pod-7f9c", OTHER_PROCESS);
+        assert_eq!(
+            transport().reach(&local(ON_GPU), &pod, &remote(ipc())),
+            Reach::Yes { cost: 10 }
+        );
     }
 
     #[test]

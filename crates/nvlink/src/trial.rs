@@ -47,10 +47,13 @@ impl ExportKind {
     }
 }
 
-/// Verdicts per peer engine and export kind.
+/// What trying found, by peer engine, export kind and local GPU; `Err` holds the reason.
+type Verdicts = HashMap<(InstanceId, ExportKind, u32), Result<(), String>>;
+
+/// Verdicts per peer engine, export kind and local GPU.
 pub(crate) struct Trials {
     map: Mapper,
-    verdicts: Mutex<HashMap<(InstanceId, ExportKind), Result<(), String>>>,
+    verdicts: Mutex<Verdicts>,
 }
 
 impl Default for Trials {
@@ -82,9 +85,14 @@ impl Trials {
         peer: &SegmentDescriptor,
         export: &Export,
     ) -> Result<(), String> {
-        let key = (peer.instance, ExportKind::of(export));
+        let key = (peer.instance, ExportKind::of(export), ordinal);
         if let Some(known) = self.lock().get(&key) {
             return known.clone();
+        }
+        // An export naming another engine's fd socket is the peer's lie, not a layout's
+        // limit: routed here, its transfer fails with the violation and closes the peer.
+        if crate::bounds::export_owner(export, peer.instance).is_err() {
+            return Ok(());
         }
         // Tried outside the lock: a mapping may take a while, and other peers need not wait.
         let verdict = (self.map)(ordinal, export).map_err(|cause| {
@@ -104,9 +112,7 @@ impl Trials {
         kept.clone()
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(InstanceId, ExportKind), Result<(), String>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
         // Each update is one insert, so a poisoned map is still consistent.
         self.verdicts
             .lock()
@@ -157,7 +163,7 @@ mod tests {
 
     fn vmm() -> Export {
         Export::VmmFd {
-            socket: "ferry-x".into(),
+            socket: ferry_core::fd_socket_name(InstanceId::from_u128(1)),
             region: 0x1000,
             offset: 0,
             pieces: vec![2 << 20],
@@ -190,5 +196,14 @@ mod tests {
         // Another engine (a restart under the same name and PID) is tried afresh.
         assert_eq!(trials.verdict(0, &peer(2), &ipc()), Ok(()));
         assert_eq!(TRIED.load(Ordering::SeqCst) - before, 3);
+        // Another local GPU is tried on its own.
+        assert_eq!(trials.verdict(1, &peer(1), &ipc()), Ok(()));
+        assert_eq!(TRIED.load(Ordering::SeqCst) - before, 4);
+    }
+
+    #[test]
+    fn an_export_naming_another_engines_socket_is_not_tried_but_left_to_fail_as_a_violation() {
+        let trials = Trials::new(|_, _| panic!("another engine's socket must not be connected to"));
+        assert_eq!(trials.verdict(0, &peer(2), &vmm()), Ok(()));
     }
 }

@@ -20,6 +20,13 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+/// The abstract socket name of the fd-passing socket of engine `owner`. A peer's export
+/// must name its own engine's socket: one naming another engine's is refused, so a peer
+/// cannot point this engine at a third engine's memory.
+pub fn fd_socket_name(owner: crate::InstanceId) -> String {
+    format!("ferry-{owner}")
+}
+
 /// How long one request may take, the handshake included.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
