@@ -30,6 +30,10 @@ chmod 755 "$work"
 
 shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
 private_tmp='mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
+# A pod's own host name (UTS namespace) and private /tmp, then the program.
+decode_pod='hostname decode-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
+prefill_pod='hostname prefill-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
+own_hostname='hostname "ferry-$$" && exec "$0" "$@"'
 netns_ready=false
 # Inside each network namespace; `env -u` keeps a wrapped ip's library path out of ferry.
 in_d=(ip netns exec ferry-d env -u LD_LIBRARY_PATH)
@@ -138,15 +142,22 @@ for memory in ${MEMORY:-cuda vmm}; do
   run_case ipc "$memory" 127.0.0.1:0 unshare -i -- unshare -i
   run_case visible-gpu "$memory" 127.0.0.1:0 env CUDA_VISIBLE_DEVICES="$decode_gpu" -- env CUDA_VISIBLE_DEVICES="$prefill_gpu"
   run_case uid "$memory" 127.0.0.1:0 env -- setpriv --reuid=65534 --regid=65534 --clear-groups
+  run_case uts "$memory" 127.0.0.1:0 unshare -u sh -c "$own_hostname" -- unshare -u sh -c "$own_hostname"
+  # Two containers of one pod: their own PID, mount, IPC and UTS namespaces, one network.
+  run_case pod-shared-net "$memory" 127.0.0.1:0 \
+    unshare -p -f --mount-proc -i -u sh -c "$decode_pod" -- \
+    unshare -p -f --mount-proc -i -u sh -c "$prefill_pod"
   if setup_netns; then
     netns_ready=true
     run_case net "$memory" 10.231.0.1:0 "${in_d[@]}" -- "${in_p[@]}"
+    # Two pods: nothing shared.
     run_case pod "$memory" 10.231.0.1:0 \
-      "${in_d[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp" -- \
-      "${in_p[@]}" unshare -p -f --mount-proc -i sh -c "$private_tmp"
-    run_case pod-shared-pid-ipc "$memory" 10.231.0.1:0 \
-      "${in_d[@]}" unshare -m sh -c "$private_tmp" -- \
-      "${in_p[@]}" unshare -m sh -c "$private_tmp"
+      "${in_d[@]}" unshare -p -f --mount-proc -i -u sh -c "$decode_pod" -- \
+      "${in_p[@]}" unshare -p -f --mount-proc -i -u sh -c "$prefill_pod"
+    # Two pods with hostPID: only the PID namespace shared.
+    run_case pod-host-pid "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" unshare -m -i -u sh -c "$decode_pod" -- \
+      "${in_p[@]}" unshare -m -i -u sh -c "$prefill_pod"
     teardown_netns
   else
     echo "FAIL net/pod  $memory  network namespaces could not be set up (see containers.log)" >>"$table"

@@ -503,12 +503,20 @@ async fn run(
     outcomes.into_iter().collect::<Result<Vec<()>>>()?;
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
-        tokio::time::timeout(limit, link.write_value(remote, addr, value, gpu))
-            .await
-            .map_err(|_| Error::Timeout {
-                what: format!("the signal to {}", peer.name()),
-                after: limit,
-            })??;
+        // As for the copies: a signal store that was queued runs to its end before its
+        // mapping is released, also when the time ran out.
+        let mut signalled = std::pin::pin!(link.write_value(remote, addr, value, gpu));
+        match tokio::time::timeout(limit, &mut signalled).await {
+            Ok(outcome) => outcome?,
+            Err(_) => {
+                peer.close();
+                let _ = signalled.await;
+                return Err(Error::Timeout {
+                    what: format!("the signal to {}", peer.name()),
+                    after: limit,
+                });
+            }
+        }
     }
     if let Some(payload) = notification {
         let control = peer.control(&engine.tcp, engine.metadata.as_ref()).await?;

@@ -68,7 +68,7 @@ pub use engine::{Engine, EngineBuilder};
 pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
 pub use identity::InstanceId;
 pub use local::{is_local_engine, local_engine_registered};
-pub use memory::fd_server::fd_socket_name;
+pub use memory::fd_server::{fd_socket_name, FDS_PER_MESSAGE};
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};

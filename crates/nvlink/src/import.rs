@@ -182,17 +182,51 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
     stream
         .write_all(&region.to_le_bytes())
         .map_err(|error| failed("writing to", error))?;
+    let (status, mut fds) = receive_fds(&stream, count.min(ferry_core::FDS_PER_MESSAGE))
+        .map_err(|error| failed("reading from", error))?;
+    if status.is_none() {
+        return Err(format!(
+            "the peer's fd socket {socket:?} closed without answering"
+        ));
+    }
+    let status = status.unwrap_or_default();
+    if status == ferry_core::auth::MAGIC[0] {
+        // An authentication refusal, sent to a client that did not authenticate.
+        return Err(format!(
+            "the peer's fd socket {socket:?} refused this engine: {}",
+            ferry_core::AuthFailure::NoLocalSecret
+        ));
+    }
+    if status != 0 {
+        let mut reason = String::new();
+        let _ = stream.read_to_string(&mut reason);
+        return Err(format!("the peer refused to share its memory: {reason}"));
+    }
+    // More allocations than one message carries come in further messages; a peer that
+    // sends fewer is caught by the caller's count check.
+    while fds.len() < count {
+        let wanted = (count - fds.len()).min(ferry_core::FDS_PER_MESSAGE);
+        match receive_fds(&stream, wanted).map_err(|error| failed("reading from", error))? {
+            (Some(0), more) if !more.is_empty() => fds.extend(more),
+            _ => break,
+        }
+    }
+    Ok(fds)
+}
+
+/// Receives one status byte with up to `room` descriptors attached; `None` at the end of the
+/// stream. Descriptors beyond `room` are closed by the kernel.
+fn receive_fds(stream: &UnixStream, room: usize) -> std::io::Result<(Option<u8>, Vec<OwnedFd>)> {
     let mut status = [0u8; 1];
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(count))];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(room))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let received = recvmsg(
-        &stream,
+        stream,
         &mut [IoSliceMut::new(&mut status)],
         &mut control,
         RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(|error| failed("reading from", error.into()))?;
-    let fds: Vec<OwnedFd> = control
+    )?;
+    let fds = control
         .drain()
         .filter_map(|message| match message {
             RecvAncillaryMessage::ScmRights(fds) => Some(fds.collect::<Vec<_>>()),
@@ -200,24 +234,7 @@ fn fetch_fds(socket: &str, region: u64, count: usize) -> Result<Vec<OwnedFd>, St
         })
         .flatten()
         .collect();
-    if received.bytes == 0 {
-        return Err(format!(
-            "the peer's fd socket {socket:?} closed without answering"
-        ));
-    }
-    if status[0] == ferry_core::auth::MAGIC[0] {
-        // An authentication refusal, sent to a client that did not authenticate.
-        return Err(format!(
-            "the peer's fd socket {socket:?} refused this engine: {}",
-            ferry_core::AuthFailure::NoLocalSecret
-        ));
-    }
-    if status[0] != 0 {
-        let mut reason = String::new();
-        let _ = stream.read_to_string(&mut reason);
-        return Err(format!("the peer refused to share its memory: {reason}"));
-    }
-    Ok(fds)
+    Ok(((received.bytes > 0).then_some(status[0]), fds))
 }
 
 #[cfg(test)]
@@ -252,6 +269,56 @@ mod tests {
             Err(ferry_core::AuthFailure::PeerHasNoSecret)
         );
         assert!(error.contains("requires a shared secret"), "{error}");
+    }
+
+    #[test]
+    fn more_descriptors_than_one_message_carries_arrive_in_order() {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use std::os::fd::AsFd;
+        let name = format!("ferry-test-fd-batches-{}", std::process::id());
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&address).unwrap();
+        let count = ferry_core::FDS_PER_MESSAGE + 47;
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 8];
+            stream.read_exact(&mut request).unwrap();
+            // Pipes whose write ends tell them apart: descriptor i carries the byte i % 251.
+            let mut readers = Vec::new();
+            for index in 0..count {
+                let (reader, mut writer) = std::io::pipe().unwrap();
+                std::io::Write::write_all(&mut writer, &[(index % 251) as u8]).unwrap();
+                readers.push(reader);
+            }
+            let fds: Vec<_> = readers.iter().map(AsFd::as_fd).collect();
+            for batch in fds.chunks(ferry_core::FDS_PER_MESSAGE) {
+                let mut space = vec![
+                    std::mem::MaybeUninit::uninit();
+                    rustix::cmsg_space!(ScmRights(batch.len()))
+                ];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                assert!(control.push(SendAncillaryMessage::ScmRights(batch)));
+                sendmsg(
+                    &stream,
+                    &[std::io::IoSlice::new(&[0])],
+                    &mut control,
+                    SendFlags::empty(),
+                )
+                .unwrap();
+            }
+        });
+        let fds = fetch_fds(&name, 0x1000, count).unwrap();
+        server.join().unwrap();
+        assert_eq!(fds.len(), count);
+        for (index, fd) in fds.into_iter().enumerate() {
+            let mut byte = [0u8; 1];
+            std::fs::File::from(fd).read_exact(&mut byte).unwrap();
+            assert_eq!(
+                byte[0],
+                (index % 251) as u8,
+                "descriptor {index} out of order"
+            );
+        }
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //!
 //! With a shared secret, a connection starts with the handshake of [`crate::auth`]; a client
 //! that fails it is refused before it can ask for anything. Then the client sends the
-//! registered buffer's address (8 bytes, little-endian). The answer is one status byte: 0 with
-//! one descriptor per allocation attached, in mapping order; or 1 followed by the reason as
-//! UTF-8 until the socket closes.
+//! registered buffer's address (8 bytes, little-endian). The answer is a status byte 0 with
+//! one descriptor per allocation attached, in mapping order, repeated for every
+//! [`FDS_PER_MESSAGE`] allocations; or 1 followed by the reason as UTF-8 until the socket
+//! closes.
 
 use super::table::RegionTable;
 use crate::auth::Secret;
@@ -26,6 +27,10 @@ use std::time::Duration;
 pub fn fd_socket_name(owner: crate::InstanceId) -> String {
     format!("ferry-{owner}")
 }
+
+/// Most descriptors passed with one message (the kernel's SCM_MAX_FD); an answer with more
+/// comes as several messages of one 0 byte each, in mapping order.
+pub const FDS_PER_MESSAGE: usize = 253;
 
 /// How long one request may take, the handshake included.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -117,18 +122,22 @@ fn serve(
     match export(table, addr) {
         Ok(fds) => {
             let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-            let mut space =
-                vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
-                return refuse(&mut stream, "too many allocations to pass in one message");
+            // The kernel passes at most FDS_PER_MESSAGE descriptors with one message: a range
+            // of many expandable-segment pieces goes out in several, each after a 0 byte.
+            for batch in borrowed.chunks(FDS_PER_MESSAGE) {
+                let mut space =
+                    vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(batch.len()))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !control.push(SendAncillaryMessage::ScmRights(batch)) {
+                    return refuse(&mut stream, "the descriptors did not fit their message");
+                }
+                sendmsg(
+                    &stream,
+                    &[IoSlice::new(&[0])],
+                    &mut control,
+                    SendFlags::empty(),
+                )?;
             }
-            sendmsg(
-                &stream,
-                &[IoSlice::new(&[0])],
-                &mut control,
-                SendFlags::empty(),
-            )?;
             Ok(())
         }
         Err(reason) => refuse(&mut stream, &reason),

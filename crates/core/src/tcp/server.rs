@@ -85,6 +85,9 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
 
 /// Runs one accepted connection to its end and logs why it ended.
 async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
+    // The hello's deadline runs from the accept: a caller that stays silent through the
+    // handshake's wait does not get a second full wait for its hello.
+    let accepted = Instant::now();
     let Some(stream) = super::handshake::accept(
         stream,
         address,
@@ -96,7 +99,7 @@ async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<S
         return;
     };
     let _ = stream.set_nodelay(true);
-    let session = ServerSession::new(Arc::clone(&context), context.session, Instant::now());
+    let session = ServerSession::new(Arc::clone(&context), context.session, accepted);
     let mut driver = Driver {
         stream,
         session,
