@@ -41,30 +41,39 @@ pub trait Launcher {
 /// # Errors
 /// The failed launch's error, else the first fence that could not be recorded or reported
 /// an error.
-pub async fn launch_all<L, W, F, K>(mut launcher: L, mut wait: W, keep: K) -> Result<(), L::Error>
+///
+/// # Cancel safety
+/// Dropping the future before it resolves (a runtime shutting down, say) still never lets go
+/// of `keep` under queued copies: the drop blocks until every stream given work has drained.
+pub async fn launch_all<L, W, F, K>(launcher: L, mut wait: W, keep: K) -> Result<(), L::Error>
 where
     L: Launcher,
     W: FnMut(L::Fence) -> F,
     F: Future<Output = Result<(), L::Error>>,
 {
-    let mut given_work: Vec<usize> = Vec::new();
+    let mut held = Held {
+        launcher,
+        given_work: Vec::new(),
+        keep: Some(keep),
+        finished: false,
+    };
     let mut failure = None;
-    for index in 0..launcher.count() {
-        let stream = launcher.stream(index);
-        if !given_work.contains(&stream) {
-            given_work.push(stream);
+    for index in 0..held.launcher.count() {
+        let stream = held.launcher.stream(index);
+        if !held.given_work.contains(&stream) {
+            held.given_work.push(stream);
         }
-        if let Err(error) = launcher.launch(index) {
+        if let Err(error) = held.launcher.launch(index) {
             failure = Some(error);
             break;
         }
     }
-    let mut waits = Vec::with_capacity(given_work.len());
-    for stream in given_work {
-        match launcher.fence(stream) {
+    let mut waits = Vec::with_capacity(held.given_work.len());
+    for stream in held.given_work.clone() {
+        match held.launcher.fence(stream) {
             Ok(fence) => waits.push(wait(fence)),
             Err(error) => {
-                if let Err(drained) = launcher.drain(stream) {
+                if let Err(drained) = held.launcher.drain(stream) {
                     // A context that can neither record nor synchronize has failed for good
                     // and runs nothing more, so releasing the memory is safe.
                     tracing::error!(%error, %drained, "a stream's queued copies could not be waited for");
@@ -76,10 +85,34 @@ where
     // Every fence to its end, even after one failed: stopping at the first would release the
     // memory under the copies the others guard.
     let waited = futures::future::join_all(waits).await;
-    drop(keep);
+    held.finished = true;
+    drop(held);
     match failure {
         Some(error) => Err(error),
         None => waited.into_iter().collect(),
+    }
+}
+
+/// What a transfer's copies use, held until they are known to be done.
+struct Held<L: Launcher, K> {
+    launcher: L,
+    /// Every stream that was given work, in the order first used.
+    given_work: Vec<usize>,
+    keep: Option<K>,
+    /// Set once every fence has fired; until then a drop waits for the streams itself.
+    finished: bool,
+}
+
+impl<L: Launcher, K> Drop for Held<L, K> {
+    fn drop(&mut self) {
+        if !self.finished {
+            for &stream in &self.given_work {
+                if let Err(error) = self.launcher.drain(stream) {
+                    tracing::error!(%error, "a dropped transfer's copies could not be waited for");
+                }
+            }
+        }
+        drop(self.keep.take());
     }
 }
 
@@ -299,5 +332,28 @@ mod tests {
         run.fire(0, Ok(()));
         assert!(matches!(run.poll(), Poll::Ready(Ok(()))));
         assert!(run.released.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_transfer_dropped_while_its_copies_run_drains_every_stream_before_releasing() {
+        let mut run = start(&[0, 1, 0, 2], None, &[]);
+        assert!(run.poll().is_pending());
+        assert!(!run.released.load(Ordering::SeqCst));
+        let Run {
+            future,
+            log,
+            released,
+            ..
+        } = run;
+        drop(future);
+        assert!(released.load(Ordering::SeqCst));
+        let drained: Vec<Did> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|did| matches!(did, Did::Drain(_)))
+            .cloned()
+            .collect();
+        assert_eq!(drained, vec![Did::Drain(0), Did::Drain(1), Did::Drain(2)]);
     }
 }
