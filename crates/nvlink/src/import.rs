@@ -127,7 +127,9 @@ fn map_vmm(
     offset: u64,
 ) -> Result<Opened, OpenError> {
     let mapping = VmmMapping::map(context, handles).map_err(|error| {
-        if error.call == "cuMemMap" && error.code == 1 {
+        // The driver answers an oversized piece with INVALID_VALUE (1) or, as seen on H200
+        // with driver 580, NOT_SUPPORTED (801); the piece sizes are all the peer controls here.
+        if error.call == "cuMemMap" && matches!(error.code, 1 | 801) {
             OpenError::Peer(ProtocolViolation::Descriptor {
                 field: "export.pieces",
                 problem: format!(
