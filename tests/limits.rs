@@ -4,40 +4,13 @@
 
 mod common;
 
-use common::{assert_bytes_eq, pattern};
+use common::{assert_bytes_eq, captured_logs, pattern};
 use ferry::wire::{self, Header, Hello, Kind};
 use ferry::{Engine, Error, ProtocolViolation};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Log lines of this test binary, captured so tests can check what was logged.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&logs);
-        tracing_subscriber::fmt()
-            .with_writer(move || LogWriter(Arc::clone(&sink)))
-            .with_ansi(false)
-            .init();
-        logs
-    })
-    .clone()
-}
-
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn logged(logs: &Mutex<Vec<u8>>) -> String {
     String::from_utf8_lossy(&logs.lock().unwrap()).into_owned()

@@ -2,8 +2,9 @@
 #![allow(dead_code)]
 
 use ferry::{Engine, Peer, Region};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// An engine on loopback with a short timeout, so a failure cannot stall the suite.
@@ -147,5 +148,33 @@ impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Log lines of this test binary, captured so tests can check what was logged.
+pub(crate) fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        tracing_subscriber::fmt()
+            .with_writer(move || LogWriter(Arc::clone(&sink)))
+            .with_ansi(false)
+            .init();
+        logs
+    })
+    .clone()
+}
+
+/// Appends what the log writes to the shared buffer.
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
