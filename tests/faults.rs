@@ -8,7 +8,6 @@ use ferry::wire::{Header, Kind};
 use ferry::Error;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Sends `bytes` and reports whether the listener then closed the connection.

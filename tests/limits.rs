@@ -9,7 +9,7 @@ use ferry::wire::{self, Header, Hello, Kind};
 use ferry::{Engine, Error, ProtocolViolation};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 fn logged(logs: &Mutex<Vec<u8>>) -> String {
