@@ -1,0 +1,92 @@
+"""Lets unmodified code import ``mooncake.engine`` and get ferry's compatible engine.
+
+A ``.pth`` file installed with the wheel imports this module at interpreter start-up. It only
+installs an import hook; nothing is loaded until some code imports ``mooncake.engine``. Then:
+
+- ``FERRY_MOONCAKE=1``: ``mooncake.engine`` is ``ferry_kv.mooncake``.
+- ``FERRY_MOONCAKE=0``: the hook stands aside (Mooncake's own package, if installed, loads).
+- unset: ferry's engine when Mooncake's package is not installed; when it is, the choice is
+  ambiguous and the import fails with an error that says how to choose.
+
+Only ``mooncake.engine`` is provided: other modules of Mooncake's package (``mooncake.store``)
+still come from Mooncake's package when it is installed.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_TARGET = "mooncake.engine"
+_VARIABLE = "FERRY_MOONCAKE"
+
+
+def _mooncake_installed():
+    """Whether Mooncake's own package is importable (found without this hook)."""
+    return importlib.machinery.PathFinder.find_spec("mooncake") is not None
+
+
+def _choice():
+    """``"ferry"`` or ``"mooncake"``, or raises ImportError saying how to choose."""
+    value = os.environ.get(_VARIABLE)
+    if value is None:
+        if _mooncake_installed():
+            raise ImportError(
+                "both ferry-kv and Mooncake's package provide mooncake.engine; set "
+                f"{_VARIABLE}=1 to use ferry or {_VARIABLE}=0 to use Mooncake"
+            )
+        return "ferry"
+    if value.strip() == "1":
+        return "ferry"
+    if value.strip() == "0":
+        return "mooncake"
+    raise ImportError(
+        f"{_VARIABLE}={value!r} is neither 1 (use ferry for mooncake.engine) nor 0 (use Mooncake)"
+    )
+
+
+class _Package(importlib.abc.Loader):
+    """An empty ``mooncake`` package, for machines without Mooncake's."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+class _Engine(importlib.abc.Loader):
+    """``mooncake.engine`` as ``ferry_kv.mooncake``."""
+
+    def create_module(self, spec):
+        from . import mooncake
+
+        return mooncake
+
+    def exec_module(self, module):
+        pass
+
+
+class MooncakeAlias(importlib.abc.MetaPathFinder):
+    """The import hook: answers for ``mooncake.engine`` (and ``mooncake`` when absent)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in ("mooncake", _TARGET):
+            return None
+        if _choice() != "ferry":
+            return None
+        if fullname == "mooncake":
+            if _mooncake_installed():
+                return None
+            return importlib.util.spec_from_loader("mooncake", _Package(), is_package=True)
+        return importlib.util.spec_from_loader(_TARGET, _Engine())
+
+
+def install():
+    """Puts the hook first on ``sys.meta_path``, once."""
+    if not any(isinstance(finder, MooncakeAlias) for finder in sys.meta_path):
+        sys.meta_path.insert(0, MooncakeAlias())
+
+
+install()

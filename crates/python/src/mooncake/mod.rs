@@ -1,0 +1,727 @@
+//! `ferry_kv.mooncake`: Mooncake's Python `TransferEngine`, with its call conventions exactly
+//! (positional arguments, `0`/`-1` returns, batch ids where `0` means failure), on ferry.
+//!
+//! Failures are returned as codes, as Mooncake's callers expect, and the reason is logged
+//! (stderr, `FERRY_LOG`). Any `protocol` is accepted: ferry picks the fastest transport for
+//! each pair of buffers itself.
+
+mod host;
+mod notify;
+mod regions;
+mod session;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use session::{Entry, Session};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Seconds a transfer may take when `MC_TRANSFER_TIMEOUT` is not set.
+const DEFAULT_TIMEOUT_SECONDS: u64 = 30;
+
+/// Which way a transfer moves bytes, as Mooncake's `TransferOpcode`.
+#[pyclass(module = "ferry_kv.mooncake", eq, eq_int, frozen)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TransferOpcode {
+    /// From the peer into local memory.
+    Read = 0,
+    /// From local memory to the peer.
+    Write = 1,
+}
+
+impl TransferOpcode {
+    fn direction(self) -> ferry::Direction {
+        match self {
+            TransferOpcode::Read => ferry::Direction::Read,
+            TransferOpcode::Write => ferry::Direction::Write,
+        }
+    }
+}
+
+/// A message delivered to the target after a transfer's data, as Mooncake's `TransferNotify`.
+#[pyclass(module = "ferry_kv.mooncake", get_all, set_all)]
+#[derive(Clone)]
+pub(crate) struct TransferNotify {
+    /// Who the message is from, as the sender states it.
+    name: String,
+    /// The message.
+    msg: String,
+}
+
+#[pymethods]
+impl TransferNotify {
+    #[new]
+    #[pyo3(signature = (name = String::new(), msg = String::new()))]
+    fn new(name: String, msg: String) -> Self {
+        TransferNotify { name, msg }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TransferNotify(name={:?}, msg={:?})", self.name, self.msg)
+    }
+}
+
+/// Mooncake's `TransferEngine` on ferry. Create it, call `initialize`, register memory, then
+/// transfer to other engines by their session name (`host:port`).
+#[pyclass(module = "ferry_kv.mooncake", frozen)]
+pub(crate) struct TransferEngine {
+    session: OnceLock<Arc<Session>>,
+}
+
+/// Logs `error` and returns Mooncake's failure code.
+fn failed(call: &str, error: impl std::fmt::Display) -> i32 {
+    tracing::error!("{call}: {error}");
+    -1
+}
+
+/// Whether a list-taking call got lists of one length.
+fn same_lengths(call: &str, lengths: &[usize]) -> Result<(), String> {
+    if lengths.windows(2).all(|pair| pair[0] == pair[1]) {
+        Ok(())
+    } else {
+        Err(format!("{call} was given lists of different lengths {lengths:?}; pass one address and one length per buffer"))
+    }
+}
+
+fn entries(bufs: &[u64], peer_addrs: &[u64], lens: &[u64]) -> Vec<Entry> {
+    bufs.iter()
+        .zip(peer_addrs)
+        .zip(lens)
+        .map(|((&local, &remote), &len)| (local, remote, len))
+        .collect()
+}
+
+impl TransferEngine {
+    fn session(&self) -> Result<&Arc<Session>, String> {
+        self.session
+            .get()
+            .ok_or_else(|| "the engine is not initialized; call initialize(local_hostname, metadata_server, protocol, device_name) first".to_owned())
+    }
+
+    /// Runs a blocking transfer of `entries` with the GIL released; Mooncake's code.
+    fn transfer_blocking(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        opcode: TransferOpcode,
+        entries: Vec<Entry>,
+        notify: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> i32 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed(call, error),
+        };
+        if entries.is_empty() && notify.is_none() {
+            return 0;
+        }
+        py.detach(
+            || match session.submit(target, opcode.direction(), &entries, notify) {
+                Ok(transfer) => match session::code_of(transfer.wait()) {
+                    session::DONE => 0,
+                    code => code,
+                },
+                Err(error) => failed(call, error),
+            },
+        )
+    }
+
+    /// Submits `entries` with the GIL released and returns the batch id (0 on failure).
+    fn submit_tracked(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        opcode: TransferOpcode,
+        entries: Vec<Entry>,
+    ) -> u64 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => {
+                failed(call, error);
+                return 0;
+            }
+        };
+        py.detach(|| {
+            session
+                .submit_tracked(target, opcode.direction(), &entries)
+                .unwrap_or_else(|error| {
+                    failed(call, error);
+                    0
+                })
+        })
+    }
+}
+
+#[pymethods]
+impl TransferEngine {
+    #[new]
+    fn new() -> Self {
+        TransferEngine {
+            session: OnceLock::new(),
+        }
+    }
+
+    /// Mooncake's `TransferOpcode`, also reachable as `TransferEngine.TransferOpcode`.
+    #[classattr]
+    #[pyo3(name = "TransferOpcode")]
+    fn opcode_type(py: Python<'_>) -> Py<PyAny> {
+        py.get_type::<TransferOpcode>().into_any().unbind()
+    }
+
+    /// Starts the engine: listens on `local_hostname` (a port in it is ignored; see
+    /// `get_rpc_port`), keeps descriptors where `metadata_server` says (`P2PHANDSHAKE`, or an
+    /// `etcd://` / `redis://` URL). `protocol` and `device_name` are accepted and ferry picks
+    /// the transport. Returns 0, or -1 with the reason logged.
+    #[pyo3(signature = (local_hostname, metadata_server, protocol = "rdma", device_name = ""))]
+    fn initialize(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        metadata_server: &str,
+        protocol: &str,
+        device_name: &str,
+    ) -> i32 {
+        if self.session.get().is_some() {
+            return failed(
+                "initialize",
+                "the engine is initialized already; create another TransferEngine for a second one",
+            );
+        }
+        let host = match host::host_of(local_hostname) {
+            Ok(host) => host,
+            Err(error) => return failed("initialize", error),
+        };
+        let store = match host::store_for(metadata_server) {
+            Ok(store) => store,
+            Err(error) => return failed("initialize", error),
+        };
+        let timeout = match transfer_timeout() {
+            Ok(timeout) => timeout,
+            Err(error) => return failed("initialize", error),
+        };
+        tracing::debug!(
+            protocol,
+            device_name,
+            "ferry picks the transport for each pair of buffers itself"
+        );
+        let listen = host::listen_address(&host);
+        let started = py.detach(|| Session::start(&listen, &host, store, timeout));
+        match started {
+            Ok(session) => {
+                if self.session.set(Arc::new(session)).is_err() {
+                    return failed(
+                        "initialize",
+                        "another thread initialized this engine at the same time",
+                    );
+                }
+                0
+            }
+            Err(error) => failed("initialize", error),
+        }
+    }
+
+    /// The port peers reach this engine at; its session name is `host:port`. 0 before
+    /// `initialize`.
+    fn get_rpc_port(&self) -> u16 {
+        self.session.get().map_or(0, |session| session.port())
+    }
+
+    /// This engine's session name, `host:port` (IPv6 hosts bracketed), as peers name it.
+    fn get_session_id(&self) -> String {
+        self.session
+            .get()
+            .map_or_else(String::new, |session| session.name().to_owned())
+    }
+
+    /// Registers `length` bytes at `buffer_addr` (host or GPU memory; the kind is detected).
+    /// Transfers may then use any range inside it. Returns 0 or -1.
+    #[pyo3(signature = (buffer_addr, capacity, location = "*", remote_accessible = true))]
+    fn register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        capacity: u64,
+        location: &str,
+        remote_accessible: bool,
+    ) -> i32 {
+        let _ = (location, remote_accessible);
+        self.batch_register_memory(py, vec![buffer_addr], vec![capacity], "*")
+    }
+
+    /// Registers each `(buffer_addrs[i], capacities[i])`, all or none. Returns 0 or -1.
+    #[pyo3(signature = (buffer_addrs, capacities, location = "*"))]
+    fn batch_register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addrs: Vec<u64>,
+        capacities: Vec<u64>,
+        location: &str,
+    ) -> i32 {
+        let _ = location;
+        let call = "batch_register_memory";
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed(call, error),
+        };
+        if let Err(error) = same_lengths(call, &[buffer_addrs.len(), capacities.len()]) {
+            return failed(call, error);
+        }
+        let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
+        // SAFETY: Mooncake's contract: registered memory stays valid until it is unregistered,
+        // which is what the caller promises by registering it.
+        py.detach(|| unsafe { session.register(&ranges) })
+            .map_or_else(|error| failed(call, error), |()| 0)
+    }
+
+    /// Unregisters the memory registered at `buffer_addr`. Returns 0 or -1.
+    fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> i32 {
+        self.batch_unregister_memory(py, vec![buffer_addr])
+    }
+
+    /// Unregisters the memory registered at each address. Returns 0 or -1.
+    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addrs: Vec<u64>) -> i32 {
+        let call = "batch_unregister_memory";
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed(call, error),
+        };
+        py.detach(|| session.unregister(&buffer_addrs))
+            .map_or_else(|error| failed(call, error), |()| 0)
+    }
+
+    /// Writes `length` bytes at `buffer` to `peer_buffer_address` of `target_hostname`;
+    /// returns 0 once they are visible there, or -1 (-2 on timeout).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let entries = vec![(buffer, peer_buffer_address, length)];
+        self.transfer_blocking(
+            py,
+            "transfer_sync_write",
+            target_hostname,
+            TransferOpcode::Write,
+            entries,
+            None,
+        )
+    }
+
+    /// Reads `length` bytes at `peer_buffer_address` of `target_hostname` into `buffer`.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let entries = vec![(buffer, peer_buffer_address, length)];
+        self.transfer_blocking(
+            py,
+            "transfer_sync_read",
+            target_hostname,
+            TransferOpcode::Read,
+            entries,
+            None,
+        )
+    }
+
+    /// One transfer in the direction of `opcode`, with `notify` delivered after its data.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        opcode: PyRef<'_, TransferOpcode>,
+        notify: Option<PyRef<'_, TransferNotify>>,
+    ) -> i32 {
+        let entries = vec![(buffer, peer_buffer_address, length)];
+        let notify = notify.map(|note| note_bytes(&note));
+        self.transfer_blocking(
+            py,
+            "transfer_sync",
+            target_hostname,
+            *opcode,
+            entries,
+            notify,
+        )
+    }
+
+    /// Writes every `(buffers[i], peer_buffer_addresses[i], lengths[i])` as one batch.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let call = "batch_transfer_sync_write";
+        let lists = (buffers, peer_buffer_addresses, lengths);
+        self.batch_blocking(
+            py,
+            call,
+            target_hostname,
+            TransferOpcode::Write,
+            lists,
+            None,
+        )
+    }
+
+    /// Reads every `(buffers[i], peer_buffer_addresses[i], lengths[i])` as one batch.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> i32 {
+        let _ = transport_hint;
+        let call = "batch_transfer_sync_read";
+        let lists = (buffers, peer_buffer_addresses, lengths);
+        self.batch_blocking(py, call, target_hostname, TransferOpcode::Read, lists, None)
+    }
+
+    /// One batch in the direction of `opcode`, with `notify` delivered after all its data.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: PyRef<'_, TransferOpcode>,
+        notify: Option<PyRef<'_, TransferNotify>>,
+    ) -> i32 {
+        let lists = (buffers, peer_buffer_addresses, lengths);
+        let notify = notify.map(|note| note_bytes(&note));
+        self.batch_blocking(
+            py,
+            "batch_transfer_sync",
+            target_hostname,
+            *opcode,
+            lists,
+            notify,
+        )
+    }
+
+    /// Starts a write and returns its batch id for `transfer_check_status` (0 on failure).
+    fn transfer_submit_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+    ) -> u64 {
+        let entries = vec![(buffer, peer_buffer_address, length)];
+        self.submit_tracked(
+            py,
+            "transfer_submit_write",
+            target_hostname,
+            TransferOpcode::Write,
+            entries,
+        )
+    }
+
+    /// 1 when batch `batch_id` is done, 0 while it moves, -1 when it failed (or the id is
+    /// unknown), -2 when it timed out. A finished batch's id is forgotten once reported.
+    fn transfer_check_status(&self, batch_id: u64) -> i32 {
+        match self.session() {
+            Ok(session) => session.status(batch_id),
+            Err(error) => failed("transfer_check_status", error),
+        }
+    }
+
+    /// Starts a batch of writes and returns its id (0 on failure).
+    fn batch_transfer_async_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> u64 {
+        self.batch_async(
+            py,
+            "batch_transfer_async_write",
+            target_hostname,
+            TransferOpcode::Write,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+        )
+    }
+
+    /// Starts a batch of reads and returns its id (0 on failure).
+    fn batch_transfer_async_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> u64 {
+        self.batch_async(
+            py,
+            "batch_transfer_async_read",
+            target_hostname,
+            TransferOpcode::Read,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+        )
+    }
+
+    /// Starts a batch in the direction of `opcode` and returns its id (0 on failure).
+    fn batch_transfer_async(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: PyRef<'_, TransferOpcode>,
+    ) -> u64 {
+        let call = "batch_transfer_async";
+        self.batch_async(
+            py,
+            call,
+            target_hostname,
+            *opcode,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+        )
+    }
+
+    /// Waits for every batch of `batch_ids`: 0 when all moved, -1 when any failed, timed out
+    /// or is unknown. The ids are forgotten afterwards.
+    fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> i32 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed("get_batch_transfer_status", error),
+        };
+        py.detach(|| session.wait_all(&batch_ids)).min(0).max(-1)
+    }
+
+    /// Opens `target_hostname` (fetching its descriptor): 0 when it answered, -1 if not.
+    fn send_probe(&self, py: Python<'_>, target_hostname: &str) -> i32 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed("send_probe", error),
+        };
+        py.detach(|| session.peer(target_hostname))
+            .map_or_else(|error| failed("send_probe", error), |_| 0)
+    }
+
+    /// The address of the first buffer `target_hostname` registered (0 when it has none or
+    /// cannot be reached).
+    fn get_first_buffer_address(&self, py: Python<'_>, target_hostname: &str) -> u64 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => {
+                failed("get_first_buffer_address", error);
+                return 0;
+            }
+        };
+        match py.detach(|| session.peer(target_hostname)) {
+            Ok(peer) => peer.buffers().first().map_or(0, |buffer| buffer.addr),
+            Err(error) => {
+                failed("get_first_buffer_address", error);
+                0
+            }
+        }
+    }
+
+    /// The notifies delivered to this engine since the last call.
+    fn get_notifies(&self) -> Vec<TransferNotify> {
+        let Ok(session) = self.session() else {
+            return Vec::new();
+        };
+        session
+            .notifies()
+            .into_iter()
+            .map(|(name, msg)| TransferNotify {
+                name: String::from_utf8_lossy(&name).into_owned(),
+                msg: String::from_utf8_lossy(&msg).into_owned(),
+            })
+            .collect()
+    }
+
+    /// A registered host buffer of `length` bytes owned by the engine; its address, 0 on
+    /// failure. Free it with `free_managed_buffer`.
+    fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> u64 {
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => {
+                failed("allocate_managed_buffer", error);
+                return 0;
+            }
+        };
+        py.detach(|| session.allocate(length))
+            .unwrap_or_else(|error| {
+                failed("allocate_managed_buffer", error);
+                0
+            })
+    }
+
+    /// Frees a buffer from `allocate_managed_buffer`. Returns 0 or -1.
+    fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> i32 {
+        let _ = length;
+        self.batch_unregister_memory(py, vec![buffer_addr])
+    }
+
+    /// Copies the first `length` bytes of `src_data` into registered memory at `dest_address`.
+    fn write_bytes_to_buffer(
+        &self,
+        py: Python<'_>,
+        dest_address: u64,
+        src_data: &[u8],
+        length: u64,
+    ) -> i32 {
+        let call = "write_bytes_to_buffer";
+        let session = match self.session() {
+            Ok(session) => Arc::clone(session),
+            Err(error) => return failed(call, error),
+        };
+        let Some(bytes) = usize::try_from(length)
+            .ok()
+            .and_then(|length| src_data.get(..length))
+        else {
+            return failed(
+                call,
+                format!(
+                    "length {length} is more than the {} bytes given",
+                    src_data.len()
+                ),
+            );
+        };
+        py.detach(|| session.write_local(dest_address, bytes))
+            .map_or_else(|error| failed(call, error), |()| 0)
+    }
+
+    /// `length` bytes of registered memory at `source_address`, as `bytes` (empty on failure).
+    fn read_bytes_from_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        source_address: u64,
+        length: u64,
+    ) -> Bound<'py, PyBytes> {
+        let call = "read_bytes_from_buffer";
+        let read = self
+            .session()
+            .map(Arc::clone)
+            .and_then(|session| py.detach(|| session.read_local(source_address, length)));
+        match read {
+            Ok(bytes) => PyBytes::new(py, &bytes),
+            Err(error) => {
+                failed(call, error);
+                PyBytes::new(py, &[])
+            }
+        }
+    }
+}
+
+/// The three lists of a batch call: local addresses, the peer's addresses, lengths.
+type Lists = (Vec<u64>, Vec<u64>, Vec<u64>);
+
+/// The name and message of a notify, as bytes.
+fn note_bytes(note: &TransferNotify) -> (Vec<u8>, Vec<u8>) {
+    (
+        note.name.clone().into_bytes(),
+        note.msg.clone().into_bytes(),
+    )
+}
+
+impl TransferEngine {
+    /// A blocking batch from Mooncake's three lists; Mooncake's code.
+    fn batch_blocking(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        opcode: TransferOpcode,
+        (buffers, peer_addresses, lengths): Lists,
+        notify: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> i32 {
+        if let Err(error) =
+            same_lengths(call, &[buffers.len(), peer_addresses.len(), lengths.len()])
+        {
+            return failed(call, error);
+        }
+        let entries = entries(&buffers, &peer_addresses, &lengths);
+        self.transfer_blocking(py, call, target, opcode, entries, notify)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn batch_async(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        opcode: TransferOpcode,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> u64 {
+        if let Err(error) = same_lengths(
+            call,
+            &[buffers.len(), peer_buffer_addresses.len(), lengths.len()],
+        ) {
+            failed(call, error);
+            return 0;
+        }
+        self.submit_tracked(
+            py,
+            call,
+            target,
+            opcode,
+            entries(&buffers, &peer_buffer_addresses, &lengths),
+        )
+    }
+}
+
+/// The transfer timeout: `MC_TRANSFER_TIMEOUT` seconds, as Mooncake reads it.
+fn transfer_timeout() -> Result<Duration, String> {
+    match std::env::var("MC_TRANSFER_TIMEOUT") {
+        Err(_) => Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECONDS)),
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+            _ => Err(format!(
+                "MC_TRANSFER_TIMEOUT={text:?} is not a whole number of seconds above 0"
+            )),
+        },
+    }
+}
+
+/// Adds the compatible classes to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<TransferEngine>()?;
+    m.add_class::<TransferOpcode>()?;
+    m.add_class::<TransferNotify>()?;
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! One initialized compatible engine: ferry's engine plus the bookkeeping Mooncake's API
+//! implies (registrations by containment, peers by session name, batch ids, notifies).
+
+use super::notify;
+use super::regions::Regions;
+use ferry::{Direction, Engine, Notifications, Peer, Transfer};
+use futures::FutureExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
+
+/// One entry of a transfer: local address, the peer's address, length.
+pub(crate) type Entry = (u64, u64, u64);
+
+/// Status codes of `transfer_check_status`, as Mooncake returns them.
+pub(crate) const DONE: i32 = 1;
+/// Still moving.
+pub(crate) const PENDING: i32 = 0;
+/// Failed, or an id this engine never gave out.
+pub(crate) const FAILED: i32 = -1;
+/// Did not finish within the transfer timeout.
+pub(crate) const TIMED_OUT: i32 = -2;
+
+/// The state behind an initialized `TransferEngine`.
+pub(crate) struct Session {
+    engine: Engine,
+    regions: RwLock<Regions>,
+    peers: Mutex<HashMap<String, Peer>>,
+    batches: Mutex<HashMap<u64, Transfer>>,
+    next_batch: AtomicU64,
+    inbox: Mutex<Notifications>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Session {
+    /// Starts an engine listening on `listen`, advertised as `host`.
+    pub(crate) fn start(
+        listen: &str,
+        host: &str,
+        store: std::sync::Arc<dyn ferry::MetadataStore>,
+        timeout: Duration,
+    ) -> Result<Session, String> {
+        let engine = Engine::builder()
+            .listen(listen)
+            .advertise(host)
+            .metadata(store)
+            .transfer_timeout(timeout)
+            .build_blocking()
+            .map_err(|error| error.to_string())?;
+        let inbox = engine.notifications().map_err(|error| error.to_string())?;
+        Ok(Session {
+            engine,
+            regions: RwLock::default(),
+            peers: Mutex::default(),
+            batches: Mutex::default(),
+            next_batch: AtomicU64::new(1),
+            inbox: Mutex::new(inbox),
+        })
+    }
+
+    /// The engine's session name, `host:port`.
+    pub(crate) fn name(&self) -> &str {
+        self.engine.name()
+    }
+
+    /// The port peers reach this engine at.
+    pub(crate) fn port(&self) -> u16 {
+        self.engine.local_addr().port()
+    }
+
+    /// Registers every `(addr, len)`, or none of them.
+    ///
+    /// # Safety
+    /// Each range stays valid memory until it is unregistered.
+    pub(crate) unsafe fn register(&self, ranges: &[(u64, u64)]) -> Result<(), String> {
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        for (index, &(addr, len)) in ranges.iter().enumerate() {
+            // SAFETY: passed on from this fn's contract.
+            if let Err(error) = unsafe { regions.register(&self.engine, addr, len) } {
+                for &(earlier, _) in &ranges[..index] {
+                    // Ranges registered before this call are left alone: only this call's go.
+                    let _ = regions.unregister(earlier);
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Unregisters the regions starting at each address; stops at the first unknown one.
+    pub(crate) fn unregister(&self, addrs: &[u64]) -> Result<(), String> {
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        let removed = addrs
+            .iter()
+            .map(|&addr| regions.unregister(addr))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(regions);
+        // Dropping a region waits for transfers still using it, outside the table's lock.
+        drop(removed);
+        Ok(())
+    }
+
+    /// A host buffer of `len` bytes, registered; its address.
+    pub(crate) fn allocate(&self, len: u64) -> Result<u64, String> {
+        let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;
+        let region = self
+            .engine
+            .allocate(length)
+            .map_err(|error| error.to_string())?;
+        let addr = region.addr();
+        self.regions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(region);
+        Ok(addr)
+    }
+
+    /// Copies `bytes` into registered memory at `addr`.
+    pub(crate) fn write_local(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let (region, offset) = regions.containing(addr, bytes.len() as u64)?;
+        region
+            .write_at(offset, bytes)
+            .map_err(|error| error.to_string())
+    }
+
+    /// Reads `len` bytes of registered memory at `addr`.
+    pub(crate) fn read_local(&self, addr: u64, len: u64) -> Result<Vec<u8>, String> {
+        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let (region, offset) = regions.containing(addr, len)?;
+        let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;
+        let mut bytes = vec![0; length];
+        region
+            .read_at(offset, &mut bytes)
+            .map_err(|error| error.to_string())?;
+        Ok(bytes)
+    }
+
+    /// The open peer named `target`, connecting (again, when it went away) as needed.
+    pub(crate) fn peer(&self, target: &str) -> Result<Peer, String> {
+        if let Some(peer) = lock(&self.peers).get(target) {
+            if peer.is_alive() {
+                return Ok(peer.clone());
+            }
+        }
+        self.reconnect(target)
+    }
+
+    /// Opens `target` afresh (its descriptor fetched again) and keeps it for later calls.
+    fn reconnect(&self, target: &str) -> Result<Peer, String> {
+        let peer = self
+            .engine
+            .connect_blocking(target)
+            .map_err(|error| error.to_string())?;
+        lock(&self.peers).insert(target.to_owned(), peer.clone());
+        Ok(peer)
+    }
+
+    /// Submits `entries` to `target` as one batch, with `notify` delivered after the data.
+    pub(crate) fn submit(
+        &self,
+        target: &str,
+        direction: Direction,
+        entries: &[Entry],
+        notify: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<Transfer, String> {
+        if entries.is_empty() && notify.is_none() {
+            return Err("the batch is empty; pass at least one buffer".into());
+        }
+        let mut peer = self.peer(target)?;
+        if let Some(missing) = outside_buffers(&peer, entries) {
+            // The peer may have registered it after this engine fetched its descriptor.
+            peer = self.reconnect(target)?;
+            if outside_buffers(&peer, entries).is_some() {
+                return Err(format!("{missing}; the peer must register_memory it first"));
+            }
+        }
+        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let mut batch = self.engine.batch(&peer);
+        for &(local, remote, len) in entries {
+            let (region, offset) = regions.containing(local, len)?;
+            batch = match direction {
+                Direction::Write => batch.write(region, offset, remote, len),
+                Direction::Read => batch.read(region, offset, remote, len),
+            };
+        }
+        if let Some((name, msg)) = notify {
+            batch = batch.notify(notify::encode(&name, &msg));
+        }
+        batch.submit().map_err(|error| error.to_string())
+    }
+
+    /// Submits like [`Self::submit`] and keeps the transfer under a new batch id.
+    pub(crate) fn submit_tracked(
+        &self,
+        target: &str,
+        direction: Direction,
+        entries: &[Entry],
+    ) -> Result<u64, String> {
+        let transfer = self.submit(target, direction, entries, None)?;
+        let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        lock(&self.batches).insert(id, transfer);
+        Ok(id)
+    }
+
+    /// Where batch `id` stands; a finished batch is forgotten once its end is reported.
+    pub(crate) fn status(&self, id: u64) -> i32 {
+        let mut batches = lock(&self.batches);
+        let Some(transfer) = batches.get_mut(&id) else {
+            return FAILED;
+        };
+        let Some(outcome) = transfer.now_or_never() else {
+            return PENDING;
+        };
+        batches.remove(&id);
+        code_of(outcome)
+    }
+
+    /// Waits for every batch of `ids`; `0` when all moved, else the first failure's code.
+    pub(crate) fn wait_all(&self, ids: &[u64]) -> i32 {
+        let transfers: Vec<Option<Transfer>> = {
+            let mut batches = lock(&self.batches);
+            ids.iter().map(|id| batches.remove(id)).collect()
+        };
+        let mut code = 0;
+        for transfer in transfers {
+            let outcome = match transfer {
+                Some(transfer) => code_of(transfer.wait()),
+                None => FAILED,
+            };
+            if outcome != DONE && code == 0 {
+                code = outcome;
+            }
+        }
+        code
+    }
+
+    /// The notifies that arrived since the last call, as `(name, msg)`.
+    pub(crate) fn notifies(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut inbox = lock(&self.inbox);
+        let mut notes = Vec::new();
+        while let Ok(Some(note)) = inbox.try_recv() {
+            notes.push(notify::decode(&note.from, &note.payload));
+        }
+        notes
+    }
+}
+
+/// Mooncake's code for how a transfer ended.
+pub(crate) fn code_of(outcome: ferry::Result<ferry::Completion>) -> i32 {
+    match outcome {
+        Ok(_) => DONE,
+        Err(ferry::Error::Timeout { .. }) => TIMED_OUT,
+        Err(error) => {
+            tracing::error!("transfer failed: {error}");
+            FAILED
+        }
+    }
+}
+
+/// The first entry whose remote range no buffer of `peer` holds, described.
+fn outside_buffers(peer: &Peer, entries: &[Entry]) -> Option<String> {
+    let buffers = peer.buffers();
+    entries.iter().find_map(|&(_, remote, len)| {
+        let end = remote.checked_add(len)?;
+        let held = buffers
+            .iter()
+            .any(|buffer| buffer.addr <= remote && end <= buffer.addr.saturating_add(buffer.len));
+        (!held).then(|| {
+            format!(
+                "peer range {remote:#x}..{end:#x} is not inside memory {} registered",
+                peer.name()
+            )
+        })
+    })
+}
