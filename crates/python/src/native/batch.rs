@@ -1,0 +1,181 @@
+//! `Batch`: transfers with one peer, built up and submitted together.
+
+use super::region::Region;
+use super::transfer::Transfer;
+use crate::errors::{to_py, FerryError};
+use pyo3::prelude::*;
+use std::sync::{Mutex, PoisonError};
+
+/// One side's pool layout as Python passes it: `(pool_bytes, block_stride, offset)`.
+type Layout = (u64, u64, u64);
+
+/// One pool of a block copy: the local region, the pool's offset in it, the peer's address.
+type Pool<'py> = (PyRef<'py, Region>, u64, u64);
+
+/// Reads and writes with one peer, submitted together and completed as one transfer. Each
+/// method adds to the batch; mistakes are reported by `submit`, before anything moves.
+#[pyclass(module = "ferry_kv._ferry", frozen)]
+pub(crate) struct Batch {
+    batch: Mutex<Option<ferry::Batch>>,
+}
+
+impl Batch {
+    pub(super) fn new(batch: ferry::Batch) -> Self {
+        Batch {
+            batch: Mutex::new(Some(batch)),
+        }
+    }
+
+    /// Replaces the batch with what `add` makes of it.
+    fn update(&self, add: impl FnOnce(ferry::Batch) -> PyResult<ferry::Batch>) -> PyResult<()> {
+        let mut slot = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch = slot.take().ok_or_else(submitted)?;
+        *slot = Some(add(batch)?);
+        Ok(())
+    }
+
+    /// Adds a block copy in `direction`.
+    #[allow(clippy::too_many_arguments)]
+    fn blocks(
+        &self,
+        direction: ferry::Direction,
+        nbytes: u64,
+        local_layout: Layout,
+        remote_layout: Layout,
+        local_ids: Vec<u32>,
+        remote_ids: Vec<u32>,
+        pools: Vec<Pool<'_>>,
+    ) -> PyResult<()> {
+        let layout = |(pool_bytes, block_stride, offset): Layout| ferry::BlockLayout {
+            pool_bytes,
+            block_stride,
+            offset,
+        };
+        let mut copy = ferry::BlockCopy::new(
+            nbytes,
+            layout(local_layout),
+            layout(remote_layout),
+            local_ids,
+            remote_ids,
+        );
+        for (region, offset, remote_addr) in &pools {
+            copy = region.with(|region| copy.pool(region, *offset, *remote_addr))?;
+        }
+        self.update(|batch| {
+            Ok(match direction {
+                ferry::Direction::Write => batch.write_blocks(copy),
+                ferry::Direction::Read => batch.read_blocks(copy),
+            })
+        })
+    }
+}
+
+fn submitted() -> PyErr {
+    FerryError::new_err("the batch was submitted already; start another with engine.batch(peer)")
+}
+
+#[pymethods]
+impl Batch {
+    /// Adds a write of `nbytes` from `region` at `offset` to the peer's `remote_addr`.
+    fn write(
+        &self,
+        region: PyRef<'_, Region>,
+        offset: u64,
+        remote_addr: u64,
+        nbytes: u64,
+    ) -> PyResult<()> {
+        self.update(|batch| region.with(|region| batch.write(region, offset, remote_addr, nbytes)))
+    }
+
+    /// Adds a read of `nbytes` from the peer's `remote_addr` into `region` at `offset`.
+    fn read(
+        &self,
+        region: PyRef<'_, Region>,
+        offset: u64,
+        remote_addr: u64,
+        nbytes: u64,
+    ) -> PyResult<()> {
+        self.update(|batch| region.with(|region| batch.read(region, offset, remote_addr, nbytes)))
+    }
+
+    /// Adds a paged copy to the peer: `nbytes` of block `local_ids[i]` of every local pool to
+    /// block `remote_ids[i]` of the matching remote pool. Layouts are
+    /// `(pool_bytes, block_stride, offset)`; pools are `(region, offset, remote_addr)`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_blocks(
+        &self,
+        nbytes: u64,
+        local_layout: Layout,
+        remote_layout: Layout,
+        local_ids: Vec<u32>,
+        remote_ids: Vec<u32>,
+        pools: Vec<Pool<'_>>,
+    ) -> PyResult<()> {
+        let direction = ferry::Direction::Write;
+        self.blocks(
+            direction,
+            nbytes,
+            local_layout,
+            remote_layout,
+            local_ids,
+            remote_ids,
+            pools,
+        )
+    }
+
+    /// Adds a paged copy from the peer's pools into local ones; arguments as `write_blocks`.
+    #[allow(clippy::too_many_arguments)]
+    fn read_blocks(
+        &self,
+        nbytes: u64,
+        local_layout: Layout,
+        remote_layout: Layout,
+        local_ids: Vec<u32>,
+        remote_ids: Vec<u32>,
+        pools: Vec<Pool<'_>>,
+    ) -> PyResult<()> {
+        let direction = ferry::Direction::Read;
+        self.blocks(
+            direction,
+            nbytes,
+            local_layout,
+            remote_layout,
+            local_ids,
+            remote_ids,
+            pools,
+        )
+    }
+
+    /// Writes the 32-bit `value` into the peer's GPU memory at `remote_addr` once the batch's
+    /// data is visible there, for a peer stream waiting on that word (nvlink batches only).
+    fn signal(&self, remote_addr: u64, value: u32) -> PyResult<()> {
+        self.update(|batch| Ok(batch.signal(remote_addr, value)))
+    }
+
+    /// Sends `payload` (at most 64 KiB) to the peer once the batch's data is visible there.
+    fn notify(&self, payload: Vec<u8>) -> PyResult<()> {
+        self.update(|batch| Ok(batch.notify(payload)))
+    }
+
+    /// Checks every entry and starts the transfer; the batch cannot be used again.
+    fn submit(&self, py: Python<'_>) -> PyResult<Transfer> {
+        let batch = self
+            .batch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(submitted)?;
+        let transfer = py.detach(|| batch.submit()).map_err(to_py)?;
+        Transfer::start(transfer)
+    }
+
+    /// Entries and block copies added so far.
+    fn __len__(&self) -> PyResult<usize> {
+        self.batch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(ferry::Batch::len)
+            .ok_or_else(submitted)
+    }
+}
