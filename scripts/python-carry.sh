@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds into dist/python/ (ignored by git) everything scripts/gpu-python.sh needs on the GPU
+# machine, which has no cargo and no network:
+#   ferry_kv-*.whl     the release wheel (abi3: installs on its Python 3.12)
+#   ferry              the `ferry` CLI, release, stripped (for the same-run native figure)
+#   wheels/            pytest and its dependencies, for a GPU machine without pytest
+#   mooncake-*.tar.xz  with --mooncake: what `from mooncake.engine import TransferEngine` needs
+#                      from Mooncake's wheel, plus the system libraries engine.so links that
+#                      the GPU machine lacks (from NVIDIA's nixl wheel, under plain names)
+# Usage: scripts/python-carry.sh [--mooncake]
+# Needs maturin and pip (MATURIN / PIP override them, e.g. a venv's), cargo, strip, xz.
+# Downloaded wheels are cached in ${FERRY_CARRY_CACHE:-~/.cache/ferry-carry}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mooncake=0
+for argument in "$@"; do
+  case $argument in
+    --mooncake) mooncake=1 ;;
+    *) echo "python-carry.sh: unknown argument $argument (use --mooncake)" >&2; exit 2 ;;
+  esac
+done
+
+MOONCAKE_WHEEL=mooncake-transfer-engine-cuda13==0.3.14
+NIXL_WHEEL=nixl-cu13==1.5.1
+maturin=${MATURIN:-maturin}
+pip=${PIP:-pip}
+target=${CARGO_TARGET_DIR:-target}
+out=dist/python
+cache=${FERRY_CARRY_CACHE:-$HOME/.cache/ferry-carry}
+
+rm -rf "$out"
+mkdir -p "$out" "$cache"
+
+(cd crates/python && "$maturin" build --release --quiet -o "../../$out")
+cargo build --release --bin ferry
+cp "$target/release/ferry" "$out/ferry"
+strip "$out/ferry"
+# Pure-Python wheels for the GPU machine's Python 3.12.
+"$pip" download --quiet --only-binary=:all: --python-version 312 \
+  --platform manylinux_2_28_x86_64 -d "$out/wheels" pytest
+
+if [ "$mooncake" = 1 ]; then
+  # Wheels for the GPU machine's Python 3.12, whatever Python runs here.
+  "$pip" download --quiet --no-deps --only-binary=:all: --python-version 312 \
+    --platform manylinux_2_28_x86_64 -d "$cache" "$MOONCAKE_WHEEL" "$NIXL_WHEEL"
+  staging=$(mktemp -d)
+  trap 'rm -rf "$staging"' EXIT
+  python3 - "$cache" "$staging/mooncake" <<'EOF'
+"""Extracts from the cached wheels what Mooncake's engine needs into DEST:
+site/  mooncake/{__init__,engine,libasio,libetcd_wrapper} and the wheel's bundled .libs folder
+lib/   libibverbs, libmlx5, libnuma, libcurl from nixl's wheel under their hashed names, with
+       the bundled libraries they link (libnl-3, libnl-route-3, libzstd), plus links under the
+       plain names engine.so asks for."""
+import glob, os, re, subprocess, sys, zipfile
+
+cache, dest = sys.argv[1], sys.argv[2]
+site, lib = os.path.join(dest, "site"), os.path.join(dest, "lib")
+
+mooncake = zipfile.ZipFile(glob.glob(os.path.join(cache, "mooncake_transfer_engine_cuda13-0.3.14-*.whl"))[0])
+wanted = {"mooncake/__init__.py", "mooncake/engine.so", "mooncake/libasio.so", "mooncake/libetcd_wrapper.so"}
+for name in mooncake.namelist():
+    if name in wanted or name.startswith("mooncake_transfer_engine_cuda13.libs/"):
+        mooncake.extract(name, site)
+missing = wanted - set(mooncake.namelist())
+if missing:
+    sys.exit(f"Mooncake's wheel lacks {sorted(missing)}")
+
+nixl = zipfile.ZipFile(glob.glob(os.path.join(cache, "nixl_cu13-1.5.1-*.whl"))[0])
+folder = "nixl_cu13.libs/"
+os.makedirs(lib)
+
+
+def copy(hashed):
+    """Copies nixl's bundled library HASHED into lib/, then every bundled library it links."""
+    path = os.path.join(lib, hashed)
+    if os.path.exists(path):
+        return
+    with open(path, "wb") as file:
+        file.write(nixl.read(folder + hashed))
+    os.chmod(path, 0o755)
+    dynamic = subprocess.run(["readelf", "-d", path], check=True, capture_output=True, text=True)
+    for needed in re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic.stdout):
+        if folder + needed in nixl.namelist():
+            copy(needed)
+
+
+# engine.so asks for these plain names; nixl bundles them as <name>-<hash>.so.<version>.
+for soname, prefix in {"libibverbs.so.1": "libibverbs-", "libmlx5.so.1": "libmlx5-",
+                       "libnuma.so.1": "libnuma-", "libcurl.so.4": "libcurl-"}.items():
+    pattern = re.compile(re.escape(folder + prefix) + r"[0-9a-f]{8}\.so")
+    names = [name for name in nixl.namelist() if pattern.match(name)]
+    if len(names) != 1:
+        sys.exit(f"nixl's wheel: expected one {prefix}<hash>.so*, found {names}")
+    hashed = names[0][len(folder):]
+    copy(hashed)
+    os.symlink(hashed, os.path.join(lib, soname))
+EOF
+  tar -C "$staging" -cJf "$out/mooncake-0.3.14.tar.xz" mooncake
+fi
+
+du -sh "$out"
+ls -l "$out"
