@@ -38,7 +38,8 @@ def main() -> None:
     """Runs the decode worker until every request it was given has been generated."""
     args = worker_arguments("decode worker of disagg_llama.py")
     channel = WorkerChannel()
-    model, pool = build_worker(args, ALLOCATOR_SEED)
+    # NaN until written: a KV byte the transfer missed poisons the tokens instead of reading as 0.
+    model, pool = build_worker(args, ALLOCATOR_SEED, fill=float("nan"))
     engine = start_engine(pool)
     channel.send(
         {

@@ -44,11 +44,12 @@ class BlockAllocator:
 class PagedKVPool:
     """The K and V pools of every layer on one device, with their allocator."""
 
-    def __init__(self, layers, num_blocks, kv_heads, head_dim, dtype, device, seed):
-        """Zeroed pools of `num_blocks` blocks per layer; `seed` orders the free list."""
+    def __init__(self, layers, num_blocks, kv_heads, head_dim, dtype, device, seed, fill=0.0):
+        """Pools of `num_blocks` blocks per layer, every element `fill`; `seed` orders the free
+        list."""
         shape = (num_blocks, BLOCK_TOKENS, kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.keys = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(layers)]
         self.allocator = BlockAllocator(num_blocks, seed)
         self.block_bytes = self.keys[0][0].numel() * self.keys[0].element_size()
         self.token_bytes = self.block_bytes // BLOCK_TOKENS

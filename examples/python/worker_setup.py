@@ -32,8 +32,9 @@ def select_device(kind: str, gpu: int) -> torch.device:
     return torch.device("cpu")
 
 
-def build_worker(args: argparse.Namespace, allocator_seed: int):
-    """The worker's model and KV pools on its device; `allocator_seed` orders the free list."""
+def build_worker(args: argparse.Namespace, allocator_seed: int, fill: float = 0.0):
+    """The worker's model and KV pools on its device; `allocator_seed` orders the free list,
+    `fill` is the pools' first content."""
     device = select_device(args.device, args.gpu)
     dtype = tiny_llama.DTYPES[args.dtype]
     model = tiny_llama.build_model(args.seed, dtype, device)
@@ -45,6 +46,7 @@ def build_worker(args: argparse.Namespace, allocator_seed: int):
         dtype,
         device,
         allocator_seed,
+        fill,
     )
     return model, pool
 
