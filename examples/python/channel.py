@@ -61,12 +61,19 @@ class Worker:
         try:
             message = self._messages.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            raise TimeoutError(f"the {self.name} worker sent no '{event}' in time; see its log above") from None
+            raise TimeoutError(
+                f"the {self.name} worker sent no '{event}' in time; see its log above"
+            ) from None
         if message is None:
             code = self.process.wait()
-            raise RuntimeError(f"the {self.name} worker exited (code {code}) before sending '{event}'; see its log above")
+            raise RuntimeError(
+                f"the {self.name} worker exited (code {code}) before sending '{event}'; "
+                "see its log above"
+            )
         if message.get("event") != event:
-            raise RuntimeError(f"the {self.name} worker sent {message!r} where '{event}' was expected")
+            raise RuntimeError(
+                f"the {self.name} worker sent {message!r} where '{event}' was expected"
+            )
         return message
 
     def finish(self, timeout: float) -> int:
@@ -80,7 +87,9 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise TimeoutError(f"the {self.name} worker did not exit in time and was killed") from None
+            raise TimeoutError(
+                f"the {self.name} worker did not exit in time and was killed"
+            ) from None
 
     def kill(self) -> None:
         """Ends the worker at once (after a failure elsewhere) and reaps it."""

@@ -28,7 +28,8 @@ def generate(model, pool: PagedKVPool, note: dict, expected_blocks: list[int], n
             f"but this worker allocated {expected_blocks}"
         )
     layers = [
-        pool.gather(layer, expected_blocks, note["prompt_len"]) for layer in range(tiny_llama.LAYERS)
+        pool.gather(layer, expected_blocks, note["prompt_len"])
+        for layer in range(tiny_llama.LAYERS)
     ]
     cache = tiny_llama.cache_from_layers(layers)
     return tiny_llama.decode(model, cache, note["first_token"], new_tokens)
@@ -71,7 +72,9 @@ def main() -> None:
             message = json.loads(note.msg)
             blocks = allocated.pop(str(message["request"]), None)
             if blocks is None:
-                raise RuntimeError(f"a notification for request {message['request']}, which is not pending")
+                raise RuntimeError(
+                    f"a notification for request {message['request']}, which is not pending"
+                )
             tokens = generate(model, pool, message, blocks, args.new_tokens)
             pool.allocator.free(blocks)
             channel.send({"event": "generated", "request": message["request"], "tokens": tokens})

@@ -33,7 +33,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--decode-gpu", type=int)
     parser.add_argument("--dtype", choices=sorted(tiny_llama.DTYPES), default="bf16")
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--prompts", default="5,16,17,40,100", help="prompt lengths, comma-separated")
+    parser.add_argument(
+        "--prompts", default="5,16,17,40,100", help="prompt lengths, comma-separated"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
     args = parser.parse_args()
@@ -140,8 +142,15 @@ def run_reference(args: argparse.Namespace, prompts: list[list[int]]) -> list[li
 def main() -> int:
     """Runs both ways and prints, per prompt, both token lists and whether they are identical."""
     args = parse_arguments()
-    gpus = f" (prefill GPU {args.prefill_gpu}, decode GPU {args.decode_gpu})" if args.device == "cuda" else ""
-    print(f"device {args.device}{gpus}, dtype {args.dtype}, prompts {args.prompt_lengths}, {args.new_tokens} new tokens")
+    gpus = (
+        f" (prefill GPU {args.prefill_gpu}, decode GPU {args.decode_gpu})"
+        if args.device == "cuda"
+        else ""
+    )
+    print(
+        f"device {args.device}{gpus}, dtype {args.dtype}, prompts {args.prompt_lengths}, "
+        f"{args.new_tokens} new tokens"
+    )
     prompts = make_prompts(args.prompt_lengths, args.seed)
     disaggregated = run_disaggregated(args, prompts)
     reference = run_reference(args, prompts)

@@ -56,7 +56,7 @@ class PagedKVPool:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every pool tensor, in the order layer 0 K, layer 0 V, layer 1 K, ..."""
-        return [t for pair in zip(self.keys, self.values) for t in pair]
+        return [t for pair in zip(self.keys, self.values, strict=True) for t in pair]
 
     def addresses(self) -> list[int]:
         """The device address of every pool tensor, in the order of :meth:`tensors`."""
@@ -100,8 +100,8 @@ def transfer_entries(local: PagedKVPool, local_blocks, remote_addresses, remote_
         for index in range(len(local_blocks))
     ]
     entries = []
-    for local_base, remote_base in zip(local.addresses(), remote_addresses):
-        for src, dst, length in zip(local_blocks, remote_blocks, used):
+    for local_base, remote_base in zip(local.addresses(), remote_addresses, strict=True):
+        for src, dst, length in zip(local_blocks, remote_blocks, used, strict=True):
             src_addr = local_base + src * local.block_bytes
             dst_addr = remote_base + dst * local.block_bytes
             if entries:

@@ -36,9 +36,11 @@ def send_request(engine, session, pool: PagedKVPool, request: dict, decode: dict
         pool, blocks, decode["decode_pools"], request["decode_blocks"], len(prompt)
     )
     target = decode["decode_session"]
-    sources, destinations, lengths = (list(column) for column in zip(*entries))
+    sources, destinations, lengths = (list(column) for column in zip(*entries, strict=True))
     if engine.batch_transfer_sync_write(target, sources, destinations, lengths) != 0:
-        raise RuntimeError(f"request {request['request']}: the KV write failed; see ferry's message above")
+        raise RuntimeError(
+            f"request {request['request']}: the KV write failed; see ferry's message above"
+        )
     note = TransferNotify(
         session,
         json.dumps(
@@ -51,9 +53,16 @@ def send_request(engine, session, pool: PagedKVPool, request: dict, decode: dict
         ),
     )
     if engine.batch_transfer_sync(target, [], [], [], TransferOpcode.Write, note) != 0:
-        raise RuntimeError(f"request {request['request']}: the notification failed; see ferry's message above")
+        raise RuntimeError(
+            f"request {request['request']}: the notification failed; see ferry's message above"
+        )
     pool.allocator.free(blocks)
-    return {"event": "sent", "request": request["request"], "entries": len(entries), "bytes": sum(lengths)}
+    return {
+        "event": "sent",
+        "request": request["request"],
+        "entries": len(entries),
+        "bytes": sum(lengths),
+    }
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def build_model(seed: int, dtype: torch.dtype, device: torch.device) -> LlamaFor
 def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values `cache` holds for `layer`, each [1, kv_heads, tokens, head_dim].
 
-    Recent transformers keep them in ``cache.layers``; releases before 4.54 in
+    Recent transformers keep them in ``cache.layers``; older releases in
     ``cache.key_cache`` / ``cache.value_cache``.
     """
     if hasattr(cache, "layers"):
