@@ -10,7 +10,7 @@ when the launcher closes its stdin.
 import json
 
 import torch
-from ferry_kv.mooncake import TransferEngine, TransferNotify, TransferOpcode
+from ferry_kv.mooncake import TransferNotify, TransferOpcode
 
 import tiny_llama
 from channel import WorkerChannel
@@ -20,9 +20,9 @@ from worker_setup import build_worker, start_engine, worker_arguments
 ALLOCATOR_SEED = 1
 
 
-def send_request(engine, session, pool: PagedKVPool, request: dict, decode: dict, model) -> dict:
-    """Prefills one request, writes its KV blocks to the decode pool and notifies the decode
-    worker; what was sent."""
+def send_request(model, pool: PagedKVPool, engine, session: str, request: dict, decode: dict):
+    """Prefills one request, writes its KV blocks into the decode worker's pool (`decode`: its
+    session and pool addresses) and notifies that worker; returns what was sent."""
     prompt = request["prompt"]
     blocks = pool.allocator.allocate(blocks_for(len(prompt)))
     cache, first = tiny_llama.prefill(model, prompt)
@@ -70,7 +70,7 @@ def main() -> None:
     args = worker_arguments("prefill worker of disagg_llama.py")
     channel = WorkerChannel()
     model, pool = build_worker(args, ALLOCATOR_SEED)
-    engine: TransferEngine = start_engine(pool)
+    engine = start_engine(pool)
     session = engine.get_session_id()
     channel.send({"event": "ready", "session": session, "block_bytes": pool.block_bytes})
     work = channel.receive()
@@ -82,7 +82,7 @@ def main() -> None:
             "start both workers with the same dtype"
         )
     for request in work["requests"]:
-        channel.send(send_request(engine, session, pool, request, work, model))
+        channel.send(send_request(model, pool, engine, session, request, work))
     channel.receive()
 
 

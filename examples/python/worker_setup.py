@@ -55,7 +55,7 @@ def start_engine(pool: PagedKVPool) -> TransferEngine:
     """A ferry engine on 127.0.0.1 with every pool tensor registered.
 
     The protocol argument is Mooncake's; ferry picks the link for each pair of buffers itself
-    (NVLink between GPUs of one host, TCP otherwise). Raises when a step fails; ferry logged why.
+    (GPU to GPU within one host, TCP for host memory). Raises when a step fails; ferry logged why.
     """
     engine = TransferEngine()
     if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
