@@ -547,7 +547,7 @@ impl TransferEngine {
             Ok(session) => Arc::clone(session),
             Err(error) => return failed("get_batch_transfer_status", error),
         };
-        py.detach(|| session.wait_all(&batch_ids)).min(0).max(-1)
+        py.detach(|| session.wait_all(&batch_ids)).clamp(-1, 0)
     }
 
     /// Opens `target_hostname` (fetching its descriptor): 0 when it answered, -1 if not.
