@@ -307,12 +307,14 @@ def test_unregister_unknown_address_fails(local):
 def test_write_and_read_at_offsets_inside_regions(local, peer):
     data = pattern(1, 5000)
     local.put(1234, data)
-    assert local.engine.transfer_sync_write(peer.session, local.addr + 1234, peer.addr + 777, 5000) == 0
+    code = local.engine.transfer_sync_write(peer.session, local.addr + 1234, peer.addr + 777, 5000)
+    assert code == 0
     assert peer.read(777, 5000) == data
 
     back = pattern(2, 3000)
     peer.fill(40000, back)
-    assert local.engine.transfer_sync_read(peer.session, local.addr + 9000, peer.addr + 40000, 3000) == 0
+    code = local.engine.transfer_sync_read(peer.session, local.addr + 9000, peer.addr + 40000, 3000)
+    assert code == 0
     assert local.get(9000, 3000) == back
 
 
@@ -345,7 +347,8 @@ def test_batch_write_and_read(local, peer):
 
 def test_unregistered_local_buffer_fails_and_writes_nothing(local, peer):
     stray = ctypes.create_string_buffer(b"x" * 64, 64)
-    assert local.engine.transfer_sync_write(peer.session, ctypes.addressof(stray), peer.addr, 64) == -1
+    stray_addr = ctypes.addressof(stray)
+    assert local.engine.transfer_sync_write(peer.session, stray_addr, peer.addr, 64) == -1
     tail = local.addr + PEER_SIZE - 10
     assert local.engine.transfer_sync_write(peer.session, tail, peer.addr, 64) == -1
     assert peer.read(0, 64) == bytes(64)
@@ -430,7 +433,12 @@ def test_batch_async_write_read_and_wait(local, peer):
 def test_transfer_sync_with_notify_reaches_get_notifies(local, peer):
     local.put(0, b"first block")
     code = local.engine.transfer_sync(
-        peer.session, local.addr, peer.addr + 10, 11, TransferOpcode.Write, TransferNotify("prefill-0", "req-1 done")
+        peer.session,
+        local.addr,
+        peer.addr + 10,
+        11,
+        TransferOpcode.Write,
+        TransferNotify("prefill-0", "req-1 done"),
     )
     assert code == 0
     assert peer.read(10, 11) == b"first block"
@@ -547,7 +555,9 @@ def test_ten_threads_write_their_own_ranges_at_once(local, peer):
             [piece] * pieces,
         )
 
-    workers = [threading.Thread(target=write, args=(index,), daemon=True) for index in range(threads)]
+    workers = [
+        threading.Thread(target=write, args=(index,), daemon=True) for index in range(threads)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:

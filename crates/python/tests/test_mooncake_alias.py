@@ -68,7 +68,8 @@ def fake_mooncake(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text("ORIGIN = 'fake'\n")
     (package / "engine.py").write_text("ORIGIN = 'fake'\n\nclass TransferEngine:\n    pass\n")
-    (package / "store.py").write_text("ORIGIN = 'fake'\n\nclass MooncakeDistributedStore:\n    pass\n")
+    store = "ORIGIN = 'fake'\n\nclass MooncakeDistributedStore:\n    pass\n"
+    (package / "store.py").write_text(store)
     return tmp_path
 
 
