@@ -72,15 +72,15 @@ class MooncakeAlias(importlib.abc.MetaPathFinder):
     """The import hook: answers for ``mooncake.engine`` (and ``mooncake`` when absent)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in ("mooncake", _TARGET):
-            return None
-        if _choice() != "ferry":
-            return None
         if fullname == "mooncake":
-            if _mooncake_installed():
+            # Mooncake's own package always loads when installed (its `store` and the rest stay
+            # usable whatever is chosen); only its `engine` module is in question.
+            if _mooncake_installed() or _choice() != "ferry":
                 return None
             return importlib.util.spec_from_loader("mooncake", _Package(), is_package=True)
-        return importlib.util.spec_from_loader(_TARGET, _Engine())
+        if fullname == _TARGET and _choice() == "ferry":
+            return importlib.util.spec_from_loader(_TARGET, _Engine())
+        return None
 
 
 def install():

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 /// Seconds a transfer may take when `MC_TRANSFER_TIMEOUT` is not set.
 const DEFAULT_TIMEOUT_SECONDS: u64 = 30;
+/// The shortest transfer timeout; Mooncake raises smaller `MC_TRANSFER_TIMEOUT` values to it.
+const MIN_TIMEOUT_SECONDS: u64 = 5;
 
 /// Which way a transfer moves bytes, as Mooncake's `TransferOpcode`.
 #[pyclass(module = "ferry_kv.mooncake", eq, eq_int, frozen)]
@@ -66,6 +68,8 @@ impl TransferNotify {
 #[pyclass(module = "ferry_kv.mooncake", frozen)]
 pub(crate) struct TransferEngine {
     session: OnceLock<Arc<Session>>,
+    /// `MC_TRANSFER_TIMEOUT` as it was when the engine was created (Mooncake reads it there).
+    timeout: Result<Duration, String>,
 }
 
 /// Logs `error` and returns Mooncake's failure code.
@@ -119,7 +123,7 @@ impl TransferEngine {
             || match session.submit(target, opcode.direction(), &entries, notify) {
                 Ok(transfer) => match session::code_of(transfer.wait()) {
                     session::DONE => 0,
-                    code => code,
+                    _ => -1,
                 },
                 Err(error) => failed(call, error),
             },
@@ -159,6 +163,7 @@ impl TransferEngine {
     fn new() -> Self {
         TransferEngine {
             session: OnceLock::new(),
+            timeout: transfer_timeout(),
         }
     }
 
@@ -170,17 +175,17 @@ impl TransferEngine {
     }
 
     /// Starts the engine: listens on `local_hostname` (a port in it is ignored; see
-    /// `get_rpc_port`), keeps descriptors where `metadata_server` says (`P2PHANDSHAKE`, or an
-    /// `etcd://` / `redis://` URL). `protocol` and `device_name` are accepted and ferry picks
-    /// the transport. Returns 0, or -1 with the reason logged.
-    #[pyo3(signature = (local_hostname, metadata_server, protocol = "rdma", device_name = ""))]
+    /// `get_rpc_port`), keeps descriptors where `metadata_server` says (`P2PHANDSHAKE`, or a
+    /// `redis://` URL). `protocol` and `device_name` (either may be None) are accepted and
+    /// ferry picks the transport. Returns 0, or -1 with the reason logged.
+    #[pyo3(signature = (local_hostname, metadata_server, protocol = None, device_name = None))]
     fn initialize(
         &self,
         py: Python<'_>,
         local_hostname: &str,
         metadata_server: &str,
-        protocol: &str,
-        device_name: &str,
+        protocol: Option<&str>,
+        device_name: Option<&str>,
     ) -> i32 {
         if self.session.get().is_some() {
             return failed(
@@ -196,8 +201,8 @@ impl TransferEngine {
             Ok(store) => store,
             Err(error) => return failed("initialize", error),
         };
-        let timeout = match transfer_timeout() {
-            Ok(timeout) => timeout,
+        let timeout = match &self.timeout {
+            Ok(timeout) => *timeout,
             Err(error) => return failed("initialize", error),
         };
         tracing::debug!(
@@ -291,7 +296,7 @@ impl TransferEngine {
     }
 
     /// Writes `length` bytes at `buffer` to `peer_buffer_address` of `target_hostname`;
-    /// returns 0 once they are visible there, or -1 (-2 on timeout).
+    /// returns 0 once they are visible there, or -1 (a timeout included).
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
     fn transfer_sync_write(
         &self,
@@ -338,7 +343,7 @@ impl TransferEngine {
     }
 
     /// One transfer in the direction of `opcode`, with `notify` delivered after its data.
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None))]
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = ""))]
     #[allow(clippy::too_many_arguments)]
     fn transfer_sync(
         &self,
@@ -349,7 +354,9 @@ impl TransferEngine {
         length: u64,
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
+        transport_hint: &str,
     ) -> i32 {
+        let _ = transport_hint;
         let entries = vec![(buffer, peer_buffer_address, length)];
         let notify = notify.map(|note| note_bytes(&note));
         self.transfer_blocking(
@@ -404,7 +411,7 @@ impl TransferEngine {
     }
 
     /// One batch in the direction of `opcode`, with `notify` delivered after all its data.
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None))]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = ""))]
     #[allow(clippy::too_many_arguments)]
     fn batch_transfer_sync(
         &self,
@@ -415,7 +422,9 @@ impl TransferEngine {
         lengths: Vec<u64>,
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
+        transport_hint: &str,
     ) -> i32 {
+        let _ = transport_hint;
         let lists = (buffers, peer_buffer_addresses, lengths);
         let notify = notify.map(|note| note_bytes(&note));
         self.batch_blocking(
@@ -429,6 +438,7 @@ impl TransferEngine {
     }
 
     /// Starts a write and returns its batch id for `transfer_check_status` (0 on failure).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
     fn transfer_submit_write(
         &self,
         py: Python<'_>,
@@ -436,7 +446,9 @@ impl TransferEngine {
         buffer: u64,
         peer_buffer_address: u64,
         length: u64,
+        transport_hint: &str,
     ) -> u64 {
+        let _ = transport_hint;
         let entries = vec![(buffer, peer_buffer_address, length)];
         self.submit_tracked(
             py,
@@ -457,6 +469,7 @@ impl TransferEngine {
     }
 
     /// Starts a batch of writes and returns its id (0 on failure).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
     fn batch_transfer_async_write(
         &self,
         py: Python<'_>,
@@ -464,7 +477,9 @@ impl TransferEngine {
         buffers: Vec<u64>,
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
+        transport_hint: &str,
     ) -> u64 {
+        let _ = transport_hint;
         self.batch_async(
             py,
             "batch_transfer_async_write",
@@ -477,6 +492,7 @@ impl TransferEngine {
     }
 
     /// Starts a batch of reads and returns its id (0 on failure).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
     fn batch_transfer_async_read(
         &self,
         py: Python<'_>,
@@ -484,7 +500,9 @@ impl TransferEngine {
         buffers: Vec<u64>,
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
+        transport_hint: &str,
     ) -> u64 {
+        let _ = transport_hint;
         self.batch_async(
             py,
             "batch_transfer_async_read",
@@ -497,6 +515,8 @@ impl TransferEngine {
     }
 
     /// Starts a batch in the direction of `opcode` and returns its id (0 on failure).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
     fn batch_transfer_async(
         &self,
         py: Python<'_>,
@@ -505,7 +525,9 @@ impl TransferEngine {
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
         opcode: PyRef<'_, TransferOpcode>,
+        transport_hint: &str,
     ) -> u64 {
+        let _ = transport_hint;
         let call = "batch_transfer_async";
         self.batch_async(
             py,
@@ -595,14 +617,16 @@ impl TransferEngine {
         self.batch_unregister_memory(py, vec![buffer_addr])
     }
 
-    /// Copies the first `length` bytes of `src_data` into registered memory at `dest_address`.
+    /// Copies the first `length` bytes of `src_data` (`bytes`, or `str` as UTF-8) into
+    /// registered memory at `dest_address`. Returns 0 or -1.
     fn write_bytes_to_buffer(
         &self,
         py: Python<'_>,
         dest_address: u64,
-        src_data: &[u8],
+        src_data: SourceBytes,
         length: u64,
     ) -> i32 {
+        let src_data = src_data.as_bytes();
         let call = "write_bytes_to_buffer";
         let session = match self.session() {
             Ok(session) => Arc::clone(session),
@@ -642,6 +666,22 @@ impl TransferEngine {
                 failed(call, error);
                 PyBytes::new(py, &[])
             }
+        }
+    }
+}
+
+/// What `write_bytes_to_buffer` copies: `bytes`, or a `str` (its UTF-8), as Mooncake takes.
+#[derive(FromPyObject)]
+enum SourceBytes {
+    Bytes(Vec<u8>),
+    Text(String),
+}
+
+impl SourceBytes {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            SourceBytes::Bytes(bytes) => bytes,
+            SourceBytes::Text(text) => text.as_bytes(),
         }
     }
 }
@@ -705,14 +745,15 @@ impl TransferEngine {
     }
 }
 
-/// The transfer timeout: `MC_TRANSFER_TIMEOUT` seconds, as Mooncake reads it.
+/// The transfer timeout: `MC_TRANSFER_TIMEOUT` seconds, as Mooncake reads it (at least
+/// [`MIN_TIMEOUT_SECONDS`], so a setting tuned for Mooncake behaves the same here).
 fn transfer_timeout() -> Result<Duration, String> {
     match std::env::var("MC_TRANSFER_TIMEOUT") {
         Err(_) => Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECONDS)),
         Ok(text) => match text.trim().parse::<u64>() {
-            Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+            Ok(seconds) => Ok(Duration::from_secs(seconds.max(MIN_TIMEOUT_SECONDS))),
             _ => Err(format!(
-                "MC_TRANSFER_TIMEOUT={text:?} is not a whole number of seconds above 0"
+                "MC_TRANSFER_TIMEOUT={text:?} is not a whole number of seconds; set it to one (5 or more) or unset it"
             )),
         },
     }

@@ -11,8 +11,9 @@ pub(crate) struct Regions {
 }
 
 impl Regions {
-    /// Registers `len` bytes at `addr`. Registering the exact range again is a no-op, as
-    /// callers that register per layer and per tensor sometimes do.
+    /// Registers `len` bytes at `addr`; `true` when it is new. Registering the exact range
+    /// again is a no-op (`false`), as callers that register per layer and per tensor sometimes
+    /// do.
     ///
     /// # Safety
     /// As [`ferry::Engine::register`]: the memory stays valid until it is unregistered.
@@ -21,10 +22,10 @@ impl Regions {
         engine: &Engine,
         addr: u64,
         len: u64,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         if let Some(region) = self.by_start.get(&addr) {
             if region.len() == len {
-                return Ok(());
+                return Ok(false);
             }
         }
         let length = usize::try_from(len)
@@ -38,7 +39,7 @@ impl Regions {
         let region = unsafe { engine.register(addr as *mut u8, length) }
             .map_err(|error| error.to_string())?;
         self.by_start.insert(addr, region);
-        Ok(())
+        Ok(true)
     }
 
     /// Unregisters the region that starts at `addr`; its transfers still in flight finish first.

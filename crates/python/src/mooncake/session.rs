@@ -78,14 +78,19 @@ impl Session {
     /// Each range stays valid memory until it is unregistered.
     pub(crate) unsafe fn register(&self, ranges: &[(u64, u64)]) -> Result<(), String> {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
-        for (index, &(addr, len)) in ranges.iter().enumerate() {
+        let mut added = Vec::new();
+        for &(addr, len) in ranges {
             // SAFETY: passed on from this fn's contract.
-            if let Err(error) = unsafe { regions.register(&self.engine, addr, len) } {
-                for &(earlier, _) in &ranges[..index] {
-                    // Ranges registered before this call are left alone: only this call's go.
-                    let _ = regions.unregister(earlier);
+            match unsafe { regions.register(&self.engine, addr, len) } {
+                Ok(true) => added.push(addr),
+                Ok(false) => {}
+                Err(error) => {
+                    // Only this call's new regions go; ranges registered before it stay.
+                    for earlier in added {
+                        let _ = regions.unregister(earlier);
+                    }
+                    return Err(error);
                 }
-                return Err(error);
             }
         }
         Ok(())
