@@ -7,15 +7,22 @@
 #   - python -m ferry_kv.bench on CUDA: ferry alone, then ferry and Mooncake in the same run
 #     when Mooncake's files were carried; GPU 0 -> GPU 0 and, with two GPUs, GPU 0 -> GPU 1;
 #   - the native `ferry bench --workloads kv-llama70b-4k` on the same GPUs.
-# Usage: scripts/gpu-python.sh LOG_DIR
+# Usage: scripts/gpu-python.sh LOG_DIR [all|tests|bench]
+# (`tests`: the pytest files and the model example; `bench`: the bench rows; `all` by default,
+# split so that each part fits one call of a time-limited runner.)
 # Writes LOG_DIR/summary.txt (one PASS/FAIL line per step, then the bench tables) and one log
 # per step; prints the summary; exits non-zero when any step failed.
 set -u
 cd "$(dirname "$0")/.."
-if [ $# -ne 1 ]; then
-  echo "usage: scripts/gpu-python.sh LOG_DIR" >&2
-  exit 2
-fi
+parts=${2:-all}
+case $# in 1 | 2) ;; *) parts=usage ;; esac
+case $parts in
+  all | tests | bench) ;;
+  *)
+    echo "usage: scripts/gpu-python.sh LOG_DIR [all|tests|bench]" >&2
+    exit 2
+    ;;
+esac
 logs=$1
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
@@ -72,13 +79,18 @@ echo "GPUs visible: $gpus" | tee -a "$summary"
 step "nvidia-smi" nvidia-smi
 step "install ferry wheel" install_ferry
 step "install pytest" install_pytest
-step "pytest host-memory tests" timeout 600 "$python" -m pytest crates/python/tests -q -rs
-step "pytest GPU tests" env FERRY_GPU_TESTS=1 timeout 900 "$python" -m pytest crates/python/tests/gpu -q -rs
+if [ "$parts" != bench ]; then
+  step "pytest host-memory tests" timeout 600 "$python" -m pytest crates/python/tests -q -rs
+  step "pytest GPU tests" env FERRY_GPU_TESTS=1 timeout 900 "$python" -m pytest crates/python/tests/gpu -q -rs
 
-if [ -f examples/python/run_gpu.sh ]; then
-  step "examples/python/run_gpu.sh" timeout 1500 bash examples/python/run_gpu.sh "$logs/examples"
-else
-  echo "---- examples/python/run_gpu.sh is not in this tree: not run" | tee -a "$summary"
+  if [ -f examples/python/run_gpu.sh ]; then
+    step "examples/python/run_gpu.sh" timeout 1500 bash examples/python/run_gpu.sh "$logs/examples"
+  else
+    echo "---- examples/python/run_gpu.sh is not in this tree: not run" | tee -a "$summary"
+  fi
+fi
+if [ "$parts" = tests ]; then
+  exit $status
 fi
 
 # Mooncake, when carried: its package on PYTHONPATH, the system libraries it links (from
