@@ -7,6 +7,7 @@
 
 mod host;
 mod notify;
+mod plan;
 mod regions;
 mod session;
 

@@ -2,8 +2,9 @@
 //! implies (registrations by containment, peers by session name, batch ids, notifies).
 
 use super::notify;
+use super::plan::{self, Outside, Span};
 use super::regions::Regions;
-use ferry::{Direction, Engine, Notifications, Peer, Transfer};
+use ferry::{BlockCopy, BlockLayout, Direction, Engine, Notifications, Peer, Transfer};
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -177,20 +178,42 @@ impl Session {
             return Err("the batch is empty; pass at least one buffer".into());
         }
         let mut peer = self.peer(target)?;
-        if let Some(missing) = outside_buffers(&peer, entries) {
-            // The peer may have registered it after this engine fetched its descriptor.
-            peer = self.reconnect(target)?;
-            if outside_buffers(&peer, entries).is_some() {
-                return Err(format!("{missing}; the peer must register_memory it first"));
-            }
-        }
         let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let (spans, handles) = regions.spans();
+        let mut buffers = buffer_spans(&peer);
+        let plan = match plan::plan(&spans, &buffers, entries) {
+            Err(Outside::Peer(_)) => {
+                // The peer may have registered it after this engine fetched its descriptor.
+                peer = self.reconnect(target)?;
+                buffers = buffer_spans(&peer);
+                plan::plan(&spans, &buffers, entries)
+            }
+            planned => planned,
+        }
+        .map_err(|outside| outside.to_string())?;
         let mut batch = self.engine.batch(&peer);
-        for &(local, remote, len) in entries {
-            let (region, offset) = regions.containing(local, len)?;
+        for paged in plan.paged {
+            let (local_ids, remote_ids): (Vec<u32>, Vec<u32>) = paged.ids.into_iter().unzip();
+            let mut copy = BlockCopy::new(
+                paged.len,
+                BlockLayout::packed(paged.local_pool_bytes, paged.len),
+                BlockLayout::packed(paged.remote_pool_bytes, paged.len),
+                local_ids,
+                remote_ids,
+            );
+            for (region, buffer) in paged.pools {
+                copy = copy.pool(handles[region], 0, buffers[buffer].0);
+            }
             batch = match direction {
-                Direction::Write => batch.write(region, offset, remote, len),
-                Direction::Read => batch.read(region, offset, remote, len),
+                Direction::Write => batch.write_blocks(copy),
+                Direction::Read => batch.read_blocks(copy),
+            };
+        }
+        for flat in plan.flat {
+            let region = handles[flat.local];
+            batch = match direction {
+                Direction::Write => batch.write(region, flat.offset, flat.remote, flat.len),
+                Direction::Read => batch.read(region, flat.offset, flat.remote, flat.len),
             };
         }
         if let Some((name, msg)) = notify {
@@ -267,19 +290,13 @@ pub(crate) fn code_of(outcome: ferry::Result<ferry::Completion>) -> i32 {
     }
 }
 
-/// The first entry whose remote range no buffer of `peer` holds, described.
-fn outside_buffers(peer: &Peer, entries: &[Entry]) -> Option<String> {
-    let buffers = peer.buffers();
-    entries.iter().find_map(|&(_, remote, len)| {
-        let end = remote.checked_add(len)?;
-        let held = buffers
-            .iter()
-            .any(|buffer| buffer.addr <= remote && end <= buffer.addr.saturating_add(buffer.len));
-        (!held).then(|| {
-            format!(
-                "peer range {remote:#x}..{end:#x} is not inside memory {} registered",
-                peer.name()
-            )
-        })
-    })
+/// The peer's buffers as spans, sorted by start.
+fn buffer_spans(peer: &Peer) -> Vec<Span> {
+    let mut spans: Vec<Span> = peer
+        .buffers()
+        .iter()
+        .map(|buffer| (buffer.addr, buffer.len))
+        .collect();
+    spans.sort_unstable();
+    spans
 }
