@@ -80,6 +80,13 @@ impl std::fmt::Display for Outside {
     }
 }
 
+/// `index` when span `index` of `spans` holds `[addr, addr + len)`.
+fn within(spans: &[Span], index: usize, addr: u64, len: u64) -> Option<usize> {
+    let &(start, span_len) = spans.get(index)?;
+    let end = addr.checked_add(len)?;
+    (start <= addr && end <= start.saturating_add(span_len)).then_some(index)
+}
+
 /// Plans `entries` (local address, peer address, length) over the local `regions` and the
 /// peer's `buffers`, both sorted by start.
 pub(crate) fn plan(
@@ -90,22 +97,36 @@ pub(crate) fn plan(
     let mut pairs: Vec<(PoolPair, Vec<(u32, u32)>)> = Vec::new();
     let mut pair_of: HashMap<PoolPair, usize> = HashMap::new();
     let mut plan = Plan::default();
+    // Callers list a tensor's blocks one after another: the previous entry's region, buffer and
+    // pool pair usually hold the next one too, which saves the searches and the map.
+    let mut last_region = 0;
+    let mut last_buffer = 0;
+    let mut last_pair: Option<(PoolPair, usize)> = None;
     for &(local, remote, len) in entries {
-        let region = holding(regions, local, len).ok_or_else(|| {
-            Outside::Local(format!("local range {local:#x}+{len} is not inside registered memory; register_memory the buffer it belongs to first"))
-        })?;
-        let buffer = holding(buffers, remote, len).ok_or_else(|| {
-            Outside::Peer(format!("peer range {remote:#x}+{len} is not inside memory the peer registered; the peer must register_memory it first"))
-        })?;
+        let region = within(regions, last_region, local, len)
+            .or_else(|| holding(regions, local, len))
+            .ok_or_else(|| {
+                Outside::Local(format!("local range {local:#x}+{len} is not inside registered memory; register_memory the buffer it belongs to first"))
+            })?;
+        let buffer = within(buffers, last_buffer, remote, len)
+            .or_else(|| holding(buffers, remote, len))
+            .ok_or_else(|| {
+                Outside::Peer(format!("peer range {remote:#x}+{len} is not inside memory the peer registered; the peer must register_memory it first"))
+            })?;
+        (last_region, last_buffer) = (region, buffer);
         let offset = local - regions[region].0;
         let remote_offset = remote - buffers[buffer].0;
         match (block_id(offset, len), block_id(remote_offset, len)) {
             (Some(local_id), Some(remote_id)) => {
                 let key = (region, buffer, len);
-                let index = *pair_of.entry(key).or_insert_with(|| {
-                    pairs.push((key, Vec::new()));
-                    pairs.len() - 1
-                });
+                let index = match last_pair {
+                    Some((last, index)) if last == key => index,
+                    _ => *pair_of.entry(key).or_insert_with(|| {
+                        pairs.push((key, Vec::new()));
+                        pairs.len() - 1
+                    }),
+                };
+                last_pair = Some((key, index));
                 pairs[index].1.push((local_id, remote_id));
             }
             _ => plan.flat.push(Flat {
