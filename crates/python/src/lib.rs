@@ -7,6 +7,7 @@
 //! addresses and adds `asyncio`. Every call that moves or registers memory releases the GIL.
 
 mod errors;
+mod lists;
 mod logging;
 mod mooncake;
 mod native;

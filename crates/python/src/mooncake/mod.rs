@@ -376,9 +376,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
@@ -400,9 +400,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
@@ -418,9 +418,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
         transport_hint: &str,
@@ -475,9 +475,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         transport_hint: &str,
     ) -> u64 {
         let _ = transport_hint;
@@ -498,9 +498,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         transport_hint: &str,
     ) -> u64 {
         let _ = transport_hint;
@@ -522,9 +522,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
+        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
         opcode: PyRef<'_, TransferOpcode>,
         transport_hint: &str,
     ) -> u64 {

@@ -162,10 +162,16 @@ pub(crate) fn plan(
 
 /// The block id of `offset` in a pool of `len`-byte blocks, when it starts a block.
 fn block_id(offset: u64, len: u64) -> Option<u32> {
-    if len == 0 || offset % len != 0 {
+    // Block sizes are mostly powers of two; a shift spares the two divisions per entry that
+    // otherwise dominate planning.
+    let id = if len.is_power_of_two() {
+        (offset & (len - 1) == 0).then(|| offset >> len.trailing_zeros())?
+    } else if len != 0 && offset % len == 0 {
+        offset / len
+    } else {
         return None;
-    }
-    u32::try_from(offset / len).ok()
+    };
+    u32::try_from(id).ok()
 }
 
 #[cfg(test)]
@@ -258,5 +264,19 @@ mod tests {
         assert_eq!(holding(&regions, 0x1000, 0x1000), Some(0));
         assert_eq!(holding(&regions, 0xfff, 1), None);
         assert_eq!(holding(&[], 0, 1), None);
+    }
+
+    #[test]
+    fn block_ids_come_from_whole_block_offsets_of_any_size() {
+        assert_eq!(block_id(3 * BLOCK, BLOCK), Some(3));
+        assert_eq!(block_id(3 * BLOCK + 1, BLOCK), None);
+        assert_eq!(block_id(5 * 18_432, 18_432), Some(5));
+        assert_eq!(block_id(5 * 18_432 + 16, 18_432), None);
+        assert_eq!(block_id(0, 0), None);
+        assert_eq!(
+            block_id(u64::from(u32::MAX) * 2 + 2, 2),
+            None,
+            "past u32 ids"
+        );
     }
 }
