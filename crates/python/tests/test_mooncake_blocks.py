@@ -7,6 +7,7 @@ there, for writes and reads, with block entries and odd entries mixed in one cal
 
 import ctypes
 import random
+import time
 
 from ferry_kv.mooncake import TransferEngine
 
@@ -100,3 +101,65 @@ def test_reading_two_blocks_into_one_is_refused_and_nothing_lands():
     )
     assert code == -1
     assert bytes(local[0]) == bytes([POISON]) * (BLOCK * BLOCKS)
+
+
+ENTRY = 64
+MANY = 20_000
+
+
+def many_entries(prefill, decode):
+    """A source of ``MANY`` distinct 64-byte entries and a poisoned target, registered."""
+    source = (ctypes.c_uint8 * (ENTRY * MANY))()
+    for index in range(MANY):
+        ctypes.memset(ctypes.addressof(source) + index * ENTRY, index % 251, ENTRY)
+    target = (ctypes.c_uint8 * (ENTRY * MANY))()
+    ctypes.memset(target, POISON, ENTRY * MANY)
+    assert prefill.register_memory(ctypes.addressof(source), ENTRY * MANY) == 0
+    assert decode.register_memory(ctypes.addressof(target), ENTRY * MANY) == 0
+    order = list(range(MANY))
+    random.Random(3).shuffle(order)
+    bufs = [ctypes.addressof(source) + index * ENTRY for index in range(MANY)]
+    peers = [ctypes.addressof(target) + slot * ENTRY for slot in order]
+    return source, target, order, bufs, peers
+
+
+def test_twenty_thousand_entries_move_and_the_notify_follows_them():
+    from ferry_kv.mooncake import TransferNotify, Write
+
+    prefill, decode = engines()
+    source, target, order, bufs, peers = many_entries(prefill, decode)
+    note = TransferNotify("prefill-0", "req-7 ready")
+    code = prefill.batch_transfer_sync(
+        decode.get_session_id(), bufs, peers, [ENTRY] * MANY, Write, note
+    )
+    assert code == 0
+    for index, slot in enumerate(order):
+        assert bytes(target[slot * ENTRY : (slot + 1) * ENTRY]) == bytes([index % 251]) * ENTRY
+    notes = []
+    for _ in range(100):
+        notes += [(n.name, n.msg) for n in decode.get_notifies()]
+        if notes:
+            break
+        time.sleep(0.02)
+    assert notes == [("prefill-0", "req-7 ready")]
+
+
+def test_one_bad_entry_among_thousands_fails_the_call():
+    prefill, decode = engines()
+    _, _, _, bufs, peers = many_entries(prefill, decode)
+    peers[17_000] += ENTRY * MANY  # past the peer's registration
+    code = prefill.batch_transfer_sync_write(decode.get_session_id(), bufs, peers, [ENTRY] * MANY)
+    assert code == -1
+
+
+def test_a_non_int_among_thousands_raises_type_error_naming_it():
+    prefill, decode = engines()
+    _, _, _, bufs, peers = many_entries(prefill, decode)
+    lens = [ENTRY] * MANY
+    lens[16_500] = "64"
+    try:
+        prefill.batch_transfer_sync_write(decode.get_session_id(), bufs, peers, lens)
+    except TypeError as error:
+        assert "item 16500" in str(error), error
+    else:
+        raise AssertionError("a str length was accepted")
