@@ -14,7 +14,7 @@ mod session;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use session::{Entry, Session};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Seconds a transfer may take when `MC_TRANSFER_TIMEOUT` is not set.
@@ -68,7 +68,7 @@ impl TransferNotify {
 /// transfer to other engines by their session name (`host:port`).
 #[pyclass(module = "ferry_kv.mooncake", frozen)]
 pub(crate) struct TransferEngine {
-    session: OnceLock<Arc<Session>>,
+    session: OnceLock<Session>,
     /// `MC_TRANSFER_TIMEOUT` as it was when the engine was created (Mooncake reads it there).
     timeout: Result<Duration, String>,
 }
@@ -97,10 +97,29 @@ fn entries(bufs: &[u64], peer_addrs: &[u64], lens: &[u64]) -> Vec<Entry> {
 }
 
 impl TransferEngine {
-    fn session(&self) -> Result<&Arc<Session>, String> {
+    fn session(&self) -> Result<&Session, String> {
         self.session
             .get()
             .ok_or_else(|| "the engine is not initialized; call initialize(local_hostname, metadata_server, protocol, device_name) first".to_owned())
+    }
+
+    /// Runs `work` on the initialized session with the GIL released. A failure, an engine
+    /// not yet initialized included, is logged and answered with `failure`, Mooncake's code.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        failure: T,
+        work: impl FnOnce(&Session) -> Result<T, String> + Send,
+    ) -> T {
+        let outcome = match self.session() {
+            Ok(session) => py.detach(|| work(session)),
+            Err(error) => Err(error),
+        };
+        outcome.unwrap_or_else(|error| {
+            failed(call, error);
+            failure
+        })
     }
 
     /// Runs a blocking transfer of `entries` with the GIL released; Mooncake's code.
@@ -113,22 +132,16 @@ impl TransferEngine {
         entries: Vec<Entry>,
         notify: Option<(Vec<u8>, Vec<u8>)>,
     ) -> i32 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed(call, error),
-        };
-        if entries.is_empty() && notify.is_none() {
-            return 0;
-        }
-        py.detach(
-            || match session.submit(target, opcode.direction(), &entries, notify) {
-                Ok(transfer) => match session::code_of(transfer.wait()) {
-                    session::DONE => 0,
-                    _ => -1,
-                },
-                Err(error) => failed(call, error),
-            },
-        )
+        self.run(py, call, -1, |session| {
+            if entries.is_empty() && notify.is_none() {
+                return Ok(0);
+            }
+            let transfer = session.submit(target, opcode.direction(), &entries, notify)?;
+            Ok(match session::code_of(transfer.wait()) {
+                session::DONE => 0,
+                _ => -1,
+            })
+        })
     }
 
     /// Submits `entries` with the GIL released and returns the batch id (0 on failure).
@@ -140,20 +153,8 @@ impl TransferEngine {
         opcode: TransferOpcode,
         entries: Vec<Entry>,
     ) -> u64 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => {
-                failed(call, error);
-                return 0;
-            }
-        };
-        py.detach(|| {
-            session
-                .submit_tracked(target, opcode.direction(), &entries)
-                .unwrap_or_else(|error| {
-                    failed(call, error);
-                    0
-                })
+        self.run(py, call, 0, |session| {
+            session.submit_tracked(target, opcode.direction(), &entries)
         })
     }
 }
@@ -215,7 +216,7 @@ impl TransferEngine {
         let started = py.detach(|| Session::start(&listen, &host, store, timeout));
         match started {
             Ok(session) => {
-                if self.session.set(Arc::new(session)).is_err() {
+                if self.session.set(session).is_err() {
                     return failed(
                         "initialize",
                         "another thread initialized this engine at the same time",
@@ -266,18 +267,13 @@ impl TransferEngine {
     ) -> i32 {
         let _ = location;
         let call = "batch_register_memory";
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed(call, error),
-        };
-        if let Err(error) = same_lengths(call, &[buffer_addrs.len(), capacities.len()]) {
-            return failed(call, error);
-        }
-        let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
-        // SAFETY: Mooncake's contract: registered memory stays valid until it is unregistered,
-        // which is what the caller promises by registering it.
-        py.detach(|| unsafe { session.register(&ranges) })
-            .map_or_else(|error| failed(call, error), |()| 0)
+        self.run(py, call, -1, |session| {
+            same_lengths(call, &[buffer_addrs.len(), capacities.len()])?;
+            let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
+            // SAFETY: Mooncake's contract: registered memory stays valid until it is
+            // unregistered, which is what the caller promises by registering it.
+            unsafe { session.register(&ranges) }.map(|()| 0)
+        })
     }
 
     /// Unregisters the memory registered at `buffer_addr`. Returns 0 or -1.
@@ -287,13 +283,9 @@ impl TransferEngine {
 
     /// Unregisters the memory registered at each address. Returns 0 or -1.
     fn batch_unregister_memory(&self, py: Python<'_>, buffer_addrs: Vec<u64>) -> i32 {
-        let call = "batch_unregister_memory";
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed(call, error),
-        };
-        py.detach(|| session.unregister(&buffer_addrs))
-            .map_or_else(|error| failed(call, error), |()| 0)
+        self.run(py, "batch_unregister_memory", -1, |session| {
+            session.unregister(&buffer_addrs).map(|()| 0)
+        })
     }
 
     /// Writes `length` bytes at `buffer` to `peer_buffer_address` of `target_hostname`;
@@ -544,40 +536,25 @@ impl TransferEngine {
     /// Waits for every batch of `batch_ids`: 0 when all moved, -1 when any failed, timed out
     /// or is unknown. The ids are forgotten afterwards.
     fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> i32 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed("get_batch_transfer_status", error),
-        };
-        py.detach(|| session.wait_all(&batch_ids)).clamp(-1, 0)
+        self.run(py, "get_batch_transfer_status", -1, |session| {
+            Ok(session.wait_all(&batch_ids))
+        })
     }
 
     /// Opens `target_hostname` (fetching its descriptor): 0 when it answered, -1 if not.
     fn send_probe(&self, py: Python<'_>, target_hostname: &str) -> i32 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed("send_probe", error),
-        };
-        py.detach(|| session.peer(target_hostname))
-            .map_or_else(|error| failed("send_probe", error), |_| 0)
+        self.run(py, "send_probe", -1, |session| {
+            session.peer(target_hostname).map(|_| 0)
+        })
     }
 
     /// The address of the first buffer `target_hostname` registered (0 when it has none or
     /// cannot be reached).
     fn get_first_buffer_address(&self, py: Python<'_>, target_hostname: &str) -> u64 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => {
-                failed("get_first_buffer_address", error);
-                return 0;
-            }
-        };
-        match py.detach(|| session.peer(target_hostname)) {
-            Ok(peer) => peer.buffers().first().map_or(0, |buffer| buffer.addr),
-            Err(error) => {
-                failed("get_first_buffer_address", error);
-                0
-            }
-        }
+        self.run(py, "get_first_buffer_address", 0, |session| {
+            let open = session.peer(target_hostname)?;
+            Ok(open.peer.buffers().first().map_or(0, |buffer| buffer.addr))
+        })
     }
 
     /// The notifies delivered to this engine since the last call.
@@ -598,18 +575,9 @@ impl TransferEngine {
     /// A registered host buffer of `length` bytes owned by the engine; its address, 0 on
     /// failure. Free it with `free_managed_buffer`.
     fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> u64 {
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => {
-                failed("allocate_managed_buffer", error);
-                return 0;
-            }
-        };
-        py.detach(|| session.allocate(length))
-            .unwrap_or_else(|error| {
-                failed("allocate_managed_buffer", error);
-                0
-            })
+        self.run(py, "allocate_managed_buffer", 0, |session| {
+            session.allocate(length)
+        })
     }
 
     /// Frees a buffer from `allocate_managed_buffer`. Returns 0 or -1.
@@ -628,25 +596,18 @@ impl TransferEngine {
         length: u64,
     ) -> i32 {
         let src_data = src_data.as_bytes();
-        let call = "write_bytes_to_buffer";
-        let session = match self.session() {
-            Ok(session) => Arc::clone(session),
-            Err(error) => return failed(call, error),
-        };
-        let Some(bytes) = usize::try_from(length)
-            .ok()
-            .and_then(|length| src_data.get(..length))
-        else {
-            return failed(
-                call,
-                format!(
-                    "length {length} is more than the {} bytes given",
-                    src_data.len()
-                ),
-            );
-        };
-        py.detach(|| session.write_local(dest_address, bytes))
-            .map_or_else(|error| failed(call, error), |()| 0)
+        self.run(py, "write_bytes_to_buffer", -1, |session| {
+            let bytes = usize::try_from(length)
+                .ok()
+                .and_then(|length| src_data.get(..length))
+                .ok_or_else(|| {
+                    format!(
+                        "length {length} is more than the {} bytes given",
+                        src_data.len()
+                    )
+                })?;
+            session.write_local(dest_address, bytes).map(|()| 0)
+        })
     }
 
     /// `length` bytes of registered memory at `source_address`, as `bytes` (empty on failure).
@@ -656,18 +617,10 @@ impl TransferEngine {
         source_address: u64,
         length: u64,
     ) -> Bound<'py, PyBytes> {
-        let call = "read_bytes_from_buffer";
-        let read = self
-            .session()
-            .map(Arc::clone)
-            .and_then(|session| py.detach(|| session.read_local(source_address, length)));
-        match read {
-            Ok(bytes) => PyBytes::new(py, &bytes),
-            Err(error) => {
-                failed(call, error);
-                PyBytes::new(py, &[])
-            }
-        }
+        let bytes = self.run(py, "read_bytes_from_buffer", Vec::new(), |session| {
+            session.read_local(source_address, length)
+        });
+        PyBytes::new(py, &bytes)
     }
 }
 

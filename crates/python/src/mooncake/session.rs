@@ -8,7 +8,7 @@ use ferry::{BlockCopy, BlockLayout, Direction, Engine, Notifications, Peer, Tran
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 /// One entry of a transfer: local address, the peer's address, length.
@@ -27,10 +27,33 @@ pub(crate) const TIMED_OUT: i32 = -2;
 pub(crate) struct Session {
     engine: Engine,
     regions: RwLock<Regions>,
-    peers: Mutex<HashMap<String, Peer>>,
+    peers: Mutex<HashMap<String, OpenPeer>>,
     batches: Mutex<HashMap<u64, Transfer>>,
     next_batch: AtomicU64,
     inbox: Mutex<Notifications>,
+}
+
+/// A peer opened by session name, with its buffers as sorted spans (computed once per
+/// descriptor, not per transfer).
+#[derive(Clone)]
+pub(crate) struct OpenPeer {
+    pub(crate) peer: Peer,
+    spans: Arc<[Span]>,
+}
+
+impl OpenPeer {
+    fn new(peer: Peer) -> OpenPeer {
+        let mut spans: Vec<Span> = peer
+            .buffers()
+            .iter()
+            .map(|buffer| (buffer.addr, buffer.len))
+            .collect();
+        spans.sort_unstable();
+        OpenPeer {
+            peer,
+            spans: spans.into(),
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -42,7 +65,7 @@ impl Session {
     pub(crate) fn start(
         listen: &str,
         host: &str,
-        store: std::sync::Arc<dyn ferry::MetadataStore>,
+        store: Arc<dyn ferry::MetadataStore>,
         timeout: Duration,
     ) -> Result<Session, String> {
         let engine = Engine::builder()
@@ -147,9 +170,9 @@ impl Session {
     }
 
     /// The open peer named `target`, connecting (again, when it went away) as needed.
-    pub(crate) fn peer(&self, target: &str) -> Result<Peer, String> {
+    pub(crate) fn peer(&self, target: &str) -> Result<OpenPeer, String> {
         if let Some(peer) = lock(&self.peers).get(target) {
-            if peer.is_alive() {
+            if peer.peer.is_alive() {
                 return Ok(peer.clone());
             }
         }
@@ -157,11 +180,12 @@ impl Session {
     }
 
     /// Opens `target` afresh (its descriptor fetched again) and keeps it for later calls.
-    fn reconnect(&self, target: &str) -> Result<Peer, String> {
-        let peer = self
-            .engine
-            .connect_blocking(target)
-            .map_err(|error| error.to_string())?;
+    fn reconnect(&self, target: &str) -> Result<OpenPeer, String> {
+        let peer = OpenPeer::new(
+            self.engine
+                .connect_blocking(target)
+                .map_err(|error| error.to_string())?,
+        );
         lock(&self.peers).insert(target.to_owned(), peer.clone());
         Ok(peer)
     }
@@ -180,18 +204,16 @@ impl Session {
         let mut peer = self.peer(target)?;
         let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
         let (spans, handles) = regions.spans();
-        let mut buffers = buffer_spans(&peer);
-        let plan = match plan::plan(&spans, &buffers, entries) {
+        let plan = match plan::plan(&spans, &peer.spans, entries) {
             Err(Outside::Peer(_)) => {
                 // The peer may have registered it after this engine fetched its descriptor.
                 peer = self.reconnect(target)?;
-                buffers = buffer_spans(&peer);
-                plan::plan(&spans, &buffers, entries)
+                plan::plan(&spans, &peer.spans, entries)
             }
             planned => planned,
         }
         .map_err(|outside| outside.to_string())?;
-        let mut batch = self.engine.batch(&peer);
+        let mut batch = self.engine.batch(&peer.peer);
         for paged in plan.paged {
             let (local_ids, remote_ids): (Vec<u32>, Vec<u32>) = paged.ids.into_iter().unzip();
             let mut copy = BlockCopy::new(
@@ -202,7 +224,7 @@ impl Session {
                 remote_ids,
             );
             for (region, buffer) in paged.pools {
-                copy = copy.pool(handles[region], 0, buffers[buffer].0);
+                copy = copy.pool(handles[region], 0, peer.spans[buffer].0);
             }
             batch = match direction {
                 Direction::Write => batch.write_blocks(copy),
@@ -248,7 +270,8 @@ impl Session {
         code_of(outcome)
     }
 
-    /// Waits for every batch of `ids`; `0` when all moved, else the first failure's code.
+    /// Waits for every batch of `ids`: `0` when all moved, `-1` when any failed, timed out
+    /// or is unknown. The ids are forgotten.
     pub(crate) fn wait_all(&self, ids: &[u64]) -> i32 {
         let transfers: Vec<Option<Transfer>> = {
             let mut batches = lock(&self.batches);
@@ -256,12 +279,9 @@ impl Session {
         };
         let mut code = 0;
         for transfer in transfers {
-            let outcome = match transfer {
-                Some(transfer) => code_of(transfer.wait()),
-                None => FAILED,
-            };
-            if outcome != DONE && code == 0 {
-                code = outcome;
+            let moved = transfer.is_some_and(|transfer| code_of(transfer.wait()) == DONE);
+            if !moved {
+                code = FAILED;
             }
         }
         code
@@ -288,15 +308,4 @@ pub(crate) fn code_of(outcome: ferry::Result<ferry::Completion>) -> i32 {
             FAILED
         }
     }
-}
-
-/// The peer's buffers as spans, sorted by start.
-fn buffer_spans(peer: &Peer) -> Vec<Span> {
-    let mut spans: Vec<Span> = peer
-        .buffers()
-        .iter()
-        .map(|buffer| (buffer.addr, buffer.len))
-        .collect();
-    spans.sort_unstable();
-    spans
 }

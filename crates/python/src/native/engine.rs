@@ -99,11 +99,7 @@ impl Engine {
         owner: Option<Py<PyAny>>,
     ) -> PyResult<Region> {
         let engine = self.running()?;
-        let len = usize::try_from(nbytes).map_err(|_| {
-            FerryError::new_err(format!(
-                "{nbytes} bytes do not fit this machine's addresses"
-            ))
-        })?;
+        let len = byte_count(nbytes)?;
         // SAFETY: the caller promises (and `ferry_kv.Engine.register` ensures, by passing the
         // object that owns the memory as `owner`, which the region keeps) that `addr..+nbytes`
         // stays valid until the region is deregistered, which `Region` does before releasing
@@ -117,11 +113,7 @@ impl Engine {
     /// A fresh, zeroed host buffer of `nbytes`, owned and registered by the engine.
     fn allocate(&self, py: Python<'_>, nbytes: u64) -> PyResult<Region> {
         let engine = self.running()?;
-        let len = usize::try_from(nbytes).map_err(|_| {
-            FerryError::new_err(format!(
-                "{nbytes} bytes do not fit this machine's addresses"
-            ))
-        })?;
+        let len = byte_count(nbytes)?;
         let region = py.detach(|| engine.allocate(len)).map_err(to_py)?;
         Ok(Region::new(region, None))
     }
@@ -183,4 +175,13 @@ impl Drop for Engine {
             drop_outside_runtime(engine);
         }
     }
+}
+
+/// `nbytes` as a length of this machine, or a `FerryError` saying it does not fit.
+fn byte_count(nbytes: u64) -> PyResult<usize> {
+    usize::try_from(nbytes).map_err(|_| {
+        FerryError::new_err(format!(
+            "{nbytes} bytes do not fit this machine's addresses"
+        ))
+    })
 }

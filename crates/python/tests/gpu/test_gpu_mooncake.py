@@ -13,11 +13,11 @@ This file is also the worker: ``python test_gpu_mooncake.py decode GPU`` and
 import json
 import os
 import random
-import select
 import subprocess
 import sys
 
 import torch
+from gpu_processes import GPUS, allocator_env, needs_two_gpus, read_line
 
 HOST = "127.0.0.1"
 TENSORS = 2
@@ -27,7 +27,6 @@ BLOCKS = 200
 # One large entry crossing the 20 MiB chunks expandable segments hands out.
 LARGE = (16 << 20, 38 << 20, 9 << 20)
 TIMEOUT = 120
-GPUS = torch.cuda.device_count()
 
 
 def pattern(tensor, device):
@@ -110,22 +109,11 @@ def prefill_role(gpu, session, addresses):
     print(json.dumps({"batch": batch, "single": single}), flush=True)
 
 
-def read_line(process, timeout):
-    """One line of ``process``'s stdout, or fails the test after ``timeout`` seconds."""
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    assert ready, f"no answer from the decode process within {timeout} s"
-    line = process.stdout.readline()
-    assert line, f"the decode process exited (code {process.poll()}) without answering"
-    return json.loads(line)
-
 
 def transfer_and_check(prefill_gpu, decode_gpu, allocator_conf):
     """Runs decode and prefill processes with ``allocator_conf`` and asserts the bytes."""
     assert GPUS >= 1, "no CUDA GPU is visible: this GPU test cannot run here"
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if allocator_conf:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf
+    env = allocator_env(allocator_conf)
     worker = [sys.executable, os.path.abspath(__file__)]
     decode = subprocess.Popen(worker + ["decode", str(decode_gpu)], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -159,10 +147,6 @@ def test_same_gpu_default_allocator():
 def test_same_gpu_expandable_segments():
     transfer_and_check(0, 0, "expandable_segments:True")
 
-
-def needs_two_gpus():
-    """Fails (never skips) where GPU 0 -> GPU 1 cannot run, so a one-GPU run shows it owed."""
-    assert GPUS >= 2, f"this test needs two GPUs and {GPUS} is visible; run it on a two-GPU machine"
 
 
 def test_two_gpus_default_allocator():

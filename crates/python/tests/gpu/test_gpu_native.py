@@ -8,11 +8,11 @@ the two-GPU cases). Without a GPU these tests fail; they never skip.
 import asyncio
 import json
 import os
-import select
 import subprocess
 import sys
 
 import torch
+from gpu_processes import GPUS, allocator_env, needs_two_gpus, read_line
 
 TENSORS = 3
 BLOCK = 16 << 10
@@ -22,7 +22,6 @@ SOURCE_IDS = list(range(7, 7 + 3 * 40, 3))
 TARGET_IDS = list(range(BLOCKS - 1, BLOCKS - 1 - 2 * 40, -2))
 FLAT = (1000, 5 * BLOCK + 12, 777)  # source offset, target offset, length: tensor 0 only
 TIMEOUT = 120
-GPUS = torch.cuda.device_count()
 
 
 def pattern(tensor, device):
@@ -103,27 +102,16 @@ def prefill_role(gpu, name, addrs):
                           "locations": [r.location for r in regions]}), flush=True)
 
 
-def read_line(process):
-    """One JSON line of ``process``'s stdout, or fails after ``TIMEOUT`` seconds."""
-    ready, _, _ = select.select([process.stdout], [], [], TIMEOUT)
-    assert ready, f"no answer from the decode process within {TIMEOUT} s"
-    line = process.stdout.readline()
-    assert line, f"the decode process exited (code {process.poll()}) without answering"
-    return json.loads(line)
-
 
 def run_pair(prefill_gpu, decode_gpu, allocator_conf):
     """Runs decode and prefill processes and asserts what each saw."""
     assert GPUS >= 1, "no CUDA GPU is visible: this GPU test cannot run here"
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if allocator_conf:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf
+    env = allocator_env(allocator_conf)
     worker = [sys.executable, os.path.abspath(__file__)]
     decode = subprocess.Popen(worker + ["decode", str(decode_gpu)], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        hello = read_line(decode)
+        hello = read_line(decode, TIMEOUT)
         assert hello["locations"] == [f"cuda:{decode_gpu}"] * TENSORS, hello
         prefill = subprocess.run(
             worker + ["prefill", str(prefill_gpu), hello["name"], json.dumps(hello["addrs"])],
@@ -134,7 +122,7 @@ def run_pair(prefill_gpu, decode_gpu, allocator_conf):
         assert sent["bytes"] == TENSORS * len(SOURCE_IDS) * BLOCK + FLAT[2], sent
         assert "nvlink" in sent["transports"], sent
         assert sent["read"] == BLOCK and sent["read_ok"], sent
-        assert read_line(decode) == {"note": "req-1 ready", "problems": []}
+        assert read_line(decode, TIMEOUT) == {"note": "req-1 ready", "problems": []}
         decode.stdin.write("done\n")
         decode.stdin.flush()
         assert decode.wait(TIMEOUT) == 0
@@ -143,10 +131,6 @@ def run_pair(prefill_gpu, decode_gpu, allocator_conf):
             decode.kill()
             decode.wait()
 
-
-def needs_two_gpus():
-    """Fails (never skips) where GPU 0 -> GPU 1 cannot run, so a one-GPU run shows it owed."""
-    assert GPUS >= 2, f"this test needs two GPUs and {GPUS} is visible; run it on a two-GPU machine"
 
 
 def test_native_api_same_gpu_default_allocator():
