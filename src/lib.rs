@@ -48,7 +48,10 @@ mod engine;
 pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};
-pub use ferry_nvlink::{CopyPath, NvlinkConfig, BATCHED_FROM, ENGINE_FROM, MNNVL, NVLINK};
+pub use ferry_nvlink::{
+    probe_fabric, CopyPath, FabricSupport, GpuExport, NvlinkConfig, BATCHED_FROM, ENGINE_FROM,
+    MNNVL, NVLINK,
+};
 
 pub use ferry_core::{
     auth, cuda, wire, AuthFailure, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp,

@@ -1,7 +1,8 @@
 //! `ferry probe`: what this machine offers, and with `--peer` which path a running engine's
 //! buffers get from here and why.
 
-use ferry::cuda::{probe_fabric, DeviceInfo, Driver, FabricSupport};
+use ferry::cuda::{DeviceInfo, Driver};
+use ferry::{probe_fabric, FabricSupport};
 use ferry::{Location, Reach, Region};
 
 /// Prints the machine's CUDA driver, GPUs, peer access, FABRIC support and transports; with

@@ -7,7 +7,7 @@ mod common;
 
 use common::{assert_bytes_eq, pattern, ServeProcess};
 use cudarc::driver::{CudaContext, DevicePtr};
-use ferry::{Engine, Error, Export, Location};
+use ferry::{Engine, Error, GpuExport as Export, Location, NVLINK};
 use std::time::{Duration, Instant};
 
 fn gpus() -> u32 {
@@ -45,7 +45,7 @@ fn a_range_inside_a_cudamalloc_block_registers_with_its_offset() {
         Location::Device { ordinal: 0, .. }
     ));
     let descriptor = engine.descriptor();
-    match &descriptor.buffers[0].export {
+    match &Export::of(&descriptor.buffers[0], NVLINK).unwrap() {
         Some(Export::CudaIpc { handle, offset }) => {
             assert_eq!(*offset, 4096);
             assert_eq!(handle.len(), 128);
@@ -293,18 +293,15 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
 #[test]
 fn the_fabric_probe_reports_what_the_driver_said() {
     for gpu in 0..gpus() {
-        match ferry::cuda::probe_fabric(gpu) {
-            ferry::cuda::FabricSupport::Permitted => {}
-            ferry::cuda::FabricSupport::Refused(error) => {
+        match ferry::probe_fabric(gpu) {
+            ferry::FabricSupport::Permitted => {}
+            ferry::FabricSupport::Refused(error) => {
                 assert_eq!(error.call, "cuMemCreate(FABRIC)", "{error}");
                 assert!(!error.name.is_empty(), "{error}");
             }
         }
         // The answer is probed once and then remembered.
-        assert_eq!(
-            ferry::cuda::probe_fabric(gpu),
-            ferry::cuda::probe_fabric(gpu)
-        );
+        assert_eq!(ferry::probe_fabric(gpu), ferry::probe_fabric(gpu));
     }
 }
 
@@ -317,7 +314,7 @@ fn vmm_memory_over_several_allocations_registers_as_one_range() {
         region.location(),
         Location::Device { ordinal: 0, .. }
     ));
-    match &engine.descriptor().buffers[0].export {
+    match &Export::of(&engine.descriptor().buffers[0], NVLINK).unwrap() {
         Some(Export::VmmFd {
             pieces,
             offset,
@@ -819,15 +816,16 @@ fn ipc_exports_that_overreach_their_allocation_are_refused_and_a_good_transfer_f
         .find(|buffer| buffer.addr == target.buffer_addr)
         .expect("the served buffer")
         .clone();
-    let Some(Export::CudaIpc { handle, offset }) = buffer.export.clone() else {
-        panic!("expected a CUDA IPC export, got {:?}", buffer.export);
+    let Some(Export::CudaIpc { handle, offset }) = Export::of(&buffer, NVLINK).unwrap() else {
+        panic!("expected a CUDA IPC export, got {:?}", buffer.exports);
     };
     let with = |export_offset: u64, len: u64| ferry::BufferDescriptor {
         len,
-        export: Some(Export::CudaIpc {
+        exports: vec![Export::CudaIpc {
             handle: handle.clone(),
             offset: export_offset,
-        }),
+        }
+        .to_export(NVLINK)],
         ..buffer.clone()
     };
     let area = AREA as u64;
@@ -878,18 +876,19 @@ fn vmm_piece_lists_that_do_not_match_the_allocations_are_refused_and_a_good_tran
         region,
         offset,
         pieces,
-    }) = buffer.export.clone()
+    }) = Export::of(&buffer, NVLINK).unwrap()
     else {
-        panic!("expected a VMM export, got {:?}", buffer.export);
+        panic!("expected a VMM export, got {:?}", buffer.exports);
     };
     assert_eq!(pieces.len(), 3, "{pieces:?}");
     let with = |pieces: Vec<u64>| ferry::BufferDescriptor {
-        export: Some(Export::VmmFd {
+        exports: vec![Export::VmmFd {
             socket: socket.clone(),
             region,
             offset,
             pieces,
-        }),
+        }
+        .to_export(NVLINK)],
         ..buffer.clone()
     };
     let piece = pieces[0];

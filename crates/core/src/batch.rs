@@ -269,7 +269,6 @@ impl Batch {
             ..
         } = self;
         let handle = engine.handle.clone();
-        let secret = engine.secret.clone();
         let mut task = Box::pin(async move {
             let work = Work {
                 uses,
@@ -292,8 +291,6 @@ impl Batch {
         // the real wakers in place of this no-op one).
         let first = {
             let _runtime = handle.enter();
-            // Opening a peer's memory may ask its fd socket, which wants this engine's secret.
-            let _secret = crate::auth::EngineScope::enter(secret);
             task.as_mut()
                 .poll(&mut Context::from_waker(std::task::Waker::noop()))
         };
@@ -444,7 +441,7 @@ async fn run(
                 side: Side::Remote, ..
             },
         )) => {
-            let view = peer.refresh(engine.metadata.as_ref()).await?;
+            let view = peer.refresh(engine).await?;
             route_all(engine, &view, &work, peer.name())?
         }
         routed => routed?,
@@ -519,7 +516,7 @@ async fn run(
         }
     }
     if let Some(payload) = notification {
-        let control = peer.control(&engine.tcp, engine.metadata.as_ref()).await?;
+        let control = peer.control(engine).await?;
         tokio::time::timeout(limit, control.notify(&payload))
             .await
             .map_err(|_| Error::Timeout {

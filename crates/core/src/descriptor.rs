@@ -6,7 +6,7 @@ use crate::memory::Location;
 use serde::{Deserialize, Serialize};
 
 /// The descriptor format this build writes and reads.
-pub const DESCRIPTOR_VERSION: u32 = 2;
+pub const DESCRIPTOR_VERSION: u32 = 3;
 
 /// Everything a peer needs to reach an engine: its name, host, endpoints and buffers.
 ///
@@ -90,45 +90,33 @@ pub struct BufferDescriptor {
     pub len: u64,
     /// Where the memory lives.
     pub location: Location,
-    /// How another process on the same host maps it, for GPU memory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub export: Option<Export>,
+    /// How each transport that can reach it from another process does so, one entry per
+    /// transport; only the transport named in an entry reads it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exports: Vec<Export>,
 }
 
-/// How a GPU buffer is shared with other processes of its host.
+impl BufferDescriptor {
+    /// The export `transport` published for this buffer, if it published one.
+    pub fn export(&self, transport: &str) -> Option<&Export> {
+        self.exports
+            .iter()
+            .find(|export| export.transport == transport)
+    }
+}
+
+/// One transport's description of how a process elsewhere reaches a registered buffer (a
+/// handle to map, a key to use). Core carries it in the descriptor without reading it: the
+/// transport named by `transport` writes `data` when the buffer is registered and reads it
+/// when a peer's buffer is routed, refusing versions it does not know.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Export {
-    /// A legacy CUDA IPC handle of the `cudaMalloc` allocation holding the buffer.
-    CudaIpc {
-        /// The 64-byte handle as hex.
-        handle: String,
-        /// Offset of the buffer's first byte from the allocation's first byte.
-        offset: u64,
-    },
-    /// VMM allocations (one or more, back to back) shared as POSIX file descriptors, which the
-    /// owner hands out over a Unix socket to processes of the same user.
-    VmmFd {
-        /// The owner's abstract Unix socket name.
-        socket: String,
-        /// The registered buffer's address, which names it to the socket.
-        region: u64,
-        /// Offset of the buffer's first byte from the first allocation's first byte.
-        offset: u64,
-        /// Size of each allocation, in mapping order.
-        pieces: Vec<u64>,
-    },
-    /// VMM allocations (one or more, back to back) shared by FABRIC handle, importable on any
-    /// node of the NVLink domain (GB200/GB300 racks with an IMEX channel).
-    Fabric {
-        /// Each allocation's 64-byte FABRIC handle as hex, in mapping order.
-        handles: Vec<String>,
-        /// Offset of the buffer's first byte from the first allocation's first byte.
-        offset: u64,
-        /// Size of each allocation, in mapping order.
-        pieces: Vec<u64>,
-    },
+pub struct Export {
+    /// The transport that wrote it, such as `nvlink`.
+    pub transport: String,
+    /// The format of `data`, as the transport numbers its formats.
+    pub version: u32,
+    /// The transport's own encoding of what peers need.
+    pub data: String,
 }
 
 impl SegmentDescriptor {
@@ -191,7 +179,7 @@ mod tests {
                 addr: 0x1000,
                 len: 0x1000,
                 location: Location::Host { pinned: false },
-                export: None,
+                exports: Vec::new(),
             }],
         }
     }

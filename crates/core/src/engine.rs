@@ -9,14 +9,14 @@ use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, RangeError, Result};
 use crate::identity::InstanceId;
 use crate::memory::{
-    export_device, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
+    device_location, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
 };
 use crate::metadata::{MetadataStore, PeerToPeer};
 use crate::notify::{Inbox, Notification, Notifications, MAX_NOTIFICATION_BYTES};
 use crate::peer::Peer;
 use crate::proto::SessionConfig;
 use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
-use crate::transport::Transport;
+use crate::transport::{EngineContext, Transport};
 use crate::wire::{Limits, MAX_NAME_BYTES};
 use std::collections::HashMap;
 use std::future::Future;
@@ -239,10 +239,6 @@ impl EngineBuilder {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.worker_threads)
             .thread_name("ferry-io")
-            .on_thread_start({
-                let secret = secret.clone();
-                move || crate::auth::enter_engine(secret.clone())
-            })
             .enable_all()
             .build()
             .map_err(|error| Error::io("starting the engine's runtime", error))?;
@@ -251,22 +247,6 @@ impl EngineBuilder {
             tracing::warn!(%error, "listing GPUs failed; GPU memory cannot be registered");
             Vec::new()
         });
-        let (listener, fd_socket) = {
-            let _entered = runtime.enter();
-            let listener = tokio::net::TcpListener::from_std(listener)
-                .map_err(|error| Error::io("registering the listener", error))?;
-            let fd_socket = (!gpus.is_empty())
-                .then(|| crate::memory::fd_server::fd_socket_name(instance))
-                .filter(|socket| match crate::memory::fd_server::start(socket, &table, secret.clone()) {
-                    Ok(()) => true,
-                    Err(error) => {
-                        tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
-                        false
-                    }
-                });
-            (listener, fd_socket)
-        };
-
         let tcp = Arc::new(TcpTransport {
             address: name.clone(),
             local_name: name.clone(),
@@ -275,8 +255,22 @@ impl EngineBuilder {
             io_timeout: self.transfer_timeout,
             secret: secret.clone(),
         });
+        let control: Arc<dyn Transport> = tcp;
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;
-        transports.push(Arc::clone(&tcp) as Arc<dyn Transport>);
+        transports.push(Arc::clone(&control));
+        let listener = {
+            let _entered = runtime.enter();
+            let context = EngineContext {
+                instance,
+                secret: secret.clone(),
+                runtime: runtime.handle().clone(),
+            };
+            for transport in &transports {
+                transport.attach(&context)?;
+            }
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|error| Error::io("registering the listener", error))?
+        };
         let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
         let metadata = self
             .metadata
@@ -292,7 +286,7 @@ impl EngineBuilder {
             process,
             host: HostIdentity::current(),
             table,
-            tcp,
+            control,
             transports,
             metadata,
             handle: runtime.handle().clone(),
@@ -300,8 +294,6 @@ impl EngineBuilder {
             peers: Mutex::new(HashMap::new()),
             transfer_timeout: self.transfer_timeout,
             gpus,
-            fd_socket,
-            secret: secret.clone(),
             shutting_down: AtomicBool::new(false),
         });
         crate::local::remember(instance, &inner.table);
@@ -375,6 +367,9 @@ async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: Duration) {
                 Ok(descriptor) => {
                     let known = peer.view();
                     if descriptor.instance == known.descriptor.instance {
+                        for transport in &engine.transports {
+                            transport.import(&descriptor).await;
+                        }
                         peer.update(descriptor);
                         continue;
                     }
@@ -454,7 +449,8 @@ pub(crate) struct EngineInner {
     process: InstanceId,
     host: HostIdentity,
     pub(crate) table: Arc<RegionTable>,
-    pub(crate) tcp: Arc<TcpTransport>,
+    /// The transport peers are first reached through, which carries notifications.
+    pub(crate) control: Arc<dyn Transport>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) handle: Handle,
@@ -464,27 +460,24 @@ pub(crate) struct EngineInner {
     pub(crate) transfer_timeout: Duration,
     /// The GPUs this process sees, listed in the descriptor.
     gpus: Vec<crate::cuda::DeviceInfo>,
-    /// The abstract Unix socket that hands out VMM file descriptors, when it could be opened.
-    fd_socket: Option<String>,
-    /// Proven to peers on every connection, when set; transports' side channels find it
-    /// through [`crate::auth::engine_secret`] on the engine's threads.
-    pub(crate) secret: Option<Secret>,
     /// Set when the engine is dropped, before its runtime stops: a transfer that fails from
     /// then on failed because of the shutdown (its connections closing under it).
     pub(crate) shutting_down: AtomicBool,
 }
 
 impl EngineInner {
-    fn export_device(
-        &self,
-        addr: u64,
-        len: u64,
-    ) -> Result<(
-        Location,
-        crate::descriptor::Export,
-        Vec<crate::cuda::AllocationHandle>,
-    )> {
-        export_device(addr, len, &self.gpus, self.fd_socket.as_deref())
+    /// Registers `info` with what each transport exports for it; `owned` is freed when the
+    /// registration ends.
+    fn insert(&self, info: RegionInfo, owned: Option<OwnedMemory>) -> Result<Region> {
+        let mut exports = Vec::new();
+        let mut guards = Vec::new();
+        for transport in &self.transports {
+            if let Some(exported) = transport.export(&info)? {
+                exports.push(exported.export);
+                guards.extend(exported.guard);
+            }
+        }
+        Ok(self.table.insert(info, exports, guards, owned)?)
     }
 
     async fn publish(&self) -> Result<()> {
@@ -555,8 +548,9 @@ impl Engine {
     ///
     /// # Errors
     /// [`RangeError::ZeroLength`] for `len == 0`, [`RangeError::Overlap`] when the range
-    /// overlaps a registered region, [`Error::Unsupported`] for managed memory, VMM memory and
-    /// GPU ranges spanning several allocations, [`Error::Cuda`] when exporting fails,
+    /// overlaps a registered region, [`Error::Unsupported`] for managed memory and for GPU
+    /// memory a transport should share but cannot (a stream-ordered pool allocation, a
+    /// `cudaMalloc` range over several allocations), [`Error::Cuda`] when exporting fails,
     /// [`Error::ApiMisuse`] for a null or wrapping range.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
         let addr = ptr as u64;
@@ -568,13 +562,10 @@ impl Engine {
         if len == 0 {
             return Err(RangeError::ZeroLength { index: 0 }.into());
         }
-        let (location, export, vmm) = match Driver::get().memory_kind(addr)? {
-            MemoryKind::PageableHost => (Location::Host { pinned: false }, None, Vec::new()),
-            MemoryKind::PinnedHost => (Location::Host { pinned: true }, None, Vec::new()),
-            MemoryKind::Device => {
-                let (location, export, vmm) = self.inner.export_device(addr, len as u64)?;
-                (location, Some(export), vmm)
-            }
+        let location = match Driver::get().memory_kind(addr)? {
+            MemoryKind::PageableHost => Location::Host { pinned: false },
+            MemoryKind::PinnedHost => Location::Host { pinned: true },
+            MemoryKind::Device => device_location(addr, &self.inner.gpus)?,
             MemoryKind::Managed => {
                 return Err(Error::Unsupported {
                     memory: "CUDA managed memory".into(),
@@ -588,7 +579,7 @@ impl Engine {
             len: len as u64,
             location,
         };
-        Ok(self.inner.table.insert(info, export, vmm, None)?)
+        self.inner.insert(info, None)
     }
 
     /// Allocates `len` zeroed bytes of host memory and registers them. The memory is freed when
@@ -608,12 +599,8 @@ impl Engine {
             len: len as u64,
             location: Location::Host { pinned: false },
         };
-        Ok(self.inner.table.insert(
-            info,
-            None,
-            Vec::new(),
-            Some(OwnedMemory::Host { _buffer: buffer }),
-        )?)
+        self.inner
+            .insert(info, Some(OwnedMemory::Host { _buffer: buffer }))
     }
 
     /// Allocates `len` bytes on GPU `ordinal` with `cudaMalloc` and registers them, exported
@@ -628,18 +615,13 @@ impl Engine {
             return Err(RangeError::ZeroLength { index: 0 }.into());
         }
         let buffer = DeviceBuffer::new(Context::get(ordinal)?, len)?;
-        let (location, export, vmm) = self.inner.export_device(buffer.addr(), len as u64)?;
         let info = RegionInfo {
             addr: buffer.addr(),
             len: len as u64,
-            location,
+            location: device_location(buffer.addr(), &self.inner.gpus)?,
         };
-        Ok(self.inner.table.insert(
-            info,
-            Some(export),
-            vmm,
-            Some(OwnedMemory::Device { _buffer: buffer }),
-        )?)
+        self.inner
+            .insert(info, Some(OwnedMemory::Device { _buffer: buffer }))
     }
 
     /// Creates `pieces` VMM allocations of `piece_bytes` each (rounded up to the GPU's
@@ -648,7 +630,8 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Cuda`] when there is no such GPU or an allocation, mapping or export fails;
-    /// [`Error::Unsupported`] when the engine could not open its fd-passing socket.
+    /// [`Error::Unsupported`] when a transport cannot share it (nvlink without its fd-passing
+    /// socket).
     pub fn allocate_device_vmm(
         &self,
         ordinal: u32,
@@ -657,18 +640,13 @@ impl Engine {
     ) -> Result<Region> {
         let mapping = crate::cuda::create_vmm(Context::get(ordinal)?, piece_bytes, pieces)?;
         let len = mapping.len() as u64;
-        let (location, export, vmm) = self.inner.export_device(mapping.base(), len)?;
         let info = RegionInfo {
             addr: mapping.base(),
             len,
-            location,
+            location: device_location(mapping.base(), &self.inner.gpus)?,
         };
-        Ok(self.inner.table.insert(
-            info,
-            Some(export),
-            vmm,
-            Some(OwnedMemory::Vmm { _mapping: mapping }),
-        )?)
+        self.inner
+            .insert(info, Some(OwnedMemory::Vmm { _mapping: mapping }))
     }
 
     /// Opens the peer named `name` (`host:port` with the default metadata): fetches its
@@ -709,11 +687,6 @@ impl Engine {
         &self.inner.transports
     }
 
-    /// The shared secret peers must prove, when set.
-    pub(crate) fn secret(&self) -> Option<Secret> {
-        self.inner.secret.clone()
-    }
-
     /// Starts a batch of reads and writes with `peer`.
     pub fn batch(&self, peer: &Peer) -> Batch {
         Batch::new(Arc::clone(&self.inner), peer)
@@ -740,7 +713,7 @@ impl Engine {
         let limit = self.inner.transfer_timeout;
         let name = peer.name().to_owned();
         self.run(async move {
-            let link = peer.control(&inner.tcp, inner.metadata.as_ref()).await?;
+            let link = peer.control(&inner).await?;
             tokio::time::timeout(limit, link.notify(&payload))
                 .await
                 .map_err(|_| Error::Timeout {
@@ -792,6 +765,9 @@ impl Engine {
 impl EngineInner {
     async fn connect(&self, name: &str) -> Result<Peer> {
         let descriptor = self.metadata.fetch(name).await?;
+        for transport in &self.transports {
+            transport.import(&descriptor).await;
+        }
         let cached = self
             .peers
             .lock()
@@ -807,8 +783,8 @@ impl EngineInner {
             // must not carry transfers meant for the new one.
             peer.close();
         }
-        let link = self.tcp.connect(&descriptor).await?;
-        let peer = Peer::new(descriptor, link);
+        let link = self.control.open(&descriptor).await?;
+        let peer = Peer::new(descriptor, self.control.name(), link);
         self.peers
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

@@ -68,11 +68,12 @@ pub use engine::{Engine, EngineBuilder};
 pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
 pub use identity::InstanceId;
 pub use local::{is_local_engine, local_engine_registered};
-pub use memory::fd_server::{fd_socket_name, FDS_PER_MESSAGE};
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
 pub use peer::Peer;
 pub use route::Route;
 pub use tcp::{TcpConfig, TCP};
-pub use transport::{Direction, Link, Reach, TransferOp, Transport};
+pub use transport::{
+    Direction, EngineContext, ExportGuard, Exported, Link, Reach, TransferOp, Transport,
+};

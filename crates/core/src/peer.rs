@@ -1,9 +1,8 @@
 //! A remote engine opened by name: its descriptor and the links to it.
 
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
+use crate::engine::EngineInner;
 use crate::error::Result;
-use crate::metadata::MetadataStore;
-use crate::tcp::{TcpLink, TcpTransport};
 use crate::transport::{Link, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,8 +16,8 @@ pub struct Peer {
 pub(crate) struct PeerInner {
     name: String,
     view: RwLock<Arc<PeerView>>,
-    /// The TCP link that carries notifications; reopened when it has failed.
-    control: Mutex<Arc<TcpLink>>,
+    /// The control transport's link, which carries notifications; reopened when it has failed.
+    control: Mutex<Arc<dyn Link>>,
     links: Mutex<HashMap<&'static str, Arc<dyn Link>>>,
 }
 
@@ -51,14 +50,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Peer {
-    pub(crate) fn new(descriptor: SegmentDescriptor, tcp: Arc<TcpLink>) -> Peer {
+    /// A peer reached first through `control`, the link of the engine's control transport
+    /// named `transport`.
+    pub(crate) fn new(
+        descriptor: SegmentDescriptor,
+        transport: &'static str,
+        control: Arc<dyn Link>,
+    ) -> Peer {
         let mut links: HashMap<&'static str, Arc<dyn Link>> = HashMap::new();
-        links.insert(crate::tcp::TCP, Arc::clone(&tcp) as Arc<dyn Link>);
+        links.insert(transport, Arc::clone(&control));
         Peer {
             inner: Arc::new(PeerInner {
                 name: descriptor.name.clone(),
                 view: RwLock::new(Arc::new(PeerView::new(descriptor))),
-                control: Mutex::new(tcp),
+                control: Mutex::new(control),
                 links: Mutex::new(links),
             }),
         }
@@ -87,19 +92,16 @@ impl Peer {
 
     /// The link notifications go over. When the old one failed (the peer restarted, a
     /// connection broke), the descriptor is fetched afresh and a new link opened.
-    pub(crate) async fn control(
-        &self,
-        tcp: &TcpTransport,
-        metadata: &dyn MetadataStore,
-    ) -> Result<Arc<TcpLink>> {
+    pub(crate) async fn control(&self, engine: &EngineInner) -> Result<Arc<dyn Link>> {
         let current = Arc::clone(&lock(&self.inner.control));
         if current.is_alive() {
             return Ok(current);
         }
-        let view = self.refresh(metadata).await?;
-        let fresh = tcp.connect(&view.descriptor).await?;
+        let view = self.refresh(engine).await?;
+        let transport = engine.control.as_ref();
+        let fresh = transport.open(&view.descriptor).await?;
         *lock(&self.inner.control) = Arc::clone(&fresh);
-        lock(&self.inner.links).insert(crate::tcp::TCP, Arc::clone(&fresh) as Arc<dyn Link>);
+        lock(&self.inner.links).insert(transport.name(), Arc::clone(&fresh));
         Ok(fresh)
     }
 
@@ -123,9 +125,13 @@ impl Peer {
         view
     }
 
-    /// Fetches the descriptor again, for addresses the cached one does not cover.
-    pub(crate) async fn refresh(&self, metadata: &dyn MetadataStore) -> Result<Arc<PeerView>> {
-        let descriptor = metadata.fetch(&self.inner.name).await?;
+    /// Fetches the descriptor again, for addresses the cached one does not cover, and lets
+    /// every transport read it.
+    pub(crate) async fn refresh(&self, engine: &EngineInner) -> Result<Arc<PeerView>> {
+        let descriptor = engine.metadata.fetch(&self.inner.name).await?;
+        for transport in &engine.transports {
+            transport.import(&descriptor).await;
+        }
         Ok(self.update(descriptor))
     }
 
@@ -175,7 +181,7 @@ mod tests {
             addr,
             len: 0x1000,
             location: Location::Host { pinned: false },
-            export: None,
+            exports: Vec::new(),
         };
         let view = PeerView::new(SegmentDescriptor {
             version: DESCRIPTOR_VERSION,

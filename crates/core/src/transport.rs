@@ -4,11 +4,47 @@
 //! reach it and how cheaply ([`Reach`]), picks the cheapest, opens a [`Link`] to the peer through
 //! it once, and hands it validated [`TransferOp`]s.
 
+use crate::auth::Secret;
 use crate::blocks::BlockOps;
-use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
+use crate::descriptor::{BufferDescriptor, Endpoint, Export, SegmentDescriptor};
 use crate::error::{Error, Result};
+use crate::identity::InstanceId;
 use crate::memory::{RegionInfo, RegionUse};
 use std::sync::Arc;
+
+/// What an engine tells each of its transports once, as it starts ([`Transport::attach`]).
+#[derive(Debug, Clone)]
+pub struct EngineContext {
+    /// The engine's random identity, as its descriptor carries it.
+    pub instance: InstanceId,
+    /// The engine's shared secret, when it has one: every side channel a transport opens to a
+    /// peer, or serves, must prove it as the control connection does ([`crate::auth`]).
+    pub secret: Option<Secret>,
+    /// The engine's runtime, where a transport's background work (a listener, say) runs.
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Something a transport keeps alive for as long as a region it exported stays registered
+/// (retained allocation handles, a memory registration with a NIC); dropped after the last
+/// transfer through the region has ended.
+pub type ExportGuard = Box<dyn std::any::Any + Send + Sync>;
+
+/// One transport's export of a newly registered region ([`Transport::export`]).
+pub struct Exported {
+    /// What peers need, published in the region's [`BufferDescriptor::exports`].
+    pub export: Export,
+    /// Kept with the registration and dropped when it ends.
+    pub guard: Option<ExportGuard>,
+}
+
+impl std::fmt::Debug for Exported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exported")
+            .field("export", &self.export)
+            .field("guard", &self.guard.is_some())
+            .finish()
+    }
+}
 
 /// Whether a transport can move bytes between a local region and a remote buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,10 +117,49 @@ impl std::fmt::Debug for TransferOp {
 }
 
 /// A way of moving bytes (TCP, NVLink, RDMA). Implementations must not block the caller.
+///
+/// A transport owns everything about its kind of memory access: what it publishes for a
+/// registered region ([`Transport::export`]), how it reads a peer's export ([`Transport::reach`]
+/// decides from it, the [`Link`] maps or uses it), and the side channels it needs. The engine
+/// keeps the region table, the descriptor envelope and the scheduling of batches.
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync + 'static {
     /// Short name shown to users, such as `tcp`.
     fn name(&self) -> &'static str;
+
+    /// Reads a peer's descriptor each time the engine learns it (a connect, a refresh), before
+    /// any of its buffers is routed: a transport checks the exports it reads and tries what
+    /// only trying tells (whether a mapping opens here), so that [`Transport::reach`] answers
+    /// at once. The default does nothing.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the engine may drop it when the connect it belongs to is dropped.
+    async fn import(&self, peer: &SegmentDescriptor) {
+        let _ = peer;
+    }
+
+    /// Called once when an engine starts with this transport, on a thread inside the engine's
+    /// runtime. The default does nothing.
+    ///
+    /// # Errors
+    /// When the transport cannot serve this engine (it serves another already, say); the
+    /// engine then does not start.
+    fn attach(&self, engine: &EngineContext) -> Result<()> {
+        let _ = engine;
+        Ok(())
+    }
+
+    /// Describes a newly registered region for peers in other processes, or `None` when this
+    /// transport does not reach such memory from elsewhere. The export is published with the
+    /// region; the guard lives until the region is deregistered. The default exports nothing.
+    ///
+    /// # Errors
+    /// When the memory is of a kind this transport should reach but cannot share (the error
+    /// says what to register instead); the registration then fails.
+    fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
+        let _ = region;
+        Ok(None)
+    }
 
     /// The endpoint this transport publishes in the engine's descriptor, if any.
     fn endpoint(&self) -> Option<Endpoint>;
@@ -141,6 +216,20 @@ pub trait Link: Send + Sync + 'static {
             local: "a GPU signal".into(),
             peer: format!("the buffer holding {addr:#x}"),
             reason: "this transport cannot write into a peer GPU's memory; signal over nvlink, or rely on the batch's notification".into(),
+        })
+    }
+
+    /// Hands `payload` to the peer's inbox as a notification, once every byte sent through this
+    /// link before it is visible there. The engine sends notifications over its control
+    /// transport's link; transports that cannot carry them keep the default, which refuses.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] from the default; the transport's error otherwise.
+    async fn notify(&self, payload: &[u8]) -> Result<()> {
+        Err(Error::Unavailable {
+            local: format!("a notification of {} bytes", payload.len()),
+            peer: "this link".into(),
+            reason: "this transport does not carry notifications; the engine sends them over its control transport".into(),
         })
     }
 

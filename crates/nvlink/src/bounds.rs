@@ -3,7 +3,8 @@
 //! arithmetic and must lie inside the mapping whose size the driver reported, before the GPU
 //! gets any work. A violation names the field.
 
-use ferry_core::{Export, InstanceId, ProtocolViolation};
+use crate::export::GpuExport;
+use ferry_core::{InstanceId, ProtocolViolation};
 
 /// The most allocations one export may list: enough for a 1 TiB range of PyTorch's 20 MiB
 /// expandable segments, and a bound on what a peer can make this process allocate.
@@ -152,9 +153,9 @@ pub(crate) fn block_extent(highest: u32, stride: u64, offset: u64, len: u64) -> 
 
 /// Checks that an fd-passing export names the fd socket of the engine it came from: a peer
 /// must not point this engine at another engine's memory.
-pub(crate) fn export_owner(export: &Export, owner: InstanceId) -> Result<(), ProtocolViolation> {
+pub(crate) fn export_owner(export: &GpuExport, owner: InstanceId) -> Result<(), ProtocolViolation> {
     match export {
-        Export::VmmFd { socket, .. } if *socket != ferry_core::fd_socket_name(owner) => {
+        GpuExport::VmmFd { socket, .. } if *socket != crate::fd_socket_name(owner) => {
             Err(ProtocolViolation::Descriptor {
                 field: "export.socket",
                 problem: format!(
@@ -322,14 +323,14 @@ mod tests {
     #[test]
     fn an_fd_export_must_name_its_own_engines_socket() {
         let owner = InstanceId::from_u128(7);
-        let export = |socket: String| Export::VmmFd {
+        let export = |socket: String| GpuExport::VmmFd {
             socket,
             region: 0x1000,
             offset: 0,
             pieces: vec![4096],
         };
-        assert!(export_owner(&export(ferry_core::fd_socket_name(owner)), owner).is_ok());
-        let other = ferry_core::fd_socket_name(InstanceId::from_u128(8));
+        assert!(export_owner(&export(crate::fd_socket_name(owner)), owner).is_ok());
+        let other = crate::fd_socket_name(InstanceId::from_u128(8));
         assert_eq!(field(export_owner(&export(other), owner)), "export.socket");
     }
 }

@@ -1,9 +1,12 @@
 //! ferry-nvlink: moves GPU memory between processes of one host over NVLink (or PCIe where the
 //! GPUs have no NVLink), with the copy engines of the initiator's GPU.
 //!
-//! A peer's `cudaMalloc` buffers arrive in its descriptor with a CUDA IPC handle (VMM buffers
-//! with POSIX fds fetched over a Unix socket); the first transfer to a buffer maps its
-//! allocation into this process (cached until the link drops). Each transfer then takes one of
+//! The transport owns its kind of memory sharing: it exports each registered GPU buffer
+//! ([`GpuExport`], carried opaquely in the descriptor): `cudaMalloc` memory by CUDA IPC handle,
+//! VMM memory by POSIX fds that its fd-passing socket hands out. When the engine learns a
+//! peer's descriptor it tries one mapping of each kind (namespaces decide what opens); the
+//! first transfer to a buffer maps its allocation into this process (cached until the link
+//! drops). Each transfer then takes one of
 //! three copy paths ([`CopyPath`], chosen per copy from measured crossovers, see
 //! `docs/copy-paths.md`):
 //!
@@ -23,6 +26,9 @@
 
 mod args;
 mod bounds;
+mod export;
+mod fabric_probe;
+mod fd_passing;
 mod import;
 mod kernels;
 mod link;
@@ -31,6 +37,9 @@ mod plan;
 mod transport;
 mod trial;
 
+pub use export::{GpuExport, EXPORT_VERSION};
+pub use fabric_probe::{probe_fabric, FabricSupport};
+pub use fd_passing::{fd_socket_name, FDS_PER_MESSAGE};
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

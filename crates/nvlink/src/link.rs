@@ -1,9 +1,11 @@
 use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
+use crate::export::GpuExport;
 use crate::import::{OpenError, Opened, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::plan;
 use crate::transport::NvlinkConfig;
+use ferry_core::auth::Secret;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
     BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location,
@@ -22,6 +24,8 @@ use launches::{Paged, Side, Work};
 /// Mappings of one peer's allocations and the local streams and kernels that copy to and from
 /// them.
 pub(crate) struct NvlinkLink {
+    /// The transport whose exports this link maps (nvlink or mnnvl).
+    transport: &'static str,
     peer: String,
     /// The peer engine's instance id: exports must name its own fd socket.
     instance: InstanceId,
@@ -31,6 +35,8 @@ pub(crate) struct NvlinkLink {
     config: NvlinkConfig,
     /// The GPUs this process sees, to tell which peer GPUs a kernel can reach.
     gpus: Arc<Vec<DeviceInfo>>,
+    /// This engine's secret, proven to the peer's fd socket.
+    secret: Option<Secret>,
     /// The peer's allocations mapped here, by the export that names them.
     mappings: Mutex<HashMap<Export, Arc<Opened>>>,
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
@@ -67,19 +73,25 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl NvlinkLink {
+    /// A link of `transport` to `peer` (engine `instance`; `local_peer` when it is an engine of
+    /// this process).
     pub(crate) fn new(
+        transport: &'static str,
         peer: String,
         instance: InstanceId,
         local_peer: Option<InstanceId>,
         config: NvlinkConfig,
         gpus: Arc<Vec<DeviceInfo>>,
+        secret: Option<Secret>,
     ) -> NvlinkLink {
         NvlinkLink {
+            transport,
             peer,
             instance,
             local_peer,
             config,
             gpus,
+            secret,
             mappings: Mutex::default(),
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
@@ -112,14 +124,47 @@ impl NvlinkLink {
         Ok(lane)
     }
 
-    /// Where `remote` is mapped in this process, opening its export on first use; the mapping
-    /// is added to `held`. The buffer must lie inside what the driver really mapped.
-    fn mapped(
+    /// Maps the exports of every distinct buffer of `remotes` not mapped yet into GPU
+    /// `ordinal`, so that planning finds them all ([`Self::mapped`]).
+    async fn map_all<'a>(
         &self,
-        remote: &BufferDescriptor,
+        remotes: impl Iterator<Item = &'a Arc<BufferDescriptor>>,
         ordinal: u32,
-        held: &mut Held,
-    ) -> Result<MappedBuffer> {
+    ) -> Result<()> {
+        if self.local_peer.is_some() {
+            return Ok(());
+        }
+        let mut last: Option<&Arc<BufferDescriptor>> = None;
+        for remote in remotes {
+            if last.is_some_and(|last| Arc::ptr_eq(last, remote)) {
+                continue;
+            }
+            last = Some(remote);
+            let Some(export) = remote.export(self.transport) else {
+                return Err(self.refused("its buffer carries no export"));
+            };
+            if lock(&self.mappings).contains_key(export) {
+                continue;
+            }
+            let decoded = GpuExport::of(remote, self.transport)
+                .map_err(|violation| self.fail(violation))?
+                .ok_or_else(|| self.refused("its buffer carries no export"))?;
+            bounds::export_owner(&decoded, self.instance)
+                .map_err(|violation| self.fail(violation))?;
+            let opened = PeerMapping::open(Context::get(ordinal)?, &decoded, self.secret.as_ref())
+                .await
+                .map_err(|error| match error {
+                    OpenError::Peer(violation) => self.fail(violation),
+                    OpenError::Local(reason) => self.refused(&reason.to_string()),
+                })?;
+            lock(&self.mappings).insert(export.clone(), Arc::new(opened));
+        }
+        Ok(())
+    }
+
+    /// Where `remote` is mapped in this process ([`Self::map_all`] mapped it); the mapping is
+    /// added to `held`. The buffer must lie inside what the driver really mapped.
+    fn mapped(&self, remote: &BufferDescriptor, held: &mut Held) -> Result<MappedBuffer> {
         if let Some(instance) = self.local_peer {
             if !ferry_core::local_engine_registered(instance, remote.addr, remote.len) {
                 return Err(self.fail(ProtocolViolation::Descriptor {
@@ -133,26 +178,13 @@ impl NvlinkLink {
             return MappedBuffer::in_place(remote.addr, remote.len)
                 .map_err(|violation| self.fail(violation));
         }
-        let Some(export) = &remote.export else {
-            return Err(self.refused("its buffer carries no export"));
-        };
-        // The lookup is its own statement so its guard is released before the insert below.
-        let cached = lock(&self.mappings).get(export).cloned();
-        let opened = match cached {
-            Some(opened) => opened,
-            None => {
-                bounds::export_owner(export, self.instance)
-                    .map_err(|violation| self.fail(violation))?;
-                let opened = PeerMapping::open(Context::get(ordinal)?, export).map_err(
-                    |error| match error {
-                        OpenError::Peer(violation) => self.fail(violation),
-                        OpenError::Local(reason) => self.refused(&reason),
-                    },
-                )?;
-                let opened = Arc::new(opened);
-                lock(&self.mappings).insert(export.clone(), Arc::clone(&opened));
-                opened
-            }
+        let opened = remote
+            .export(self.transport)
+            .and_then(|export| lock(&self.mappings).get(export).cloned());
+        let Some(opened) = opened else {
+            // Mapped before planning began, so only a close since can have dropped it.
+            self.still_alive()?;
+            return Err(self.refused("a buffer's mapping went away while the transfer was planned"));
         };
         let buffer = MappedBuffer::place(
             opened.mapping.base(),
@@ -247,7 +279,7 @@ impl NvlinkLink {
                 return Ok(resolved);
             }
         }
-        let buffer = self.mapped(remote, ordinal, held)?;
+        let buffer = self.mapped(remote, held)?;
         let reachable = lane.kernels.is_some() && self.kernel_reaches(lane, ordinal, remote);
         let resolved = Resolved { buffer, reachable };
         *last = Some((key, resolved));
@@ -388,6 +420,10 @@ impl Link for NvlinkLink {
                 None => by_gpu.push((ordinal, vec![op])),
             }
         }
+        for (ordinal, gpu_ops) in &by_gpu {
+            self.map_all(gpu_ops.iter().map(|op| &op.remote), *ordinal)
+                .await?;
+        }
         // Everything that can fail before the GPUs get work: lanes, mappings, every check.
         let batched = Driver::get().has_batched_copies();
         let mut held = Vec::new();
@@ -415,6 +451,12 @@ impl Link for NvlinkLink {
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+        if let Some(Location::Device { ordinal, .. }) =
+            blocks.pools.first().map(|pool| pool.region.info().location)
+        {
+            self.map_all(blocks.pools.iter().map(|pool| &pool.remote), ordinal)
+                .await?;
+        }
         let mut held = Vec::new();
         match self.paged(&blocks, &mut held)? {
             Some((lane, paged)) => {
@@ -432,6 +474,7 @@ impl Link for NvlinkLink {
         value: u32,
         gpu: u32,
     ) -> Result<()> {
+        self.map_all(std::iter::once(&remote), gpu).await?;
         let lane = self.lane(gpu)?;
         let mut held = Vec::new();
         let resolved = self.resolve(&lane, gpu, &remote, &mut None, &mut held)?;

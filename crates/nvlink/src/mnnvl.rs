@@ -5,13 +5,15 @@
 //!
 //! It needs an IMEX channel, which nodes without one refuse at `cuMemCreate` even when the
 //! device attribute says FABRIC handles are supported; the run-time probe
-//! ([`ferry_core::cuda::probe_fabric`]) decides, and its reason is what `reach` reports.
+//! ([`crate::probe_fabric`]) decides, and its reason is what `reach` reports.
 
+use crate::export::{export_fabric, GpuExport};
+use crate::fabric_probe::{probe_fabric, FabricSupport};
 use crate::link::NvlinkLink;
 use crate::transport::NvlinkConfig;
-use ferry_core::cuda::{probe_fabric, Driver, FabricSupport};
+use ferry_core::cuda::Driver;
 use ferry_core::{
-    BufferDescriptor, Endpoint, Export, Link, Location, Reach, RegionInfo, Result,
+    BufferDescriptor, Endpoint, Exported, Link, Location, Reach, RegionInfo, Result,
     SegmentDescriptor, Transport,
 };
 use std::sync::Arc;
@@ -82,6 +84,18 @@ impl Transport for MnnvlTransport {
         None
     }
 
+    fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
+        if self.unavailable.is_some() || !matches!(region.location, Location::Device { .. }) {
+            return Ok(None);
+        }
+        Ok(
+            export_fabric(region.addr, region.len)?.map(|export| Exported {
+                export: export.to_export(MNNVL),
+                guard: None,
+            }),
+        )
+    }
+
     fn reach(
         &self,
         local: &RegionInfo,
@@ -103,14 +117,16 @@ impl Transport for MnnvlTransport {
         {
             return no(format!("GPU {ordinal} refuses FABRIC allocations"));
         }
-        if !matches!(remote.export, Some(Export::Fabric { .. })) {
-            return no("the peer's buffer carries no FABRIC handles".into());
+        match GpuExport::of(remote, MNNVL) {
+            Ok(Some(GpuExport::Fabric { .. })) | Err(_) => {}
+            Ok(_) => return no("the peer's buffer carries no FABRIC handles".into()),
         }
         Reach::Yes { cost: 20 }
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         Ok(Arc::new(NvlinkLink::new(
+            MNNVL,
             peer.name.clone(),
             peer.instance,
             None,
@@ -118,6 +134,7 @@ impl Transport for MnnvlTransport {
             // Remote GPUs of other nodes are never visible here, so every copy takes the copy
             // engines until the kernel path is checked on a multi-node NVLink domain.
             Arc::new(Vec::new()),
+            None,
         )))
     }
 }
@@ -165,7 +182,7 @@ mod tests {
         }
     }
 
-    fn remote(export: Option<Export>) -> BufferDescriptor {
+    fn remote(export: Option<GpuExport>) -> BufferDescriptor {
         BufferDescriptor {
             addr: 0x9000,
             len: 4096,
@@ -173,12 +190,15 @@ mod tests {
                 gpu: GpuId([2; 16]),
                 ordinal: 0,
             },
-            export,
+            exports: export
+                .map(|export| export.to_export(MNNVL))
+                .into_iter()
+                .collect(),
         }
     }
 
-    fn fabric() -> Option<Export> {
-        Some(Export::Fabric {
+    fn fabric() -> Option<GpuExport> {
+        Some(GpuExport::Fabric {
             handles: vec!["00".repeat(64)],
             offset: 0,
             pieces: vec![2 << 20],

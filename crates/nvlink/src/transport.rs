@@ -1,12 +1,15 @@
+use crate::export::{export_local, GpuExport};
+use crate::fd_passing::FdServer;
 use crate::link::NvlinkLink;
 use crate::plan::CopyPath;
-use crate::trial::Trials;
+use crate::trial::{ExportKind, Trials};
+use ferry_core::auth::Secret;
 use ferry_core::cuda::{DeviceInfo, Driver};
 use ferry_core::{
-    BufferDescriptor, Endpoint, Export, HostIdentity, InstanceId, Link, Location, Reach,
-    RegionInfo, Result, SegmentDescriptor, Transport,
+    BufferDescriptor, Endpoint, EngineContext, Error, Exported, HostIdentity, InstanceId, Link,
+    Location, Reach, RegionInfo, Result, SegmentDescriptor, Transport,
 };
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The transport's name, as shown to users.
 pub const NVLINK: &str = "nvlink";
@@ -53,6 +56,17 @@ pub struct NvlinkTransport {
     trials: Trials,
     /// Whether an instance id names an engine alive in this process.
     is_local: fn(InstanceId) -> bool,
+    /// What the engine this transport serves told it, once attached.
+    attached: OnceLock<Attached>,
+}
+
+/// What nvlink keeps of the engine it serves.
+#[derive(Debug)]
+struct Attached {
+    /// Proven to peers' fd sockets.
+    secret: Option<Secret>,
+    /// Hands out this engine's VMM memory; `None` without GPUs or when it could not be bound.
+    fds: Option<FdServer>,
 }
 
 impl NvlinkTransport {
@@ -86,7 +100,14 @@ impl NvlinkTransport {
             process: InstanceId::of_this_process().ok(),
             trials: Trials::default(),
             is_local: ferry_core::is_local_engine,
+            attached: OnceLock::new(),
         }
+    }
+
+    fn secret(&self) -> Option<&Secret> {
+        self.attached
+            .get()
+            .and_then(|attached| attached.secret.as_ref())
     }
 
     fn same_host(&self, peer: &SegmentDescriptor) -> bool {
@@ -109,6 +130,63 @@ impl Transport for NvlinkTransport {
 
     fn endpoint(&self) -> Option<Endpoint> {
         None
+    }
+
+    fn attach(&self, engine: &EngineContext) -> Result<()> {
+        if self.attached.get().is_some() {
+            return Err(Error::ApiMisuse(
+                "this nvlink transport already serves an engine; create one per engine".into(),
+            ));
+        }
+        let fds = if self.gpus.is_empty() {
+            None
+        } else {
+            FdServer::start(engine.instance, engine.secret.clone(), &engine.runtime)
+                .inspect_err(|error| {
+                    tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
+                })
+                .ok()
+        };
+        let attached = Attached {
+            secret: engine.secret.clone(),
+            fds,
+        };
+        self.attached.set(attached).map_err(|_| {
+            Error::ApiMisuse(
+                "this nvlink transport already serves an engine; create one per engine".into(),
+            )
+        })
+    }
+
+    fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
+        if self.unavailable.is_some() || !matches!(region.location, Location::Device { .. }) {
+            return Ok(None);
+        }
+        let fds = self
+            .attached
+            .get()
+            .and_then(|attached| attached.fds.as_ref());
+        Ok(
+            export_local(region.addr, region.len, fds)?.map(|(export, guard)| Exported {
+                export: export.to_export(NVLINK),
+                guard,
+            }),
+        )
+    }
+
+    async fn import(&self, peer: &SegmentDescriptor) {
+        if self.unavailable.is_some() || !self.same_host(peer) || self.same_process(peer) {
+            return;
+        }
+        let exports = peer
+            .buffers
+            .iter()
+            .filter(|buffer| matches!(buffer.location, Location::Device { .. }))
+            .filter_map(|buffer| GpuExport::of(buffer, NVLINK).ok().flatten());
+        let ordinals: Vec<u32> = self.gpus.iter().map(|gpu| gpu.ordinal).collect();
+        self.trials
+            .try_peer(peer, exports, &ordinals, self.secret())
+            .await;
     }
 
     fn reach(
@@ -142,8 +220,12 @@ impl Transport for NvlinkTransport {
         if self.same_process(peer) {
             return Reach::Yes { cost: 5 };
         }
-        let Some(export @ (Export::CudaIpc { .. } | Export::VmmFd { .. })) = &remote.export else {
-            return no("the peer's buffer carries no CUDA IPC handle or VMM export".into());
+        let export = match GpuExport::of(remote, NVLINK) {
+            Ok(Some(export @ (GpuExport::CudaIpc { .. } | GpuExport::VmmFd { .. }))) => export,
+            Ok(_) => return no("the peer's buffer carries no CUDA IPC handle or VMM export".into()),
+            // The peer's fault: the transfer routed here fails with the violation and closes
+            // the peer, instead of quietly taking TCP.
+            Err(_) => return Reach::Yes { cost: 10 },
         };
         // A remote GPU this process cannot see (CUDA_VISIBLE_DEVICES) is still mapped through
         // IPC; whether the two GPUs can reach each other is then up to the driver.
@@ -158,21 +240,31 @@ impl Transport for NvlinkTransport {
             }
         }
         // Namespaces, cgroups and users decide whether the mapping works, and nothing short
-        // of trying tells: map this kind of export once per peer and remember the answer.
-        match self.trials.verdict(local_gpu, peer, export) {
-            Ok(()) => Reach::Yes { cost: 10 },
-            Err(reason) => no(reason),
+        // of trying tells: `import` mapped this kind of export once and kept the answer.
+        match self
+            .trials
+            .verdict(local_gpu, peer.instance, ExportKind::of(&export))
+        {
+            Some(Ok(())) => Reach::Yes { cost: 10 },
+            Some(Err(reason)) => no(reason),
+            // Left untried as the peer's lie: routed here, it fails with the violation.
+            None if crate::bounds::export_owner(&export, peer.instance).is_err() => {
+                Reach::Yes { cost: 10 }
+            }
+            None => no("nvlink has not tried this peer's kind of GPU memory here yet (the engine reads a peer's descriptor when it connects or refreshes it)".into()),
         }
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let local_peer = self.same_process(peer).then_some(peer.instance);
         Ok(Arc::new(NvlinkLink::new(
+            NVLINK,
             peer.name.clone(),
             peer.instance,
             local_peer,
             self.config,
             Arc::clone(&self.gpus),
+            self.secret().cloned(),
         )))
     }
 }
@@ -201,22 +293,41 @@ mod tests {
             config: NvlinkConfig::default(),
             unavailable: None,
             process: Some(THIS_PROCESS),
-            trials: Trials::new(maps_unless_vmm),
+            trials: Trials::new(maps_unless_vmm()),
             is_local: |instance| instance == THIS_PROCESS,
+            attached: OnceLock::new(),
         }
+    }
+
+    /// `transport.reach` after the engine had the transport import a descriptor listing
+    /// `remote`, as the engine does when it connects.
+    fn reach(
+        transport: &NvlinkTransport,
+        local: &RegionInfo,
+        peer: &SegmentDescriptor,
+        remote: &BufferDescriptor,
+    ) -> Reach {
+        let mut peer = peer.clone();
+        peer.buffers = vec![remote.clone()];
+        futures::executor::block_on(transport.import(&peer));
+        transport.reach(local, &peer, remote)
     }
 
     const THIS_PROCESS: InstanceId = InstanceId::from_u128(0x70);
     const OTHER_PROCESS: InstanceId = InstanceId::from_u128(0x71);
 
     /// IPC handles map; fd sockets are out of reach, as across network namespaces.
-    fn maps_unless_vmm(_: u32, export: &Export) -> std::result::Result<(), String> {
-        match export {
-            Export::VmmFd { .. } => {
-                Err("connecting to the peer's fd socket: Connection refused".into())
-            }
-            _ => Ok(()),
-        }
+    fn maps_unless_vmm() -> crate::trial::Mapper {
+        Arc::new(|_, export, _| {
+            Box::pin(async move {
+                match export {
+                    GpuExport::VmmFd { .. } => {
+                        Err("connecting to the peer's fd socket: Connection refused".into())
+                    }
+                    _ => Ok(()),
+                }
+            })
+        })
     }
 
     /// A peer on host `hostname`; `node-b` is another machine (another boot id), any other
@@ -251,7 +362,7 @@ mod tests {
         }
     }
 
-    fn remote(export: Option<Export>) -> BufferDescriptor {
+    fn remote(export: Option<GpuExport>) -> BufferDescriptor {
         BufferDescriptor {
             addr: 0x9000,
             len: 4096,
@@ -259,12 +370,15 @@ mod tests {
                 gpu: REMOTE_GPU,
                 ordinal: 0,
             },
-            export,
+            exports: export
+                .map(|export| export.to_export(NVLINK))
+                .into_iter()
+                .collect(),
         }
     }
 
-    fn ipc() -> Option<Export> {
-        Some(Export::CudaIpc {
+    fn ipc() -> Option<GpuExport> {
+        Some(GpuExport::CudaIpc {
             handle: "00".repeat(64),
             offset: 0,
         })
@@ -277,7 +391,8 @@ mod tests {
 
     #[test]
     fn a_gpu_buffer_of_another_process_on_this_host_is_reached() {
-        let reach = transport().reach(
+        let reach = reach(
+            &transport(),
             &local(ON_GPU),
             &peer("node-a", OTHER_PROCESS),
             &remote(ipc()),
@@ -287,7 +402,12 @@ mod tests {
 
     #[test]
     fn the_same_process_is_reached_without_ipc() {
-        let reach = transport().reach(&local(ON_GPU), &peer("node-a", THIS_PROCESS), &remote(None));
+        let reach = reach(
+            &transport(),
+            &local(ON_GPU),
+            &peer("node-a", THIS_PROCESS),
+            &remote(None),
+        );
         assert_eq!(reach, Reach::Yes { cost: 5 });
     }
 
@@ -298,11 +418,11 @@ mod tests {
         let other = peer("node-a", OTHER_PROCESS);
         assert_eq!(other.pid, std::process::id());
         assert_eq!(
-            transport().reach(&local(ON_GPU), &other, &remote(ipc())),
+            reach(&transport(), &local(ON_GPU), &other, &remote(ipc())),
             Reach::Yes { cost: 10 }
         );
         assert!(matches!(
-            transport().reach(&local(ON_GPU), &other, &remote(None)),
+            reach(&transport(), &local(ON_GPU), &other, &remote(None)),
             Reach::No { .. }
         ));
     }
@@ -315,24 +435,29 @@ mod tests {
         impostor.instance = OTHER_PROCESS;
         assert!(!transport().same_process(&impostor));
         assert!(matches!(
-            transport().reach(&local(ON_GPU), &impostor, &remote(None)),
+            reach(&transport(), &local(ON_GPU), &impostor, &remote(None)),
             Reach::No { .. }
         ));
         assert_eq!(
-            transport().reach(&local(ON_GPU), &impostor, &remote(ipc())),
+            reach(&transport(), &local(ON_GPU), &impostor, &remote(ipc())),
             Reach::Yes { cost: 10 }
         );
     }
 
     #[test]
     fn an_export_that_does_not_map_here_is_declined_with_the_cause() {
-        let vmm = Some(Export::VmmFd {
-            socket: ferry_core::fd_socket_name(OTHER_PROCESS),
+        let vmm = Some(GpuExport::VmmFd {
+            socket: crate::fd_socket_name(OTHER_PROCESS),
             region: 0x9000,
             offset: 0,
             pieces: vec![4096],
         });
-        match transport().reach(&local(ON_GPU), &peer("node-a", OTHER_PROCESS), &remote(vmm)) {
+        match reach(
+            &transport(),
+            &local(ON_GPU),
+            &peer("node-a", OTHER_PROCESS),
+            &remote(vmm),
+        ) {
             Reach::No { reason } => {
                 assert!(reason.contains("Connection refused"), "{reason}");
                 assert!(reason.contains("TCP staging"), "{reason}");
@@ -346,7 +471,7 @@ mod tests {
         // Pods have their own UTS namespace: another host name, the same kernel boot.
         let pod = peer("decode-pod-7f9c", OTHER_PROCESS);
         assert_eq!(
-            transport().reach(&local(ON_GPU), &pod, &remote(ipc())),
+            reach(&transport(), &local(ON_GPU), &pod, &remote(ipc())),
             Reach::Yes { cost: 10 }
         );
     }
@@ -354,17 +479,20 @@ mod tests {
     #[test]
     fn other_hosts_host_memory_and_missing_handles_are_declined_with_the_reason() {
         let reasons = [
-            transport().reach(
+            reach(
+                &transport(),
                 &local(ON_GPU),
                 &peer("node-b", OTHER_PROCESS),
                 &remote(ipc()),
             ),
-            transport().reach(
+            reach(
+                &transport(),
                 &local(Location::Host { pinned: true }),
                 &peer("node-a", OTHER_PROCESS),
                 &remote(ipc()),
             ),
-            transport().reach(
+            reach(
+                &transport(),
                 &local(ON_GPU),
                 &peer("node-a", OTHER_PROCESS),
                 &remote(None),

@@ -2,39 +2,45 @@
 //!
 //! Whether a CUDA IPC handle opens or the peer's fd socket answers depends on how the two
 //! processes are confined (PID, IPC, network and mount namespaces, users, visible GPUs), and
-//! nothing in a descriptor says so reliably. So the first time a peer's buffer of one export
-//! kind is routed, the transport maps one such buffer, keeps the answer for that peer and kind,
-//! and unmaps it again. A refusal makes the transport decline the pair, so the engine moves
-//! those bytes over TCP, and is logged once with its cause.
+//! nothing in a descriptor says so reliably. So when the engine learns a peer's descriptor
+//! ([`ferry_core::Transport::import`]), the transport maps one of its buffers of each export
+//! kind into each local GPU, keeps the answer for that peer, kind and GPU, and unmaps it again.
+//! A refusal makes the transport decline the pair, so the engine moves those bytes over TCP,
+//! and is logged once with its cause.
 
+use crate::export::GpuExport;
 use crate::import::{OpenError, PeerMapping};
+use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
-use ferry_core::{Export, InstanceId, SegmentDescriptor};
+use ferry_core::{InstanceId, SegmentDescriptor};
+use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-/// Maps `export` into GPU `ordinal` of this process and releases it again; `Err` holds why
-/// it could not be mapped.
-pub(crate) type Mapper = fn(ordinal: u32, export: &Export) -> Result<(), String>;
+/// Maps an export into GPU `ordinal` of this process and releases it again, proving the
+/// secret to the peer's fd socket where one is asked; `Err` holds why it could not be mapped.
+pub(crate) type Mapper = Arc<
+    dyn Fn(u32, GpuExport, Option<Secret>) -> BoxFuture<'static, Result<(), String>> + Send + Sync,
+>;
 
 /// The kinds of export a peer's mapping can fail for independently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum ExportKind {
+pub(crate) enum ExportKind {
     /// Legacy CUDA IPC handles: need the driver to reach the exporting process.
     CudaIpc,
     /// VMM allocations handed out as file descriptors over the peer's abstract Unix socket:
     /// need a shared network namespace (abstract sockets live in it) and the same user.
     VmmFd,
-    /// Anything else is tried under its own kind.
-    Other,
+    /// FABRIC handles (mnnvl's).
+    Fabric,
 }
 
 impl ExportKind {
-    fn of(export: &Export) -> ExportKind {
+    pub(crate) fn of(export: &GpuExport) -> ExportKind {
         match export {
-            Export::CudaIpc { .. } => ExportKind::CudaIpc,
-            Export::VmmFd { .. } => ExportKind::VmmFd,
-            _ => ExportKind::Other,
+            GpuExport::CudaIpc { .. } => ExportKind::CudaIpc,
+            GpuExport::VmmFd { .. } => ExportKind::VmmFd,
+            GpuExport::Fabric { .. } => ExportKind::Fabric,
         }
     }
 
@@ -42,7 +48,7 @@ impl ExportKind {
         match self {
             ExportKind::CudaIpc => "CUDA IPC (cudaMalloc) memory",
             ExportKind::VmmFd => "VMM memory shared by file descriptor",
-            ExportKind::Other => "exported GPU memory",
+            ExportKind::Fabric => "VMM memory shared by FABRIC handle",
         }
     }
 }
@@ -58,7 +64,9 @@ pub(crate) struct Trials {
 
 impl Default for Trials {
     fn default() -> Self {
-        Trials::new(map_and_release)
+        Trials::new(Arc::new(|ordinal, export, secret| {
+            Box::pin(map_and_release(ordinal, export, secret))
+        }))
     }
 }
 
@@ -77,39 +85,59 @@ impl Trials {
         }
     }
 
-    /// Whether `peer`'s memory of `export`'s kind maps into GPU `ordinal`: tried with this
-    /// very export the first time, remembered after. `Err` is the reason, phrased for a log.
+    /// What trying found for `peer`'s memory of `kind` on GPU `ordinal`; `None` when it was
+    /// not tried. `Err` is the reason, phrased for a log.
     pub(crate) fn verdict(
         &self,
         ordinal: u32,
+        peer: InstanceId,
+        kind: ExportKind,
+    ) -> Option<Result<(), String>> {
+        self.lock().get(&(peer, kind, ordinal)).cloned()
+    }
+
+    /// Tries one of `exports` (the peer's, as this transport reads them) of each kind into
+    /// each GPU of `ordinals` that was not tried yet for `peer`, and keeps the verdicts.
+    /// Exports naming another engine's fd socket are left untried: that is the peer's lie,
+    /// not a layout's limit, and a transfer routed to one fails with the violation.
+    pub(crate) async fn try_peer(
+        &self,
         peer: &SegmentDescriptor,
-        export: &Export,
-    ) -> Result<(), String> {
-        let key = (peer.instance, ExportKind::of(export), ordinal);
-        if let Some(known) = self.lock().get(&key) {
-            return known.clone();
-        }
-        // An export naming another engine's fd socket is the peer's lie, not a layout's
-        // limit: routed here, its transfer fails with the violation and closes the peer.
-        if crate::bounds::export_owner(export, peer.instance).is_err() {
-            return Ok(());
-        }
-        // Tried outside the lock: a mapping may take a while, and other peers need not wait.
-        let verdict = (self.map)(ordinal, export).map_err(|cause| {
-            format!(
-                "mapping the peer's {} here failed ({cause}); its transfers use TCP staging",
-                key.1.describe()
-            )
-        });
-        let mut verdicts = self.lock();
-        let kept = verdicts.entry(key).or_insert_with(|| {
-            match &verdict {
-                Ok(()) => tracing::debug!(peer = %peer.name, kind = key.1.describe(), "peer memory maps over nvlink"),
-                Err(reason) => tracing::warn!(peer = %peer.name, instance = %peer.instance, pid = peer.pid, "{reason}"),
+        exports: impl IntoIterator<Item = GpuExport>,
+        ordinals: &[u32],
+        secret: Option<&Secret>,
+    ) {
+        let mut samples: HashMap<ExportKind, GpuExport> = HashMap::new();
+        for export in exports {
+            if crate::bounds::export_owner(&export, peer.instance).is_ok() {
+                samples.entry(ExportKind::of(&export)).or_insert(export);
             }
-            verdict
-        });
-        kept.clone()
+        }
+        for (kind, export) in samples {
+            for &ordinal in ordinals {
+                if self.verdict(ordinal, peer.instance, kind).is_some() {
+                    continue;
+                }
+                // Tried outside the lock: a mapping may take a while, and other peers need
+                // not wait.
+                let verdict = (self.map)(ordinal, export.clone(), secret.cloned())
+                    .await
+                    .map_err(|cause| {
+                        format!(
+                            "mapping the peer's {} here failed ({cause}); its transfers use TCP staging",
+                            kind.describe()
+                        )
+                    });
+                let mut verdicts = self.lock();
+                verdicts.entry((peer.instance, kind, ordinal)).or_insert_with(|| {
+                    match &verdict {
+                        Ok(()) => tracing::debug!(peer = %peer.name, kind = kind.describe(), gpu = ordinal, "peer memory maps over nvlink"),
+                        Err(reason) => tracing::warn!(peer = %peer.name, instance = %peer.instance, pid = peer.pid, gpu = ordinal, "{reason}"),
+                    }
+                    verdict
+                });
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
@@ -121,15 +149,19 @@ impl Trials {
 }
 
 /// The real trial: maps the export into GPU `ordinal`'s context and unmaps it at once.
-fn map_and_release(ordinal: u32, export: &Export) -> Result<(), String> {
+async fn map_and_release(
+    ordinal: u32,
+    export: GpuExport,
+    secret: Option<Secret>,
+) -> Result<(), String> {
     let context = Context::get(ordinal).map_err(|error| error.to_string())?;
-    match PeerMapping::open(context, export) {
+    match PeerMapping::open(context, &export, secret.as_ref()).await {
         Ok(_) => Ok(()),
         // A malformed export is the peer's fault, not the layout's: the transfer routed here
         // meets the same violation, fails with it and closes the peer, instead of quietly
         // taking TCP.
         Err(OpenError::Peer(_)) => Ok(()),
-        Err(OpenError::Local(reason)) => Err(reason),
+        Err(OpenError::Local(reason)) => Err(reason.to_string()),
     }
 }
 
@@ -154,56 +186,80 @@ mod tests {
         }
     }
 
-    fn ipc() -> Export {
-        Export::CudaIpc {
+    fn ipc() -> GpuExport {
+        GpuExport::CudaIpc {
             handle: "00".repeat(64),
             offset: 0,
         }
     }
 
-    fn vmm() -> Export {
-        Export::VmmFd {
-            socket: ferry_core::fd_socket_name(InstanceId::from_u128(1)),
+    fn vmm(owner: u128) -> GpuExport {
+        GpuExport::VmmFd {
+            socket: crate::fd_socket_name(InstanceId::from_u128(owner)),
             region: 0x1000,
             offset: 0,
             pieces: vec![2 << 20],
         }
     }
 
-    static TRIED: AtomicUsize = AtomicUsize::new(0);
-
-    /// IPC handles open, fd sockets are out of reach (as in separate network namespaces).
-    fn ipc_only(_: u32, export: &Export) -> Result<(), String> {
-        TRIED.fetch_add(1, Ordering::SeqCst);
-        match export {
-            Export::CudaIpc { .. } => Ok(()),
-            _ => Err("connecting to the peer's fd socket \"ferry-x\": Connection refused".into()),
-        }
+    /// IPC handles open, fd sockets are out of reach (as in separate network namespaces);
+    /// counts the tries.
+    fn ipc_only(tried: Arc<AtomicUsize>) -> Mapper {
+        Arc::new(move |_, export, _| {
+            tried.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                match export {
+                    GpuExport::CudaIpc { .. } => Ok(()),
+                    _ => Err(
+                        "connecting to the peer's fd socket \"ferry-x\": Connection refused".into(),
+                    ),
+                }
+            })
+        })
     }
 
-    #[test]
-    fn each_peer_and_kind_is_tried_once_and_a_refusal_names_its_cause() {
-        let trials = Trials::new(ipc_only);
-        let before = TRIED.load(Ordering::SeqCst);
+    #[tokio::test]
+    async fn each_peer_kind_and_gpu_is_tried_once_and_a_refusal_names_its_cause() {
+        let tried = Arc::new(AtomicUsize::new(0));
+        let trials = Trials::new(ipc_only(Arc::clone(&tried)));
         for _ in 0..3 {
-            assert_eq!(trials.verdict(0, &peer(1), &ipc()), Ok(()));
-            let refusal = trials.verdict(0, &peer(1), &vmm()).unwrap_err();
+            trials
+                .try_peer(&peer(1), [ipc(), vmm(1), ipc()], &[0], None)
+                .await;
+            assert_eq!(
+                trials.verdict(0, InstanceId::from_u128(1), ExportKind::CudaIpc),
+                Some(Ok(()))
+            );
+            let refusal = trials
+                .verdict(0, InstanceId::from_u128(1), ExportKind::VmmFd)
+                .unwrap()
+                .unwrap_err();
             assert!(refusal.contains("VMM memory"), "{refusal}");
             assert!(refusal.contains("Connection refused"), "{refusal}");
             assert!(refusal.contains("TCP staging"), "{refusal}");
         }
-        assert_eq!(TRIED.load(Ordering::SeqCst) - before, 2);
+        assert_eq!(tried.load(Ordering::SeqCst), 2);
         // Another engine (a restart under the same name and PID) is tried afresh.
-        assert_eq!(trials.verdict(0, &peer(2), &ipc()), Ok(()));
-        assert_eq!(TRIED.load(Ordering::SeqCst) - before, 3);
+        trials.try_peer(&peer(2), [ipc()], &[0], None).await;
+        assert_eq!(tried.load(Ordering::SeqCst), 3);
         // Another local GPU is tried on its own.
-        assert_eq!(trials.verdict(1, &peer(1), &ipc()), Ok(()));
-        assert_eq!(TRIED.load(Ordering::SeqCst) - before, 4);
+        trials.try_peer(&peer(1), [ipc()], &[0, 1], None).await;
+        assert_eq!(tried.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            trials.verdict(1, InstanceId::from_u128(1), ExportKind::CudaIpc),
+            Some(Ok(()))
+        );
     }
 
-    #[test]
-    fn an_export_naming_another_engines_socket_is_not_tried_but_left_to_fail_as_a_violation() {
-        let trials = Trials::new(|_, _| panic!("another engine's socket must not be connected to"));
-        assert_eq!(trials.verdict(0, &peer(2), &vmm()), Ok(()));
+    #[tokio::test]
+    async fn an_export_naming_another_engines_socket_is_not_tried() {
+        let trials = Trials::new(Arc::new(|_, _, _| {
+            Box::pin(async { panic!("another engine's socket must not be connected to") })
+        }));
+        trials.try_peer(&peer(2), [vmm(1)], &[0], None).await;
+        assert_eq!(
+            trials.verdict(0, InstanceId::from_u128(2), ExportKind::VmmFd),
+            None
+        );
     }
 }

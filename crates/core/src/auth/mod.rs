@@ -31,17 +31,16 @@
 //! can sit on the path between two engines can still read or alter them. Use a private network
 //! (or a tunnel) for that.
 //!
-//! [`Handshake`] is the protocol as a state machine without I/O; [`blocking`] drives it over a
-//! std stream, and the TCP transport drives it over tokio streams.
+//! [`Handshake`] is the protocol as a state machine without I/O; [`client`] and [`server`] drive
+//! it over any tokio stream (the TCP transport's connections, nvlink's fd-passing socket).
 
-pub mod blocking;
 mod handshake;
+pub(crate) mod io;
 mod secret;
 
 pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
-pub use secret::{engine_secret, read_secret_file, Secret, SECRET_ENV};
-
-pub(crate) use secret::{enter_engine, EngineScope};
+pub use io::{client, server};
+pub use secret::{read_secret_file, Secret, SECRET_ENV};
 
 /// Fresh random bytes for a nonce.
 ///

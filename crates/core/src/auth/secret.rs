@@ -3,7 +3,6 @@
 use crate::error::{Error, Result};
 use hmac::{Hmac, KeyInit};
 use sha2::Sha256;
-use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -82,70 +81,9 @@ pub fn read_secret_file(path: impl AsRef<Path>) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-thread_local! {
-    static ENGINE_SECRET: RefCell<Option<Secret>> = const { RefCell::new(None) };
-}
-
-/// Marks the calling thread as one of an engine's I/O threads, working with `secret`.
-pub(crate) fn enter_engine(secret: Option<Secret>) {
-    ENGINE_SECRET.with(|current| *current.borrow_mut() = secret);
-}
-
-/// Makes the calling thread work for an engine with `secret` until dropped, then restores
-/// what it worked for before: for a caller's thread that runs the first steps of a transfer.
-pub(crate) struct EngineScope {
-    previous: Option<Secret>,
-}
-
-impl EngineScope {
-    pub(crate) fn enter(secret: Option<Secret>) -> EngineScope {
-        EngineScope {
-            previous: ENGINE_SECRET.with(|current| current.replace(secret)),
-        }
-    }
-}
-
-impl Drop for EngineScope {
-    fn drop(&mut self) {
-        let previous = self.previous.take();
-        ENGINE_SECRET.with(|current| *current.borrow_mut() = previous);
-    }
-}
-
-/// The shared secret of the engine whose I/O thread calls this; `None` on other threads and
-/// for engines without one.
-///
-/// Transports that open side channels of their own (the nvlink transport's fd-passing client)
-/// authenticate with it: they run on the engine's threads, so each engine of a process uses
-/// its own secret.
-pub fn engine_secret() -> Option<Secret> {
-    ENGINE_SECRET.with(|current| current.borrow().clone())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_engine_scope_lends_its_secret_to_the_thread_and_gives_the_old_one_back() {
-        let outer = Secret::new(b"outer-secret-0123456789".to_vec()).unwrap();
-        let inner = Secret::new(b"inner-secret-0123456789".to_vec()).unwrap();
-        let proof = |secret: Option<Secret>| {
-            use hmac::Mac;
-            secret.map(|secret| secret.mac().chain_update(b"x").finalize().into_bytes())
-        };
-        std::thread::spawn(move || {
-            assert!(engine_secret().is_none());
-            enter_engine(Some(outer.clone()));
-            {
-                let _scope = EngineScope::enter(Some(inner.clone()));
-                assert_eq!(proof(engine_secret()), proof(Some(inner)));
-            }
-            assert_eq!(proof(engine_secret()), proof(Some(outer)));
-        })
-        .join()
-        .unwrap();
-    }
 
     #[test]
     fn short_secrets_are_refused_and_files_lose_their_final_newline() {

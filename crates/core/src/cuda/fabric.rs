@@ -1,53 +1,17 @@
-//! Whether this node really permits FABRIC-handle allocations (multi-node NVLink), found by
-//! making one: the device attribute says "supported" on H100/H200 nodes whose `cuMemCreate`
-//! then refuses with CUDA_ERROR_NOT_PERMITTED for want of an IMEX channel.
+//! The FFI step of the FABRIC-handle probe: the device attribute says "supported" on H100/H200
+//! nodes whose `cuMemCreate` then refuses with CUDA_ERROR_NOT_PERMITTED for want of an IMEX
+//! channel, so the only test is to make one allocation.
 
 use super::context::Context;
 use super::error::CudaError;
 use cudarc::driver::sys::{self, CUmemAllocationHandleType};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
-/// The outcome of the fabric probe on one GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FabricSupport {
-    /// A tiny FABRIC-handle allocation succeeded (and was released).
-    Permitted,
-    /// The driver refused it; the error says why.
-    Refused(CudaError),
-}
-
-/// Probes GPU `ordinal` once per process (later calls return the first answer) and logs the
-/// result once.
-pub fn probe_fabric(ordinal: u32) -> FabricSupport {
-    static RESULTS: OnceLock<Mutex<HashMap<u32, FabricSupport>>> = OnceLock::new();
-    let mut results = RESULTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
-    results
-        .entry(ordinal)
-        .or_insert_with(|| {
-            let outcome = match try_fabric_allocation(ordinal) {
-                Ok(()) => FabricSupport::Permitted,
-                Err(error) => FabricSupport::Refused(error),
-            };
-            match &outcome {
-                FabricSupport::Permitted => {
-                    tracing::info!(gpu = ordinal, "FABRIC-handle allocations are permitted")
-                }
-                FabricSupport::Refused(error) => tracing::info!(
-                    gpu = ordinal,
-                    %error,
-                    "FABRIC-handle allocations are refused here (no IMEX channel?); mnnvl is unavailable, same-host GPUs use CUDA IPC"
-                ),
-            }
-            outcome
-        })
-        .clone()
-}
-
-fn try_fabric_allocation(ordinal: u32) -> Result<(), CudaError> {
+/// Makes one tiny FABRIC-handle allocation on GPU `ordinal` and releases it: the only reliable
+/// test of whether this node permits them.
+///
+/// # Errors
+/// The driver's refusal (`CUDA_ERROR_NOT_PERMITTED` without an IMEX channel, for one).
+pub fn try_fabric_allocation(ordinal: u32) -> Result<(), CudaError> {
     let context = Context::get(ordinal)?;
     let (prop, granularity) = super::vmm::device_allocation(
         &context,

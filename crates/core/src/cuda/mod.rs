@@ -28,7 +28,7 @@ pub use device::{DeviceInfo, GpuId};
 pub use driver::{Driver, DriverStatus};
 pub use error::CudaError;
 pub use event::Event;
-pub use fabric::{probe_fabric, FabricSupport};
+pub use fabric::try_fabric_allocation;
 pub use ipc::{IpcHandle, IpcMapping, IPC_HANDLE_LEN};
 pub use launch::{launch_all, Launcher};
 pub use module::{Kernel, KernelArg, Module};

@@ -5,16 +5,15 @@
 //! they touch; dropping a [`Region`] first unpublishes it (new transfers are refused) and then
 //! waits until every use has ended, so memory is never written after `drop` returns.
 
-mod export;
-pub(crate) mod fd_server;
 mod host;
+mod locate;
 mod region;
 mod span;
 mod staging;
 mod table;
 
-pub(crate) use export::export_device;
 pub(crate) use host::OwnedBuffer;
+pub(crate) use locate::device_location;
 pub use region::RegionUse;
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};

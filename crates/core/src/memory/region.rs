@@ -2,6 +2,7 @@ use super::host::{HostSpan, OwnedBuffer};
 use super::table::RegionTable;
 use crate::descriptor::Export;
 use crate::error::{Error, RangeError};
+use crate::transport::ExportGuard;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -56,10 +57,10 @@ pub(crate) struct RegionEntry {
     pub(crate) table_id: u64,
     in_use: AtomicUsize,
     closed: AtomicBool,
-    /// How peers on the same host can map it (GPU memory).
-    pub(crate) export: Option<Export>,
-    /// The VMM allocations under the region, retained so the fd server can export them.
-    pub(crate) vmm: Vec<crate::cuda::AllocationHandle>,
+    /// What each transport publishes for peers to reach it.
+    pub(crate) exports: Vec<Export>,
+    /// What the transports keep alive while it is registered; dropped before owned memory.
+    _guards: Vec<ExportGuard>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
     _owned: Option<OwnedMemory>,
 }
@@ -78,8 +79,8 @@ impl RegionEntry {
         info: RegionInfo,
         sequence: u64,
         table_id: u64,
-        export: Option<Export>,
-        vmm: Vec<crate::cuda::AllocationHandle>,
+        exports: Vec<Export>,
+        guards: Vec<ExportGuard>,
         owned: Option<OwnedMemory>,
     ) -> Self {
         RegionEntry {
@@ -88,8 +89,8 @@ impl RegionEntry {
             table_id,
             in_use: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
-            export,
-            vmm,
+            exports,
+            _guards: guards,
             _owned: owned,
         }
     }

@@ -1,6 +1,7 @@
 use super::region::{OwnedMemory, Region, RegionEntry, RegionInfo, RegionUse};
 use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
+use crate::transport::ExportGuard;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,8 +54,8 @@ impl RegionTable {
     pub(crate) fn insert(
         self: &Arc<Self>,
         info: RegionInfo,
-        export: Option<Export>,
-        vmm: Vec<crate::cuda::AllocationHandle>,
+        exports: Vec<Export>,
+        guards: Vec<ExportGuard>,
         owned: Option<OwnedMemory>,
     ) -> Result<Region, RangeError> {
         let mut regions = self.lock();
@@ -72,7 +73,7 @@ impl RegionTable {
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(RegionEntry::new(
-            info, sequence, self.id, export, vmm, owned,
+            info, sequence, self.id, exports, guards, owned,
         ));
         regions.insert(info.addr, Arc::clone(&entry));
         self.generation.fetch_add(1, Ordering::SeqCst);
@@ -116,7 +117,7 @@ impl RegionTable {
                 addr: entry.info.addr,
                 len: entry.info.len,
                 location: entry.info.location,
-                export: entry.export.clone(),
+                exports: entry.exports.clone(),
             })
             .collect()
     }

@@ -2,6 +2,7 @@
 //! connection this engine opens, and on every connection its listener accepts.
 
 use super::frame_io::FrameError;
+use crate::auth::io::{bounded, drive};
 use crate::auth::{Handshake, Secret, MAGIC};
 use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use std::net::SocketAddr;
@@ -98,48 +99,6 @@ async fn opens_with_magic(stream: &TcpStream) -> bool {
         }
         // A prefix of the magic so far; the rest is on its way.
         tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-async fn bounded(
-    work: impl std::future::Future<Output = Result<(), AuthFailure>>,
-    timeout: Duration,
-) -> Result<(), AuthFailure> {
-    tokio::time::timeout(timeout, work)
-        .await
-        .unwrap_or(Err(AuthFailure::TimedOut { after: timeout }))
-}
-
-async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    mut handshake: Handshake,
-) -> Result<(), AuthFailure> {
-    let mut buffer = [0u8; 128];
-    loop {
-        while let Some(bytes) = handshake.poll_transmit() {
-            stream.write_all(&bytes).await.map_err(io_failure)?;
-        }
-        if let Some(outcome) = handshake.outcome() {
-            stream.flush().await.map_err(io_failure)?;
-            return outcome;
-        }
-        let wanted = handshake.wants().min(buffer.len());
-        match stream.read(&mut buffer[..wanted]).await {
-            Ok(0) => handshake.handle_eof(),
-            Ok(read) => {
-                handshake.handle_input(&buffer[..read]);
-            }
-            Err(error) => return Err(io_failure(error)),
-        }
-    }
-}
-
-fn io_failure(error: std::io::Error) -> AuthFailure {
-    match error.kind() {
-        std::io::ErrorKind::UnexpectedEof
-        | std::io::ErrorKind::ConnectionReset
-        | std::io::ErrorKind::BrokenPipe => AuthFailure::Closed,
-        _ => AuthFailure::Io(error.to_string()),
     }
 }
 

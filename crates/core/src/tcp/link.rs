@@ -58,7 +58,7 @@ impl TcpLink {
 
     /// Sends a notification and waits until the peer has queued it for its reader. Sent on the
     /// first connection only, so notifications keep their order.
-    pub(crate) async fn notify(&self, payload: &[u8]) -> Result<()> {
+    async fn queue_notification(&self, payload: &[u8]) -> Result<()> {
         let (tracker, done) = Tracker::new(1);
         let header = Header {
             kind: Kind::Notify,
@@ -231,6 +231,10 @@ impl Link for TcpLink {
         }
         drop(tracker);
         self.wait(done).await
+    }
+
+    async fn notify(&self, payload: &[u8]) -> Result<()> {
+        self.queue_notification(payload).await
     }
 
     fn is_alive(&self) -> bool {

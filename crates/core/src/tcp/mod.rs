@@ -66,17 +66,6 @@ pub(crate) struct TcpTransport {
     pub(crate) secret: Option<Secret>,
 }
 
-impl TcpTransport {
-    /// Opens the concrete link, which the engine also uses for notifications.
-    pub(crate) async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<TcpLink>> {
-        let address = peer.endpoint(TCP).ok_or_else(|| Error::Unreachable {
-            peer: peer.name.clone(),
-            reason: "its descriptor lists no tcp endpoint".into(),
-        })?;
-        TcpLink::connect(address, &peer.name, self).await
-    }
-}
-
 #[async_trait::async_trait]
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
@@ -106,7 +95,11 @@ impl Transport for TcpTransport {
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
-        let link: Arc<dyn Link> = self.connect(peer).await?;
+        let address = peer.endpoint(TCP).ok_or_else(|| Error::Unreachable {
+            peer: peer.name.clone(),
+            reason: "its descriptor lists no tcp endpoint".into(),
+        })?;
+        let link: Arc<dyn Link> = TcpLink::connect(address, &peer.name, self).await?;
         Ok(link)
     }
 }

@@ -274,7 +274,7 @@ mod tests {
             .table
             .insert(
                 info,
-                None,
+                Vec::new(),
                 Vec::new(),
                 Some(OwnedMemory::Host { _buffer: buffer }),
             )

@@ -89,11 +89,13 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
     };
     let gpus = Arc::new(driver.devices().expect("GPUs listed"));
     let link = NvlinkLink::new(
+        crate::NVLINK,
         "launch test".into(),
         ferry_core::InstanceId::from_u128(1),
         None,
         config,
         gpus,
+        None,
     );
     let lane: Arc<GpuLane> = link.lane(0).expect("lane of GPU 0");
     let copies: Vec<plan::Copy> = (0..COPIES as u64)

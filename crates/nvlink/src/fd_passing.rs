@@ -1,0 +1,559 @@
+//! The fd-passing socket: hands the file descriptors of registered VMM memory to processes of
+//! the same user over an abstract Unix socket (SCM_RIGHTS), so they can map it. Both ends
+//! live here: [`FdServer`] serves this engine's shares, [`fetch_fds`] asks a peer's.
+//!
+//! # Protocol
+//! 1. The client sends one byte: 1 when it will authenticate, 0 when it has no secret. With 1,
+//!    the handshake of [`ferry_core::auth`] follows.
+//! 2. The client sends the registered buffer's address (8 bytes, little-endian).
+//! 3. The server answers with a status byte 0 with one descriptor per allocation attached, in
+//!    mapping order, repeated for every [`FDS_PER_MESSAGE`] allocations; or 1 followed by the
+//!    reason as UTF-8 until the socket closes.
+//!
+//! A server with a secret refuses a client that does not authenticate (status 1, before the
+//! address is read); one without a secret refuses a client that does, in the handshake.
+
+use ferry_core::auth::Secret;
+use ferry_core::cuda::{AllocationHandle, Context, CudaError};
+use ferry_core::{AuthFailure, InstanceId};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+/// Most descriptors passed with one message (the kernel's SCM_MAX_FD); an answer with more
+/// comes as several messages of one 0 byte each, in mapping order.
+pub const FDS_PER_MESSAGE: usize = 253;
+
+/// How long one request may take, the handshake included.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The abstract socket name of the fd-passing socket of engine `owner`. A peer's export must
+/// name its own engine's socket: one naming another engine's is refused, so a peer cannot
+/// point this engine at a third engine's memory.
+pub fn fd_socket_name(owner: InstanceId) -> String {
+    format!("ferry-{owner}")
+}
+
+/// The VMM allocations under one registered buffer, retained while it is shared.
+pub(crate) struct Share {
+    /// The GPU they live on, whose context exporting needs.
+    pub(crate) ordinal: u32,
+    /// Each allocation, in mapping order.
+    pub(crate) handles: Vec<AllocationHandle>,
+}
+
+/// Shares by the address the buffer was registered at.
+type Shares = Mutex<HashMap<u64, Share>>;
+
+fn lock(shares: &Shares) -> std::sync::MutexGuard<'_, HashMap<u64, Share>> {
+    // Each update is one insert or remove, so a poisoned map is still consistent.
+    shares.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// This engine's fd-passing socket, served on the engine's runtime.
+pub(crate) struct FdServer {
+    name: String,
+    shares: Arc<Shares>,
+}
+
+impl std::fmt::Debug for FdServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdServer")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Keeps one buffer shared through the socket; dropped when the buffer is deregistered.
+pub(crate) struct ShareGuard {
+    shares: Weak<Shares>,
+    addr: u64,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        if let Some(shares) = self.shares.upgrade() {
+            lock(&shares).remove(&self.addr);
+        }
+    }
+}
+
+impl FdServer {
+    /// Binds engine `owner`'s socket and serves it on `runtime` until the server is dropped;
+    /// with `secret`, only to clients that prove it.
+    pub(crate) fn start(
+        owner: InstanceId,
+        secret: Option<Secret>,
+        runtime: &tokio::runtime::Handle,
+    ) -> std::io::Result<FdServer> {
+        let name = fd_socket_name(owner);
+        let listener = std::os::unix::net::UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(name.as_bytes())?,
+        )?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::UnixListener::from_std(listener)?
+        };
+        let shares = Arc::new(Shares::default());
+        runtime.spawn(accept_loop(listener, Arc::downgrade(&shares), secret));
+        Ok(FdServer { name, shares })
+    }
+
+    /// The socket's abstract name, as exports carry it.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Shares the allocations of the buffer registered at `addr` until the guard drops.
+    pub(crate) fn share(&self, addr: u64, share: Share) -> ShareGuard {
+        lock(&self.shares).insert(addr, share);
+        ShareGuard {
+            shares: Arc::downgrade(&self.shares),
+            addr,
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::UnixListener,
+    shares: Weak<Shares>,
+    secret: Option<Secret>,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accepting on the fd-passing socket failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(shares) = shares.upgrade() else {
+            return;
+        };
+        let secret = secret.clone();
+        tokio::spawn(async move {
+            let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, secret.as_ref()))
+                .await
+                .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
+            if let Err(reason) = served {
+                tracing::warn!(%reason, "an fd-passing request failed");
+            }
+        });
+    }
+}
+
+/// Serves one connection: checks who asks, then answers with the descriptors or a refusal.
+async fn serve(
+    mut stream: UnixStream,
+    shares: Arc<Shares>,
+    secret: Option<&Secret>,
+) -> Result<(), String> {
+    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+    let credentials = stream
+        .peer_cred()
+        .map_err(|error| io("reading the client's credentials", error))?;
+    let client = match credentials.pid() {
+        Some(0) | None => "a process in another PID namespace".to_owned(),
+        Some(pid) => format!("process {pid}"),
+    };
+    let own = rustix::process::getuid().as_raw();
+    if credentials.uid() != own {
+        let reason = format!(
+            "{client} runs as uid {}, this engine as uid {own}; GPU memory is shared with the same user only",
+            credentials.uid()
+        );
+        tracing::error!(%reason, "refused an fd-passing request");
+        return refuse(&mut stream, &reason).await;
+    }
+    let authenticates = stream
+        .read_u8()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    match (authenticates, secret) {
+        (0, Some(_)) => {
+            tracing::warn!(%client, reason = %AuthFailure::PeerHasNoSecret, "refused an fd-passing request");
+            return refuse(&mut stream, &AuthFailure::NoLocalSecret.to_string()).await;
+        }
+        (0, None) => {}
+        (_, secret) => {
+            if let Err(reason) = ferry_core::auth::server(&mut stream, secret, TIMEOUT).await {
+                return Err(format!("{client} did not authenticate: {reason}"));
+            }
+        }
+    }
+    let addr = stream
+        .read_u64_le()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    let exported = {
+        let shares = Arc::clone(&shares);
+        tokio::task::spawn_blocking(move || export(&shares, addr))
+            .await
+            .map_err(|error| format!("exporting the descriptors stopped: {error}"))?
+    };
+    match exported {
+        Ok(fds) => send_fds(&stream, &fds)
+            .await
+            .map_err(|error| io("sending the descriptors", error)),
+        Err(reason) => refuse(&mut stream, &reason).await,
+    }
+}
+
+/// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
+async fn send_fds(stream: &UnixStream, fds: &[OwnedFd]) -> std::io::Result<()> {
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+    for batch in borrowed.chunks(FDS_PER_MESSAGE) {
+        stream
+            .async_io(Interest::WRITABLE, || {
+                let mut space =
+                    vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(batch.len()))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !control.push(SendAncillaryMessage::ScmRights(batch)) {
+                    return Err(std::io::Error::other(
+                        "the descriptors did not fit their message",
+                    ));
+                }
+                Ok(sendmsg(
+                    stream,
+                    &[IoSlice::new(&[0])],
+                    &mut control,
+                    SendFlags::empty(),
+                )?)
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Sends a refusal, then reads and drops what the client still sends until it closes: a
+/// socket closed with unread bytes resets, and the reset would destroy the refusal in flight.
+async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
+    let mut answer = Vec::with_capacity(1 + reason.len());
+    answer.push(1);
+    answer.extend_from_slice(reason.as_bytes());
+    let sent = async {
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        tokio::io::copy(&mut (&mut *stream).take(64 << 10), &mut tokio::io::sink()).await
+    };
+    sent.await
+        .map(drop)
+        .map_err(|error| format!("sending a refusal: {error}"))
+}
+
+/// Fresh descriptors for every allocation of the buffer shared at `addr`.
+fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
+    let shares = lock(shares);
+    let share = shares
+        .get(&addr)
+        .ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
+    let context = Context::get(share.ordinal).map_err(|error| error.to_string())?;
+    context.bind().map_err(|error| error.to_string())?;
+    share
+        .handles
+        .iter()
+        .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
+        .collect()
+}
+
+/// Why a peer's export could not be mapped here (the peer's own faults are [`ferry_core::ProtocolViolation`]s).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ImportError {
+    /// The socket could not be named, reached, written or read.
+    #[error("{action} the peer's fd socket {socket:?} failed: {source}")]
+    Socket {
+        /// The peer's socket name.
+        socket: String,
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The handshake failed.
+    #[error("authenticating with the peer's fd socket {socket:?} failed: {reason}")]
+    Auth {
+        /// The peer's socket name.
+        socket: String,
+        /// Why.
+        reason: AuthFailure,
+    },
+    /// The peer answered with a refusal.
+    #[error("the peer refused to share its memory: {reason}")]
+    Refused {
+        /// The peer's words.
+        reason: String,
+    },
+    /// The socket closed before any answer.
+    #[error("the peer's fd socket {socket:?} closed without answering")]
+    NoAnswer {
+        /// The peer's socket name.
+        socket: String,
+    },
+    /// The peer took too long.
+    #[error("the peer's fd socket {socket:?} did not answer within {TIMEOUT:?}")]
+    TimedOut {
+        /// The peer's socket name.
+        socket: String,
+    },
+    /// Importing a received descriptor failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// Asks the peer's fd socket `socket` for the descriptors of the buffer registered at
+/// `region`, with room for `count` of them (what the peer sends beyond is dropped by the
+/// kernel), proving `secret` first when there is one.
+///
+/// # Cancel safety
+/// Cancel safe: dropped half-way, the connection closes and nothing is kept.
+pub(crate) async fn fetch_fds(
+    socket: &str,
+    region: u64,
+    count: usize,
+    secret: Option<&Secret>,
+) -> Result<Vec<OwnedFd>, ImportError> {
+    tokio::time::timeout(TIMEOUT, fetch(socket, region, count, secret))
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}
+
+async fn fetch(
+    socket: &str,
+    region: u64,
+    count: usize,
+    secret: Option<&Secret>,
+) -> Result<Vec<OwnedFd>, ImportError> {
+    let failed = |action: &'static str| {
+        move |source: std::io::Error| ImportError::Socket {
+            socket: socket.to_owned(),
+            action,
+            source,
+        }
+    };
+    let address = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(failed("naming"))?;
+    // Connecting to a Unix socket does not wait on the network: it succeeds or fails at once.
+    let stream =
+        std::os::unix::net::UnixStream::connect_addr(&address).map_err(failed("connecting to"))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(failed("configuring"))?;
+    let mut stream = UnixStream::from_std(stream).map_err(failed("registering"))?;
+    stream
+        .write_u8(u8::from(secret.is_some()))
+        .await
+        .map_err(failed("writing to"))?;
+    if let Some(secret) = secret {
+        ferry_core::auth::client(&mut stream, secret, TIMEOUT)
+            .await
+            .map_err(|reason| ImportError::Auth {
+                socket: socket.to_owned(),
+                reason,
+            })?;
+    }
+    stream
+        .write_u64_le(region)
+        .await
+        .map_err(failed("writing to"))?;
+    let room = count.clamp(1, FDS_PER_MESSAGE);
+    let (status, mut fds) = receive_fds(&stream, room)
+        .await
+        .map_err(failed("reading from"))?;
+    match status {
+        None => {
+            return Err(ImportError::NoAnswer {
+                socket: socket.to_owned(),
+            })
+        }
+        Some(0) => {}
+        Some(_) => {
+            let mut reason = String::new();
+            let _ = (&mut stream)
+                .take(64 << 10)
+                .read_to_string(&mut reason)
+                .await;
+            return Err(ImportError::Refused { reason });
+        }
+    }
+    // More allocations than one message carries come in further messages; a peer that sends
+    // fewer is caught by the caller's count check.
+    while fds.len() < count {
+        let wanted = (count - fds.len()).min(FDS_PER_MESSAGE);
+        match receive_fds(&stream, wanted)
+            .await
+            .map_err(failed("reading from"))?
+        {
+            (Some(0), more) if !more.is_empty() => fds.extend(more),
+            _ => break,
+        }
+    }
+    Ok(fds)
+}
+
+/// Receives one status byte with up to `room` descriptors attached; `None` at the end of the
+/// stream. Descriptors beyond `room` are closed by the kernel.
+async fn receive_fds(
+    stream: &UnixStream,
+    room: usize,
+) -> std::io::Result<(Option<u8>, Vec<OwnedFd>)> {
+    stream
+        .async_io(Interest::READABLE, || {
+            let mut status = [0u8; 1];
+            let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(room))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let received = recvmsg(
+                stream,
+                &mut [IoSliceMut::new(&mut status)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )?;
+            let fds = control
+                .drain()
+                .filter_map(|message| match message {
+                    RecvAncillaryMessage::ScmRights(fds) => Some(fds.collect::<Vec<_>>()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            Ok(((received.bytes > 0).then_some(status[0]), fds))
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn secret(text: &str) -> Secret {
+        Secret::new(format!("{text}-0123456789abcdef").into_bytes()).unwrap()
+    }
+
+    fn server(secret: Option<Secret>) -> FdServer {
+        let owner = InstanceId::random().unwrap();
+        FdServer::start(owner, secret, &tokio::runtime::Handle::current()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_server_with_a_secret_refuses_a_client_without_one_and_says_so() {
+        let server = server(Some(secret("a")));
+        let error = fetch_fds(server.name(), 0x1000, 1, None).await.unwrap_err();
+        assert!(
+            matches!(&error, ImportError::Refused { reason } if reason.contains("requires a shared secret")),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn secrets_that_differ_or_are_missing_on_the_server_fail_the_handshake() {
+        let server_a = server(Some(secret("a")));
+        let error = fetch_fds(server_a.name(), 0x1000, 1, Some(&secret("b")))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ImportError::Auth {
+                    reason: AuthFailure::PeerProofMismatch,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let open = server(None);
+        let error = fetch_fds(open.name(), 0x1000, 1, Some(&secret("a")))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ImportError::Auth {
+                    reason: AuthFailure::PeerHasNoSecret,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_share_is_served_until_its_guard_drops() {
+        let server = server(Some(secret("a")));
+        let guard = server.share(
+            0x1000,
+            Share {
+                ordinal: 0,
+                handles: Vec::new(),
+            },
+        );
+        let key = secret("a");
+        let asked = || fetch_fds(server.name(), 0x1000, 1, Some(&key));
+        // Registered: the server tries to export it (and, on a machine without a GPU, says
+        // why it could not), instead of not knowing the address.
+        let error = asked().await.unwrap_err();
+        assert!(!error.to_string().contains("no VMM region"), "{error}");
+        drop(guard);
+        let error = asked().await.unwrap_err();
+        assert!(
+            matches!(&error, ImportError::Refused { reason } if reason == "no VMM region is registered at 0x1000"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn more_descriptors_than_one_message_carries_arrive_in_order() {
+        let name = fd_socket_name(InstanceId::random().unwrap());
+        let listener = std::os::unix::net::UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(name.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+        let count = FDS_PER_MESSAGE + 47;
+        let serving = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            assert_eq!(
+                stream.read_u8().await.unwrap(),
+                0,
+                "no secret, no handshake"
+            );
+            assert_eq!(stream.read_u64_le().await.unwrap(), 0x1000);
+            // Pipes whose write ends tell them apart: descriptor i carries the byte i % 251.
+            let mut readers = Vec::new();
+            for index in 0..count {
+                let (reader, mut writer) = std::io::pipe().unwrap();
+                std::io::Write::write_all(&mut writer, &[(index % 251) as u8]).unwrap();
+                readers.push(OwnedFd::from(reader));
+            }
+            send_fds(&stream, &readers).await.unwrap();
+        });
+        let fds = fetch_fds(&name, 0x1000, count, None).await.unwrap();
+        serving.await.unwrap();
+        assert_eq!(fds.len(), count);
+        for (index, fd) in fds.into_iter().enumerate() {
+            let mut byte = [0u8; 1];
+            std::fs::File::from(fd).read_exact(&mut byte).unwrap();
+            assert_eq!(
+                byte[0],
+                (index % 251) as u8,
+                "descriptor {index} out of order"
+            );
+        }
+    }
+}
