@@ -205,6 +205,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
             addr: 0x10000,
             len: 1 << 20,
             location: ferry::Location::Host { pinned: false },
+            name: None,
             exports: Vec::new(),
         }],
     };

@@ -90,6 +90,9 @@ pub struct BufferDescriptor {
     pub len: u64,
     /// Where the memory lives.
     pub location: Location,
+    /// The name its owner gave it ([`crate::Region::set_name`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// How each transport that can reach it from another process does so, one entry per
     /// transport; only the transport named in an entry reads it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -179,6 +182,7 @@ mod tests {
                 addr: 0x1000,
                 len: 0x1000,
                 location: Location::Host { pinned: false },
+                name: Some("kv".into()),
                 exports: Vec::new(),
             }],
         }

@@ -84,6 +84,17 @@ impl Peer {
         self.view().descriptor.buffers.clone()
     }
 
+    /// The peer's buffer its owner named `name` ([`crate::Region::set_name`]), as last
+    /// fetched; `None` when it has none of that name (reconnect to see newer names).
+    pub fn buffer(&self, name: &str) -> Option<BufferDescriptor> {
+        self.view()
+            .descriptor
+            .buffers
+            .iter()
+            .find(|buffer| buffer.name.as_deref() == Some(name))
+            .cloned()
+    }
+
     /// False once the control connection to the peer has failed. The next notification or
     /// [`crate::Engine::connect`] opens a new one.
     pub fn is_alive(&self) -> bool {
@@ -181,6 +192,7 @@ mod tests {
             addr,
             len: 0x1000,
             location: Location::Host { pinned: false },
+            name: None,
             exports: Vec::new(),
         };
         let view = PeerView::new(SegmentDescriptor {

@@ -234,6 +234,7 @@ mod tests {
                 gpu: GpuId([1; 16]),
                 ordinal: 0,
             },
+            name: None,
             exports,
         }
     }

@@ -190,6 +190,7 @@ mod tests {
                 gpu: GpuId([2; 16]),
                 ordinal: 0,
             },
+            name: None,
             exports: export
                 .map(|export| export.to_export(MNNVL))
                 .into_iter()

@@ -370,6 +370,7 @@ mod tests {
                 gpu: REMOTE_GPU,
                 ordinal: 0,
             },
+            name: None,
             exports: export
                 .map(|export| export.to_export(NVLINK))
                 .into_iter()

@@ -57,6 +57,8 @@ pub(crate) struct RegionEntry {
     pub(crate) table_id: u64,
     in_use: AtomicUsize,
     closed: AtomicBool,
+    /// The name peers find it by ([`Region::set_name`]), once given.
+    pub(crate) name: std::sync::Mutex<Option<String>>,
     /// What each transport publishes for peers to reach it.
     pub(crate) exports: Vec<Export>,
     /// What the transports keep alive while it is registered; dropped before owned memory.
@@ -89,6 +91,7 @@ impl RegionEntry {
             table_id,
             in_use: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            name: std::sync::Mutex::new(None),
             exports,
             _guards: guards,
             _owned: owned,
@@ -202,6 +205,33 @@ impl std::fmt::Debug for Region {
             .field("len", &self.entry.info.len)
             .field("location", &self.entry.info.location)
             .finish()
+    }
+}
+
+impl Region {
+    /// Names the region for peers: its buffer in this engine's descriptor carries `name`, and
+    /// a peer finds it with [`crate::Peer::buffer`] instead of by position or address. The
+    /// descriptor is republished in the background ([`crate::Engine::publish`] waits for it).
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] for an empty name, one over 256 bytes, or one another region of
+    /// this engine already has.
+    pub fn set_name(&self, name: impl Into<String>) -> Result<(), Error> {
+        self.table.rename(&self.entry, name.into())
+    }
+
+    /// The name given with [`Region::set_name`], if any.
+    pub fn name(&self) -> Option<String> {
+        self.entry.name()
+    }
+}
+
+impl RegionEntry {
+    pub(crate) fn name(&self) -> Option<String> {
+        self.name
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
     }
 }
 

@@ -106,6 +106,33 @@ impl RegionTable {
         entry.acquire()
     }
 
+    /// Gives `entry` the name peers find it by, unless another region has it.
+    pub(crate) fn rename(&self, entry: &RegionEntry, name: String) -> Result<(), crate::Error> {
+        if name.is_empty() || name.len() > 256 {
+            return Err(crate::Error::ApiMisuse(format!(
+                "a region name must be 1 to 256 bytes, not {}; choose a short name such as \"kv-pool\"",
+                name.len()
+            )));
+        }
+        let regions = self.lock();
+        let taken = regions.values().any(|other| {
+            !std::ptr::eq(Arc::as_ptr(other), entry) && other.name().as_deref() == Some(&name)
+        });
+        if taken {
+            return Err(crate::Error::ApiMisuse(format!(
+                "another region of this engine is already named {name:?}; give each region its own name"
+            )));
+        }
+        *entry
+            .name
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(name);
+        drop(regions);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_one();
+        Ok(())
+    }
+
     /// Every live registration as peers see it, in registration order.
     pub(crate) fn snapshot(&self) -> Vec<BufferDescriptor> {
         let regions = self.lock();
@@ -117,6 +144,7 @@ impl RegionTable {
                 addr: entry.info.addr,
                 len: entry.info.len,
                 location: entry.info.location,
+                name: entry.name(),
                 exports: entry.exports.clone(),
             })
             .collect()
