@@ -9,9 +9,10 @@
 //! kernel arguments and the launch (`ferry bench` shows the whole cost as `submit us`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use ferry::transport::{BlockOps, Endpoint, Link, Reach, TransferOp, Transport};
 use ferry::{
-    BlockCopy, BlockLayout, BlockOps, BufferDescriptor, Endpoint, Engine, Link, Location, Peer,
-    Reach, Region, RegionInfo, SegmentDescriptor, TransferOp, Transport,
+    BlockCopy, BlockLayout, BufferDescriptor, Engine, Location, Peer, Region, RegionInfo,
+    SegmentDescriptor,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -48,25 +48,46 @@ mod engine;
 pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};
-pub use ferry_nvlink::{
-    probe_fabric, CopyPath, FabricSupport, GpuExport, NvlinkConfig, BATCHED_FROM, ENGINE_FROM,
-    MNNVL, NVLINK,
-};
-
 pub use ferry_core::{
-    auth, cuda, wire, AuthFailure, Batch, BlockCopy, BlockLayout, BlockOps, BlockPoolOp,
-    BufferDescriptor, Completion, Direction, Endpoint, Error, Export, HostIdentity, InstanceId,
-    Link, Location, MetadataStore, Notification, Notifications, Peer, PeerToPeer,
-    ProtocolViolation, RangeError, Reach, Region, RegionInfo, RegionUse, Result, Secret,
-    SegmentDescriptor, Side, TcpConfig, Transfer, TransferOp, Transport, DESCRIPTOR_VERSION,
-    MAX_NOTIFICATION_BYTES, TCP,
+    AuthFailure, Batch, BlockCopy, BlockLayout, BufferDescriptor, Completion, Direction, Error,
+    Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Region, RegionInfo,
+    Result, Route, SegmentDescriptor, Side, TcpConfig, Transfer, MAX_NOTIFICATION_BYTES,
 };
+pub use ferry_nvlink::{CopyPath, NvlinkConfig};
 
-#[doc = include_str!("../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;
+/// Shared-secret authentication of peers: the secret type and where it is read from.
+pub mod auth {
+    pub use ferry_core::auth::{read_secret_file, Secret, SECRET_ENV};
+}
 
 /// Metadata stores, selected by URL.
 pub mod metadata {
     pub use ferry_metadata::{from_url, Error, MemoryStore, MetadataStore, PeerToPeer};
 }
+
+/// The CUDA helpers a server needs beside the engine: GPUs, contexts, device buffers,
+/// streams and events. Everything here is safe to call; memory is handed to the engine only
+/// through the `unsafe` [`Engine::register`].
+pub mod cuda {
+    pub use ferry_core::cuda::{
+        Context, CudaError, DeviceBuffer, DeviceInfo, Driver, DriverStatus, Event, GpuId, Stream,
+    };
+}
+
+/// For authors of transports and tools: the seam between the engine and the links that move
+/// bytes, the descriptor's parts, and what each transport of this build publishes.
+pub mod transport {
+    pub use ferry_core::{
+        BlockOps, BlockPoolOp, Endpoint, EngineContext, Export, ExportGuard, Exported,
+        HostIdentity, InstanceId, Link, Reach, RegionUse, TransferOp, Transport,
+        DESCRIPTOR_VERSION, TCP,
+    };
+    pub use ferry_nvlink::{
+        fd_socket_name, probe_fabric, FabricSupport, GpuExport, MnnvlTransport, NvlinkTransport,
+        BATCHED_FROM, ENGINE_FROM, EXPORT_VERSION, FDS_PER_MESSAGE, MNNVL, NVLINK,
+    };
+}
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -2,8 +2,8 @@
 //! buffers get from here and why.
 
 use ferry::cuda::{DeviceInfo, Driver};
-use ferry::{probe_fabric, FabricSupport};
-use ferry::{Location, Reach, Region};
+use ferry::transport::{probe_fabric, FabricSupport, Reach};
+use ferry::{Location, Region};
 
 /// Prints the machine's CUDA driver, GPUs, peer access, FABRIC support and transports; with
 /// `peer`, the route from here to each of that engine's buffers.

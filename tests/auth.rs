@@ -4,8 +4,8 @@
 mod common;
 
 use common::pattern;
-use ferry::metadata::MemoryStore;
-use ferry::{AuthFailure, Engine, Error, MetadataStore};
+use ferry::metadata::{MemoryStore, MetadataStore};
+use ferry::{AuthFailure, Engine, Error};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,8 +132,8 @@ async fn a_listener_that_never_answers_fails_the_handshake_within_the_io_timeout
     let store: Arc<dyn MetadataStore> = MemoryStore::new();
     let mut descriptor = engine(None, None).await.descriptor();
     descriptor.name = "silent".into();
-    descriptor.endpoints = vec![ferry::Endpoint {
-        transport: ferry::TCP.into(),
+    descriptor.endpoints = vec![ferry::transport::Endpoint {
+        transport: ferry::transport::TCP.into(),
         address,
     }];
     store.publish(&descriptor).await.unwrap();
@@ -181,11 +181,11 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
     let guarded = engine(Some(SECRET_A), None).await;
     let _pool = guarded.allocate(4096).unwrap();
     // A hello with an empty name and a descriptor request, as an old peer-to-peer lookup sends.
-    let hello = ferry::wire::encode_hello(&ferry::wire::Hello {
+    let hello = ferry_core::wire::encode_hello(&ferry_core::wire::Hello {
         name: String::new(),
     });
-    let mut request = ferry::wire::Header {
-        kind: ferry::wire::Kind::Hello,
+    let mut request = ferry_core::wire::Header {
+        kind: ferry_core::wire::Kind::Hello,
         id: 0,
         len: hello.len() as u32,
     }
@@ -193,8 +193,8 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
     .to_vec();
     request.extend_from_slice(&hello);
     request.extend_from_slice(
-        &ferry::wire::Header {
-            kind: ferry::wire::Kind::DescriptorRequest,
+        &ferry_core::wire::Header {
+            kind: ferry_core::wire::Kind::DescriptorRequest,
             id: 1,
             len: 0,
         }
@@ -205,7 +205,7 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
         .await
         .unwrap();
     assert_eq!(answer.len(), 70, "one refusal and nothing else: {answer:?}");
-    assert_eq!(answer[..4], ferry::auth::MAGIC);
+    assert_eq!(answer[..4], ferry_core::auth::MAGIC);
 }
 
 #[tokio::test]

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{assert_bytes_eq, captured_logs, engine, pattern, Pair, ServeProcess};
-use ferry::wire::{Header, Kind};
 use ferry::Error;
+use ferry_core::wire::{Header, Kind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -189,15 +189,15 @@ async fn a_peer_that_never_acknowledges_times_out() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let descriptor = ferry::SegmentDescriptor {
-        version: ferry::DESCRIPTOR_VERSION,
+        version: ferry::transport::DESCRIPTOR_VERSION,
         name: address.clone(),
-        host: ferry::HostIdentity::current(),
+        host: ferry::transport::HostIdentity::current(),
         generation: 1,
-        instance: ferry::InstanceId::from_u128(1),
-        process: ferry::InstanceId::from_u128(1),
+        instance: ferry::transport::InstanceId::from_u128(1),
+        process: ferry::transport::InstanceId::from_u128(1),
         pid: 0,
         gpus: Vec::new(),
-        endpoints: vec![ferry::Endpoint {
+        endpoints: vec![ferry::transport::Endpoint {
             transport: "tcp".into(),
             address: address.clone(),
         }],

@@ -7,7 +7,8 @@ mod common;
 
 use common::{assert_bytes_eq, pattern, ServeProcess};
 use cudarc::driver::{CudaContext, DevicePtr};
-use ferry::{Engine, Error, GpuExport as Export, Location, NVLINK};
+use ferry::transport::{GpuExport as Export, NVLINK};
+use ferry::{Engine, Error, Location};
 use std::time::{Duration, Instant};
 
 fn gpus() -> u32 {
@@ -293,15 +294,18 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
 #[test]
 fn the_fabric_probe_reports_what_the_driver_said() {
     for gpu in 0..gpus() {
-        match ferry::probe_fabric(gpu) {
-            ferry::FabricSupport::Permitted => {}
-            ferry::FabricSupport::Refused(error) => {
+        match ferry::transport::probe_fabric(gpu) {
+            ferry::transport::FabricSupport::Permitted => {}
+            ferry::transport::FabricSupport::Refused(error) => {
                 assert_eq!(error.call, "cuMemCreate(FABRIC)", "{error}");
                 assert!(!error.name.is_empty(), "{error}");
             }
         }
         // The answer is probed once and then remembered.
-        assert_eq!(ferry::probe_fabric(gpu), ferry::probe_fabric(gpu));
+        assert_eq!(
+            ferry::transport::probe_fabric(gpu),
+            ferry::transport::probe_fabric(gpu)
+        );
     }
 }
 
@@ -662,7 +666,7 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
     assert!(after.query().unwrap());
     let mut seen = vec![0u8; DATA];
     // SAFETY: `copy` holds DATA bytes and the stream that wrote it has finished.
-    unsafe { ferry::cuda::download(&context, copy.addr(), &mut seen) }.unwrap();
+    unsafe { ferry_core::cuda::download(&context, copy.addr(), &mut seen) }.unwrap();
     assert_bytes_eq(&seen, &bytes, "what the released stream copied");
 }
 
@@ -713,7 +717,7 @@ fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
 #[derive(Default)]
 struct CraftedPeers {
     crafted: std::sync::Mutex<std::collections::HashMap<String, ferry::SegmentDescriptor>>,
-    real: ferry::PeerToPeer,
+    real: ferry::metadata::PeerToPeer,
 }
 
 impl CraftedPeers {
@@ -730,7 +734,7 @@ impl CraftedPeers {
 }
 
 #[async_trait::async_trait]
-impl ferry::MetadataStore for CraftedPeers {
+impl ferry::metadata::MetadataStore for CraftedPeers {
     async fn publish(&self, _descriptor: &ferry::SegmentDescriptor) -> ferry::Result<()> {
         Ok(())
     }
@@ -795,7 +799,7 @@ fn good_transfer_follows(engine: &Engine, source: &ferry::Region, target: &Serve
 
 fn engine_asking(store: &std::sync::Arc<CraftedPeers>) -> Engine {
     Engine::builder()
-        .metadata(std::sync::Arc::clone(store) as std::sync::Arc<dyn ferry::MetadataStore>)
+        .metadata(std::sync::Arc::clone(store) as std::sync::Arc<dyn ferry::metadata::MetadataStore>)
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .expect("engine starts")

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{assert_bytes_eq, pattern};
-use ferry::{InstanceId, MetadataStore, PeerToPeer, SegmentDescriptor};
+use ferry::metadata::{MetadataStore, PeerToPeer};
+use ferry::transport::InstanceId;
+use ferry::SegmentDescriptor;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_bytes_eq, captured_logs, pattern};
-use ferry::wire::{self, Header, Hello, Kind};
 use ferry::{Engine, Error, ProtocolViolation};
+use ferry_core::wire::{self, Header, Hello, Kind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Mutex;

@@ -5,10 +5,8 @@
 mod common;
 
 use common::engine;
-use ferry::{
-    BufferDescriptor, Endpoint, Error, Link, ProtocolViolation, Reach, RegionInfo,
-    SegmentDescriptor, TransferOp, Transport,
-};
+use ferry::transport::{Endpoint, Link, Reach, TransferOp, Transport};
+use ferry::{BufferDescriptor, Error, ProtocolViolation, RegionInfo, SegmentDescriptor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,8 +4,8 @@
 mod common;
 
 use common::ServeProcess;
-use ferry::wire::{self, Header, Hello, Kind};
 use ferry::{AuthFailure, Engine, Error};
+use ferry_core::wire::{self, Header, Hello, Kind};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};

@@ -115,7 +115,7 @@ fn a_second_engine_cannot_take_a_live_name() {
         // Same PID, host and name, as a restarted container would have: only the instance id
         // differs, and it alone decides.
         let mut impostor = holder.descriptor();
-        impostor.instance = ferry::InstanceId::random().unwrap();
+        impostor.instance = ferry::transport::InstanceId::random().unwrap();
         let store = ferry::metadata::from_url(&url).unwrap();
         let runtime = runtime();
         let refused = runtime.block_on(store.publish(&impostor));

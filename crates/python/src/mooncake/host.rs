@@ -35,10 +35,12 @@ pub(crate) fn listen_address(host: &str) -> String {
 
 /// The metadata store for Mooncake's `metadata_server` string: `P2PHANDSHAKE` (peers find each
 /// other by `host:port`) or a URL ferry's stores take (`redis://`, `memory`).
-pub(crate) fn store_for(metadata_server: &str) -> Result<Arc<dyn ferry::MetadataStore>, String> {
+pub(crate) fn store_for(
+    metadata_server: &str,
+) -> Result<Arc<dyn ferry::metadata::MetadataStore>, String> {
     let text = metadata_server.trim();
     if text.eq_ignore_ascii_case("P2PHANDSHAKE") {
-        return Ok(Arc::new(ferry::PeerToPeer::default()));
+        return Ok(Arc::new(ferry::metadata::PeerToPeer::default()));
     }
     ferry::metadata::from_url(text).map_err(|error| {
         format!("metadata_server `{metadata_server}`: {error}; this module takes P2PHANDSHAKE or redis://host:port (etcd is not built into it)")

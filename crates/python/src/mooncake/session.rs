@@ -65,7 +65,7 @@ impl Session {
     pub(crate) fn start(
         listen: &str,
         host: &str,
-        store: Arc<dyn ferry::MetadataStore>,
+        store: Arc<dyn ferry::metadata::MetadataStore>,
         timeout: Duration,
     ) -> Result<Session, String> {
         let engine = Engine::builder()
