@@ -348,7 +348,7 @@ pub enum RangeError {
 #[non_exhaustive]
 pub enum ProtocolViolation {
     /// The frame did not start with ferry's magic bytes.
-    #[error("bad magic {found:02x?}: not a ferry peer")]
+    #[error("{}", describe_magic(.found))]
     BadMagic {
         /// The four bytes received.
         found: [u8; 4],
@@ -408,6 +408,24 @@ pub enum ProtocolViolation {
         /// What is wrong with it, with the numbers involved.
         problem: String,
     },
+}
+
+/// What a peer that sent `found` instead of ferry's magic looks like.
+fn describe_magic(found: &[u8; 4]) -> String {
+    let printable = found
+        .iter()
+        .all(|byte| byte.is_ascii_graphic() || *byte == b' ');
+    let text = String::from_utf8_lossy(found);
+    match found {
+        b"HTTP" => "it answered like an HTTP server (\"HTTP\"), not a ferry engine; check the port".into(),
+        b"SSH-" => "it answered like an SSH server (\"SSH-\"), not a ferry engine; check the port".into(),
+        _ if printable => format!(
+            "it sent {text:?} where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        ),
+        _ => format!(
+            "it sent the bytes {found:02x?} where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        ),
+    }
 }
 
 /// Why a shared-secret handshake failed, seen from the side that reports it.
