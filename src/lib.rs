@@ -50,8 +50,9 @@ pub mod tp;
 pub use engine::{Engine, EngineBuilder};
 pub use ferry_core::{
     AuthFailure, Batch, BlockCopy, BlockLayout, BufferDescriptor, Completion, Direction, Error,
-    Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Region, RegionInfo,
-    Result, Route, SegmentDescriptor, Side, TcpConfig, Transfer, MAX_NOTIFICATION_BYTES,
+    Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Refusal, Region,
+    RegionInfo, RegistrationProblem, Result, Route, SegmentDescriptor, Side, TcpConfig, Transfer,
+    MAX_NOTIFICATION_BYTES,
 };
 pub use ferry_nvlink::{CopyPath, NvlinkConfig};
 

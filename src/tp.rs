@@ -21,6 +21,50 @@ pub struct HeadSplit {
     pub decode_tp: u32,
 }
 
+/// The side of a disaggregated pair a tensor-parallel degree belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpSide {
+    /// The ranks that compute the KV cache and send it.
+    Prefill,
+    /// The ranks that receive the KV cache.
+    Decode,
+}
+
+impl std::fmt::Display for TpSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TpSide::Prefill => "prefill",
+            TpSide::Decode => "decode",
+        })
+    }
+}
+
+/// Why a [`HeadSplit`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeadSplitError {
+    /// A side's rank count is 0 or does not divide the heads.
+    #[error("{heads} KV heads cannot be split evenly over {side} TP={tp}; use a TP degree that divides the number of KV heads")]
+    Uneven {
+        /// KV heads of the model.
+        heads: u32,
+        /// The side whose ranks do not divide them.
+        side: TpSide,
+        /// That side's rank count.
+        tp: u32,
+    },
+    /// `head_bytes` is 0.
+    #[error("a head needs at least one byte per block; set head_bytes to tokens per block x head dim x element size")]
+    EmptyHead,
+}
+
+impl From<HeadSplitError> for crate::Error {
+    /// A head split is the caller's configuration: [`crate::Error::ApiMisuse`] with its message.
+    fn from(error: HeadSplitError) -> Self {
+        crate::Error::ApiMisuse(error.to_string())
+    }
+}
+
 /// The heads one prefill rank sends to one decode rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadSlice {
@@ -38,18 +82,23 @@ impl HeadSplit {
     /// Checks that both sides divide the heads evenly.
     ///
     /// # Errors
-    /// A message naming the side whose rank count does not divide the heads.
-    pub fn validate(&self) -> Result<(), String> {
-        for (side, tp) in [("prefill", self.prefill_tp), ("decode", self.decode_tp)] {
+    /// [`HeadSplitError::Uneven`] naming the side whose rank count does not divide the heads,
+    /// [`HeadSplitError::EmptyHead`] for `head_bytes == 0`.
+    pub fn validate(&self) -> Result<(), HeadSplitError> {
+        for (side, tp) in [
+            (TpSide::Prefill, self.prefill_tp),
+            (TpSide::Decode, self.decode_tp),
+        ] {
             if tp == 0 || self.heads % tp != 0 {
-                return Err(format!(
-                    "{} KV heads cannot be split evenly over {side} TP={tp}",
-                    self.heads
-                ));
+                return Err(HeadSplitError::Uneven {
+                    heads: self.heads,
+                    side,
+                    tp,
+                });
             }
         }
         if self.head_bytes == 0 {
-            return Err("a head needs at least one byte per block".into());
+            return Err(HeadSplitError::EmptyHead);
         }
         Ok(())
     }
@@ -217,9 +266,23 @@ mod tests {
 
     #[test]
     fn uneven_splits_are_refused_naming_the_side() {
-        let error = split(3, 2).validate().unwrap_err();
-        assert!(error.contains("prefill TP=3"), "{error}");
+        assert_eq!(
+            split(3, 2).validate(),
+            Err(HeadSplitError::Uneven {
+                heads: 8,
+                side: TpSide::Prefill,
+                tp: 3
+            })
+        );
         let error = split(2, 0).validate().unwrap_err();
-        assert!(error.contains("decode TP=0"), "{error}");
+        assert_eq!(
+            error.to_string(),
+            "8 KV heads cannot be split evenly over decode TP=0; use a TP degree that divides the number of KV heads"
+        );
+        let ferry_error: crate::Error = error.into();
+        assert!(
+            matches!(&ferry_error, crate::Error::ApiMisuse(text) if text.contains("decode TP=0")),
+            "{ferry_error:?}"
+        );
     }
 }

@@ -4,6 +4,7 @@ mod common;
 
 use common::{engine, pattern, Pair};
 use ferry::{Error, RangeError, Side};
+use ferry_core::{Refusal, RegistrationProblem};
 use std::io::Write;
 
 fn range_error(outcome: Result<impl std::fmt::Debug, Error>) -> RangeError {
@@ -83,12 +84,14 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
         .unwrap()
         .await;
     match outcome {
-        Err(Error::Rejected { reason, .. }) => {
-            assert!(
-                reason.contains("not inside one registered region"),
-                "{reason}"
-            )
-        }
+        Err(Error::Rejected { reason, .. }) => assert_eq!(
+            reason,
+            Refusal::NotRegistered {
+                entry: Some(0),
+                addr: remote,
+                len: 8192
+            }
+        ),
         other => panic!("expected the target to refuse, got {other:?}"),
     }
     assert!(
@@ -103,7 +106,16 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
         .submit()
         .unwrap()
         .await;
-    assert!(matches!(packed, Err(Error::Rejected { .. })), "{packed:?}");
+    assert!(
+        matches!(
+            &packed,
+            Err(Error::Rejected {
+                reason: Refusal::NotRegistered { entry: Some(0), .. },
+                ..
+            })
+        ),
+        "{packed:?}"
+    );
     assert!(
         backing.iter().all(|&byte| byte == 0),
         "nothing may be written"
@@ -187,17 +199,119 @@ async fn zero_lengths_and_empty_batches_are_refused() {
         pair.prefill.batch(&pair.peer).submit(),
         Err(Error::ApiMisuse(_))
     ));
-    assert!(matches!(
-        pair.prefill.allocate(0),
-        Err(Error::Range(RangeError::ZeroLength { .. }))
-    ));
+}
+
+#[tokio::test]
+async fn empty_null_and_wrapping_registrations_are_refused_as_registrations() {
+    let engine = engine().await;
+    let empty = engine.allocate(0).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            empty,
+            Error::Registration {
+                addr: 0,
+                len: 0,
+                problem: RegistrationProblem::Empty
+            }
+        ),
+        "{empty:?}"
+    );
+    assert_eq!(
+        empty.to_string(),
+        "cannot register 0 bytes at 0x0: a registration must hold at least one byte; pass the buffer's real length"
+    );
     let mut byte = 0u8;
+    let addr = &mut byte as *mut u8 as u64;
     // SAFETY: zero bytes are registered; the call must refuse before touching anything.
-    let outcome = unsafe { pair.prefill.register(&mut byte, 0) };
-    assert!(matches!(
-        outcome,
-        Err(Error::Range(RangeError::ZeroLength { .. }))
-    ));
+    let outcome = unsafe { engine.register(&mut byte, 0) }.map(|_| ());
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::Registration { addr: at, len: 0, problem: RegistrationProblem::Empty }) if at == addr
+        ),
+        "{outcome:?}"
+    );
+    // SAFETY: a null pointer; the call must refuse before touching anything.
+    let null = unsafe { engine.register(std::ptr::null_mut(), 8) }.map(|_| ());
+    assert!(
+        matches!(
+            null,
+            Err(Error::Registration {
+                problem: RegistrationProblem::Null,
+                ..
+            })
+        ),
+        "{null:?}"
+    );
+    // SAFETY: the range wraps past the end of the address space; refused before any use.
+    let wraps = unsafe { engine.register(&mut byte, usize::MAX) }.map(|_| ());
+    assert!(
+        matches!(
+            wraps,
+            Err(Error::Registration {
+                problem: RegistrationProblem::Wraps,
+                ..
+            })
+        ),
+        "{wraps:?}"
+    );
+    let vmm = engine.allocate_device_vmm(0, usize::MAX, 2).map(|_| ());
+    assert!(
+        matches!(
+            vmm,
+            Err(Error::Registration {
+                problem: RegistrationProblem::Wraps,
+                ..
+            })
+        ),
+        "{vmm:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_refusing_one_entry_names_its_place_in_the_batch() {
+    let decode = engine().await;
+    let kept = decode.allocate(1 << 20).unwrap();
+    let dropped = decode.allocate(1 << 20).unwrap();
+    let prefill = engine().await;
+    let source = prefill.allocate(1 << 20).unwrap();
+    let peer = prefill.connect(decode.name()).await.unwrap();
+    let gone = dropped.addr();
+    drop(dropped);
+
+    // Entry 0 is a frame of its own; entries 1 and 2 are packed into one write-many frame, in
+    // which the refused entry 2 is the second: the error names its place in the batch.
+    let outcome = prefill
+        .batch(&peer)
+        .write(&source, 0, kept.addr(), 512 << 10)
+        .write(&source, 0, kept.addr() + (600 << 10), 100)
+        .write(&source, 0, gone, 100)
+        .submit()
+        .unwrap()
+        .await;
+    match outcome {
+        Err(error @ Error::Rejected { .. }) => {
+            let Error::Rejected { reason, .. } = &error else {
+                unreachable!()
+            };
+            assert_eq!(
+                *reason,
+                Refusal::NotRegistered {
+                    entry: Some(2),
+                    addr: gone,
+                    len: 100
+                }
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!(
+                    "batch entry 2: its range {gone:#x}..+100 is not inside one of its registered regions"
+                )),
+                "{message}"
+            );
+        }
+        other => panic!("expected the peer to refuse entry 2, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -336,4 +450,30 @@ async fn signals_that_cannot_be_honoured_are_refused() {
         matches!(&host, Err(Error::ApiMisuse(text)) if text.contains("rely on the notification")),
         "{host:?}"
     );
+}
+
+#[tokio::test]
+async fn connecting_to_an_http_server_says_so() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .unwrap();
+        // Keep the connection open until the engine has read the answer and given up.
+        let mut rest = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stream, &mut rest);
+    });
+    let engine = engine().await;
+    let error = engine.connect(&address).await.map(|_| ()).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains(
+            "answered like an HTTP server (\"HTTP\"), not a ferry engine; check the port"
+        ),
+        "{message}"
+    );
+    drop(engine);
+    server.join().unwrap();
 }

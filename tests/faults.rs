@@ -5,6 +5,7 @@ mod common;
 
 use common::{assert_bytes_eq, captured_logs, engine, pattern, Pair, ServeProcess};
 use ferry::Error;
+use ferry::Refusal;
 use ferry_core::wire::{Header, Kind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -279,7 +280,10 @@ async fn a_full_inbox_refuses_notifications_at_once_and_data_still_flows() {
     prefill.notify(&peer, "two").await.unwrap();
     let refused = prefill.notify(&peer, "three").await;
     match refused {
-        Err(Error::Rejected { reason, .. }) => {
+        Err(Error::Rejected {
+            reason: Refusal::Other(reason),
+            ..
+        }) => {
             assert!(reason.contains("inbox is full"), "{reason}")
         }
         other => panic!("expected the full inbox to refuse, got {other:?}"),

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{assert_bytes_eq, captured_logs, pattern};
+use ferry::Refusal;
 use ferry::{Engine, Error, ProtocolViolation};
 use ferry_core::wire::{self, Header, Hello, Kind};
 use std::io::{Read, Write};
@@ -80,7 +81,10 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
     let held = accepted * (note.len() + chatty.name().len());
     assert_eq!(accepted, INBOX / (note.len() + chatty.name().len()));
     match &refusal {
-        Error::Rejected { reason, .. } => assert!(
+        Error::Rejected {
+            reason: Refusal::Other(reason),
+            ..
+        } => assert!(
             reason.contains(&format!("({held} of its {INBOX} bytes unread")),
             "{reason}"
         ),

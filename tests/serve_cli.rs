@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 
 /// Sends a notification to `address` over a raw connection whose hello claims `claimed_name`,
 /// and returns the ack's outcome.
-fn notify_claiming(address: &str, claimed_name: &str, payload: &[u8]) -> Result<(), String> {
+fn notify_claiming(
+    address: &str,
+    claimed_name: &str,
+    payload: &[u8],
+) -> Result<(), ferry_core::Refusal> {
     let mut stream = TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

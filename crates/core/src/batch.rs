@@ -456,6 +456,11 @@ async fn run(
         Some((addr, value)) => Some(signal_route(engine, peer, &work.uses, addr, value)?),
         None => None,
     };
+    let remote_ranges: Vec<(u64, u64)> = work
+        .entries
+        .iter()
+        .map(|entry| (entry.remote_addr, entry.len))
+        .collect();
     drop(work);
     let mut transports = Vec::with_capacity(groups.len());
     let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
@@ -497,7 +502,10 @@ async fn run(
         // memory, for one) is trusted with nothing further: every link to it closes.
         peer.close();
     }
-    outcomes.into_iter().collect::<Result<Vec<()>>>()?;
+    outcomes
+        .into_iter()
+        .collect::<Result<Vec<()>>>()
+        .map_err(|error| error.in_batch(&remote_ranges))?;
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         // As for the copies: a signal store that was queued runs to its end before its

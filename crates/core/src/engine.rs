@@ -6,7 +6,7 @@ use crate::auth::{Secret, SECRET_ENV};
 use crate::batch::Batch;
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
-use crate::error::{Error, RangeError, Result};
+use crate::error::{Error, RegistrationProblem, Result};
 use crate::identity::InstanceId;
 use crate::memory::{
     device_location, Location, OwnedBuffer, OwnedMemory, Region, RegionInfo, RegionTable,
@@ -547,21 +547,17 @@ impl Engine {
     ///    Rust references to them that assume no one else writes.
     ///
     /// # Errors
-    /// [`RangeError::ZeroLength`] for `len == 0`, [`RangeError::Overlap`] when the range
-    /// overlaps a registered region, [`Error::Unsupported`] for managed memory and for GPU
-    /// memory a transport should share but cannot (a stream-ordered pool allocation, a
-    /// `cudaMalloc` range over several allocations), [`Error::Cuda`] when exporting fails,
-    /// [`Error::ApiMisuse`] for a null or wrapping range.
+    /// [`Error::Registration`] for a null pointer, `len == 0` or a range that wraps,
+    /// [`crate::RangeError::Overlap`] when the range overlaps a registered region,
+    /// [`Error::Unsupported`] for managed memory and for GPU memory a transport should share
+    /// but cannot (a stream-ordered pool allocation, a `cudaMalloc` range over several
+    /// allocations), [`Error::Cuda`] when exporting fails.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
         let addr = ptr as u64;
-        if ptr.is_null() || addr.checked_add(len as u64).is_none() {
-            return Err(Error::ApiMisuse(format!(
-                "cannot register {len} bytes at {addr:#x}: the pointer is null or the range wraps"
-            )));
+        if ptr.is_null() {
+            return Err(Error::registration(addr, len, RegistrationProblem::Null));
         }
-        if len == 0 {
-            return Err(RangeError::ZeroLength { index: 0 }.into());
-        }
+        Error::check_registration(addr, len)?;
         let location = match Driver::get().memory_kind(addr)? {
             MemoryKind::PageableHost => Location::Host { pinned: false },
             MemoryKind::PinnedHost => Location::Host { pinned: true },
@@ -586,13 +582,13 @@ impl Engine {
     /// the region is dropped; reach it with [`Region::write_at`] and [`Region::read_at`].
     ///
     /// # Errors
-    /// [`RangeError::ZeroLength`] for `len == 0`, [`Error::ApiMisuse`] when the allocation fails.
+    /// [`Error::Registration`] for `len == 0`, [`Error::OutOfMemory`] when the allocation
+    /// fails.
     pub fn allocate(&self, len: usize) -> Result<Region> {
-        if len == 0 {
-            return Err(RangeError::ZeroLength { index: 0 }.into());
-        }
-        let buffer = OwnedBuffer::zeroed(len).ok_or_else(|| {
-            Error::ApiMisuse(format!("allocating {len} bytes of host memory failed"))
+        Error::check_registration(0, len)?;
+        let buffer = OwnedBuffer::zeroed(len).ok_or(Error::OutOfMemory {
+            what: "Engine::allocate",
+            bytes: len,
         })?;
         let info = RegionInfo {
             addr: buffer.addr(),
@@ -608,12 +604,10 @@ impl Engine {
     /// undefined until written ([`Region::write_at`] copies into it).
     ///
     /// # Errors
-    /// [`RangeError::ZeroLength`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
+    /// [`Error::Registration`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
     /// the allocation or export fails.
     pub fn allocate_device(&self, ordinal: u32, len: usize) -> Result<Region> {
-        if len == 0 {
-            return Err(RangeError::ZeroLength { index: 0 }.into());
-        }
+        Error::check_registration(0, len)?;
         let buffer = DeviceBuffer::new(Context::get(ordinal)?, len)?;
         let info = RegionInfo {
             addr: buffer.addr(),
@@ -629,15 +623,26 @@ impl Engine {
     /// expandable segments are, and registers the whole range. Freed when the region drops.
     ///
     /// # Errors
-    /// [`Error::Cuda`] when there is no such GPU or an allocation, mapping or export fails;
-    /// [`Error::Unsupported`] when a transport cannot share it (nvlink without its fd-passing
-    /// socket).
+    /// [`Error::Registration`] when `piece_bytes` or `pieces` is 0 or their product
+    /// overflows; [`Error::Cuda`] when there is no such GPU or an allocation, mapping or
+    /// export fails; [`Error::Unsupported`] when a transport cannot share it (nvlink without
+    /// its fd-passing socket).
     pub fn allocate_device_vmm(
         &self,
         ordinal: u32,
         piece_bytes: usize,
         pieces: usize,
     ) -> Result<Region> {
+        match piece_bytes.checked_mul(pieces) {
+            Some(total) => Error::check_registration(0, total)?,
+            None => {
+                return Err(Error::registration(
+                    0,
+                    usize::MAX,
+                    RegistrationProblem::Wraps,
+                ))
+            }
+        }
         let mapping = crate::cuda::create_vmm(Context::get(ordinal)?, piece_bytes, pieces)?;
         let len = mapping.len() as u64;
         let info = RegionInfo {

@@ -70,13 +70,13 @@ pub enum Error {
         /// What was cut short.
         what: String,
     },
-    /// The peer rejected a request; its reason is included.
-    #[error("peer {peer} rejected the request: {reason}")]
+    /// The peer refused a request after it was sent; nothing of the refused frame was written.
+    #[error("peer {peer} refused the request: {reason}")]
     Rejected {
         /// The peer's segment name.
         peer: String,
-        /// The peer's reason, as it sent it.
-        reason: String,
+        /// Why, as the peer answered.
+        reason: Refusal,
     },
     /// No live engine has published this name in the metadata store.
     #[error("no live engine is published as {name}: {reason}")]
@@ -115,6 +115,70 @@ pub enum Error {
     /// The caller used the API in a way it does not allow.
     #[error("{0}")]
     ApiMisuse(String),
+    /// The operating system could not give the host memory asked for.
+    #[error("allocating {bytes} bytes of host memory for {what} failed: the system is out of memory; free memory, lower the size, or register memory you allocated yourself")]
+    OutOfMemory {
+        /// What the memory was for.
+        what: &'static str,
+        /// How many bytes were asked for.
+        bytes: usize,
+    },
+    /// A registration or allocation size that cannot be registered.
+    #[error("cannot register {len} bytes at {addr:#x}: {problem}")]
+    Registration {
+        /// The address asked for; 0 for an allocation.
+        addr: u64,
+        /// The length asked for.
+        len: u64,
+        /// What is wrong with it, and what to do.
+        problem: RegistrationProblem,
+    },
+    /// ferry reached a state it should never be in: a bug in ferry, not in the caller.
+    #[error("internal error in ferry: {what}; this is a bug, please report it with this message")]
+    Internal {
+        /// The state that was found, with the numbers involved.
+        what: String,
+    },
+}
+
+/// Why a registration or allocation size was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationProblem {
+    /// The length is 0.
+    #[error("a registration must hold at least one byte; pass the buffer's real length")]
+    Empty,
+    /// The pointer is null.
+    #[error("the pointer is null; pass the address of memory this process owns")]
+    Null,
+    /// The range runs past the end of the address space.
+    #[error("the range runs past the end of the address space; check the address and length")]
+    Wraps,
+}
+
+/// Why a peer refused a request, as it answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// A remote range is not inside one of the peer's registered regions as the peer sees
+    /// them now (it may have deregistered the memory after its descriptor was fetched).
+    #[error("{}its range {addr:#x}..+{len} is not inside one of its registered regions; it may have deregistered that memory since its descriptor was fetched, so fetch it again (reconnect) or fix the address", entry_prefix(.entry))]
+    NotRegistered {
+        /// Position in the caller's batch of the entry the range belongs to, when the range
+        /// came from a batch entry.
+        entry: Option<usize>,
+        /// First byte of the refused range.
+        addr: u64,
+        /// Length of the refused range.
+        len: u64,
+    },
+    /// Any other reason, in the peer's words.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn entry_prefix(entry: &Option<usize>) -> String {
+    entry.map_or_else(String::new, |index| format!("batch entry {index}: "))
 }
 
 /// Shorthand for results whose error is [`Error`].
@@ -126,6 +190,60 @@ impl Error {
             what: what.into(),
             source,
         }
+    }
+
+    /// [`Error::Registration`] for `len` bytes at `addr`.
+    pub(crate) fn registration(addr: u64, len: usize, problem: RegistrationProblem) -> Self {
+        Error::Registration {
+            addr,
+            len: len as u64,
+            problem,
+        }
+    }
+
+    /// `Ok` when `len` bytes at `addr` (0 for memory still to be allocated) are not empty and
+    /// do not run past the end of the address space.
+    pub(crate) fn check_registration(addr: u64, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::registration(addr, len, RegistrationProblem::Empty));
+        }
+        if addr.checked_add(len as u64).is_none() {
+            return Err(Error::registration(addr, len, RegistrationProblem::Wraps));
+        }
+        Ok(())
+    }
+
+    /// `self`, with a peer's refusal of a range outside its registrations naming the batch
+    /// entry it came from: the first of `ranges` (remote address and length, in batch order)
+    /// that holds the refused range's first byte. The peer only knows the range, since the
+    /// sender splits and merges entries into frames.
+    pub(crate) fn in_batch(self, ranges: &[(u64, u64)]) -> Self {
+        match self {
+            Error::Rejected {
+                peer,
+                reason:
+                    Refusal::NotRegistered {
+                        entry: None,
+                        addr,
+                        len,
+                    },
+            } => Error::Rejected {
+                peer,
+                reason: Refusal::NotRegistered {
+                    entry: ranges
+                        .iter()
+                        .position(|&(start, size)| addr >= start && addr - start < size),
+                    addr,
+                    len,
+                },
+            },
+            other => other,
+        }
+    }
+
+    /// [`Error::Internal`] describing `what`.
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        Error::Internal { what: what.into() }
     }
 }
 
@@ -230,7 +348,7 @@ pub enum RangeError {
 #[non_exhaustive]
 pub enum ProtocolViolation {
     /// The frame did not start with ferry's magic bytes.
-    #[error("bad magic {found:02x?}: not a ferry peer")]
+    #[error("{}", describe_magic(.found))]
     BadMagic {
         /// The four bytes received.
         found: [u8; 4],
@@ -290,6 +408,24 @@ pub enum ProtocolViolation {
         /// What is wrong with it, with the numbers involved.
         problem: String,
     },
+}
+
+/// What a peer that sent `found` instead of ferry's magic looks like.
+fn describe_magic(found: &[u8; 4]) -> String {
+    let printable = found
+        .iter()
+        .all(|byte| byte.is_ascii_graphic() || *byte == b' ');
+    let text = String::from_utf8_lossy(found);
+    match found {
+        b"HTTP" => "it answered like an HTTP server (\"HTTP\"), not a ferry engine; check the port".into(),
+        b"SSH-" => "it answered like an SSH server (\"SSH-\"), not a ferry engine; check the port".into(),
+        _ if printable => format!(
+            "it sent {text:?} where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        ),
+        _ => format!(
+            "it sent the bytes {found:02x?} where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        ),
+    }
 }
 
 /// Why a shared-secret handshake failed, seen from the side that reports it.

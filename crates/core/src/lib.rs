@@ -65,7 +65,9 @@ pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
 pub use engine::{Engine, EngineBuilder};
-pub use error::{AuthFailure, Error, ProtocolViolation, RangeError, Result, Side};
+pub use error::{
+    AuthFailure, Error, ProtocolViolation, RangeError, Refusal, RegistrationProblem, Result, Side,
+};
 pub use identity::InstanceId;
 pub use local::{is_local_engine, local_engine_registered};
 pub use memory::{Location, Region, RegionInfo, RegionUse};

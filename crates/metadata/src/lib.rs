@@ -54,6 +54,21 @@ pub enum Error {
     },
 }
 
+impl From<Error> for ferry_core::Error {
+    /// [`ferry_core::Error::Metadata`] naming the URL, so `?` turns a refused URL into the
+    /// engine's error.
+    fn from(error: Error) -> Self {
+        let (url, reason) = match error {
+            Error::BadUrl { url, reason } => (url, format!("the URL is malformed: {reason}")),
+            Error::UnsupportedUrl { url, reason } => (
+                url,
+                format!("this build does not support the URL: {reason}"),
+            ),
+        };
+        ferry_core::Error::Metadata { name: url, reason }
+    }
+}
+
 /// The store a URL names (see the table above). Network stores connect on first use, so an
 /// unreachable server shows up when the engine first publishes, with the URL in the error.
 ///
@@ -97,6 +112,26 @@ mod tests {
             text.contains("zookeeper://x") && text.contains("p2p"),
             "{text}"
         );
+    }
+
+    fn store_for_engine(url: &str) -> ferry_core::Result<Arc<dyn MetadataStore>> {
+        Ok(from_url(url)?)
+    }
+
+    #[test]
+    fn a_refused_url_becomes_the_engines_metadata_error_with_question_mark() {
+        match store_for_engine("zookeeper://x") {
+            Err(ferry_core::Error::Metadata { name, reason }) => {
+                assert_eq!(name, "zookeeper://x");
+                assert!(
+                    reason.starts_with("this build does not support the URL: use `p2p`"),
+                    "{reason}"
+                );
+            }
+            Err(other) => panic!("expected a metadata error, got {other:?}"),
+            Ok(_) => panic!("zookeeper:// must be refused"),
+        }
+        assert!(store_for_engine("memory").is_ok());
     }
 
     #[test]

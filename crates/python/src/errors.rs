@@ -3,7 +3,7 @@
 //! wrong and what to do.
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyMemoryError};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -47,7 +47,8 @@ create_exception!(
 pub(crate) fn to_py(error: ferry::Error) -> PyErr {
     let message = error.to_string();
     match error {
-        ferry::Error::Range(_) => RangeError::new_err(message),
+        ferry::Error::Range(_) | ferry::Error::Registration { .. } => RangeError::new_err(message),
+        ferry::Error::OutOfMemory { .. } => PyMemoryError::new_err(message),
         ferry::Error::Unsupported { .. } => UnsupportedMemory::new_err(message),
         ferry::Error::Timeout { .. } => TransferTimeout::new_err(message),
         ferry::Error::Unauthenticated { .. } => AuthenticationError::new_err(message),

@@ -1,6 +1,7 @@
 use super::context::Context;
 use super::error::CudaError;
 use super::stream::Stream;
+use crate::error::Error;
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -106,13 +107,11 @@ impl Kernel {
         grid: u32,
         block: u32,
         args: &[KernelArg],
-    ) -> Result<(), CudaError> {
+    ) -> Result<(), Error> {
         if !Arc::ptr_eq(stream.context(), &self.module.context) {
-            return Err(CudaError {
-                call: "Kernel::launch",
-                code: 201,
-                name: "CUDA_ERROR_INVALID_CONTEXT: the stream belongs to another GPU than the kernel's module".into(),
-            });
+            return Err(Error::internal(
+                "Kernel::launch was given a stream of another GPU than the kernel's module",
+            ));
         }
         self.module.context.bind()?;
         let mut values: Vec<KernelArg> = args.to_vec();
@@ -140,6 +139,7 @@ impl Kernel {
                 pointers.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
-        })
+        })?;
+        Ok(())
     }
 }

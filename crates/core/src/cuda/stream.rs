@@ -1,6 +1,7 @@
 use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::error::CudaError;
+use crate::error::Error;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 use std::sync::Arc;
 
@@ -51,31 +52,30 @@ impl Stream {
     /// As [`Stream::copy`] for every copy; the three slices must have the same length.
     ///
     /// # Errors
-    /// `CUDA_ERROR_NOT_SUPPORTED` without a CUDA 13 driver
-    /// ([`super::Driver::has_batched_copies`]), else the driver's error.
+    /// [`Error::Internal`] for lists of different lengths or without a CUDA 13 driver (check
+    /// [`super::Driver::has_batched_copies`] first), else the driver's error as
+    /// [`Error::Cuda`].
     pub unsafe fn copy_batch(
         &self,
         dsts: &[u64],
         srcs: &[u64],
         sizes: &[usize],
-    ) -> Result<(), CudaError> {
+    ) -> Result<(), Error> {
         if dsts.len() != srcs.len() || dsts.len() != sizes.len() {
-            return Err(CudaError {
-                call: "Stream::copy_batch",
-                code: 1,
-                name: "CUDA_ERROR_INVALID_VALUE: the address and size lists differ in length"
-                    .into(),
-            });
+            return Err(Error::internal(format!(
+                "Stream::copy_batch got {} destinations, {} sources and {} sizes",
+                dsts.len(),
+                srcs.len(),
+                sizes.len()
+            )));
         }
         if dsts.is_empty() {
             return Ok(());
         }
         if !super::Driver::get().has_batched_copies() {
-            return Err(CudaError {
-                call: "cuMemcpyBatchAsync_v2",
-                code: 801,
-                name: "CUDA_ERROR_NOT_SUPPORTED: batched copies need a CUDA 13 driver".into(),
-            });
+            return Err(Error::internal(
+                "Stream::copy_batch was called without a CUDA 13 driver, which batched copies need",
+            ));
         }
         self.context.bind()?;
         let nowhere = sys::CUmemLocation {
@@ -106,7 +106,8 @@ impl Stream {
                 1,
                 self.raw,
             )
-        })
+        })?;
+        Ok(())
     }
 
     /// Queues a copy of the first `len` bytes of `src` into `dst`, on any two GPUs.
@@ -115,23 +116,25 @@ impl Stream {
     /// (`cuMemFree`) waits for work queued on it to finish.
     ///
     /// # Errors
-    /// `CUDA_ERROR_INVALID_VALUE` when `len` exceeds either buffer, else the driver's error.
+    /// [`Error::ApiMisuse`] when `len` exceeds either buffer, else the driver's error as
+    /// [`Error::Cuda`].
     pub fn copy_buffer(
         &self,
         dst: &DeviceBuffer,
         src: &DeviceBuffer,
         len: usize,
-    ) -> Result<(), CudaError> {
+    ) -> Result<(), Error> {
         if len > dst.len() || len > src.len() {
-            return Err(CudaError {
-                call: "Stream::copy_buffer range check",
-                code: 1,
-                name: format!("CUDA_ERROR_INVALID_VALUE: {len} bytes do not fit both buffers"),
-            });
+            return Err(Error::ApiMisuse(format!(
+                "Stream::copy_buffer: {len} bytes do not fit both the {}-byte destination and the {}-byte source; copy at most the smaller length",
+                dst.len(),
+                src.len()
+            )));
         }
         // SAFETY: both ranges lie inside live allocations (checked above), which stay
         // allocated until the copy finishes (see above); two allocations never overlap.
-        unsafe { self.copy(dst.addr(), src.addr(), len) }
+        unsafe { self.copy(dst.addr(), src.addr(), len)? };
+        Ok(())
     }
 
     /// Queues a write of the 32-bit `value` to `addr` after everything queued before it, with a

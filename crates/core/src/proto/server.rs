@@ -7,6 +7,7 @@ mod frames;
 use super::input::Input;
 use super::output::Output;
 use super::{Closed, Event, Landing, Served, SessionConfig};
+use crate::error::Refusal;
 use crate::wire::{self, Header, Kind, HEADER_LEN};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +35,7 @@ enum State<S> {
         filled: usize,
     },
     /// Throwing away the data of a refused write, then answering with `reason`.
-    Discard { id: u64, left: u64, reason: String },
+    Discard { id: u64, left: u64, reason: Refusal },
     /// Waiting for the driver to answer the event about request `id`.
     Waiting { id: u64 },
 }
@@ -253,7 +254,7 @@ impl<M: Served> ServerSession<M> {
     /// Answers [`Event::Store`]: whether the bytes are in memory, or why not.
     pub(crate) fn handle_stored(&mut self, now: Instant, outcome: Result<(), String>) {
         if let State::Waiting { id } = self.state {
-            self.ack(now, id, outcome);
+            self.ack(now, id, outcome.map_err(Refusal::Other));
             self.finish_frame(now);
             self.process(now);
         }
@@ -276,7 +277,7 @@ impl<M: Served> ServerSession<M> {
                     };
                     self.queue(now, |output| output.frame_from(header, span));
                 }
-                Err(reason) => self.ack(now, id, Err(reason)),
+                Err(reason) => self.ack(now, id, Err(Refusal::Other(reason))),
             }
             self.finish_frame(now);
             self.process(now);
@@ -310,8 +311,8 @@ impl<M: Served> ServerSession<M> {
         add(&mut self.output);
     }
 
-    fn ack(&mut self, now: Instant, id: u64, outcome: Result<(), String>) {
-        let body = wire::encode_ack(outcome.as_ref().map(|_| ()).map_err(String::as_str));
+    fn ack(&mut self, now: Instant, id: u64, outcome: Result<(), Refusal>) {
+        let body = wire::encode_ack(outcome.as_ref().map(|_| ()));
         let header = Header {
             kind: Kind::Ack,
             id,

@@ -3,7 +3,7 @@
 
 use super::test_memory::{test_config, Harness, TestMemory};
 use super::Closed;
-use crate::error::ProtocolViolation;
+use crate::error::{ProtocolViolation, Refusal};
 use crate::wire::{self, Header, Hello, Kind, WriteManyEntry, MAX_HELLO_BODY};
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ fn both_ways(bytes: &[u8], check: impl Fn(&Harness)) {
     }
 }
 
-fn acks(harness: &Harness) -> Vec<(u64, Result<(), String>)> {
+fn acks(harness: &Harness) -> Vec<(u64, Result<(), Refusal>)> {
     harness
         .answers()
         .into_iter()
@@ -123,8 +123,17 @@ fn a_write_outside_the_memory_is_refused_whole_and_the_next_frame_still_lands() 
     both_ways(&bytes, |harness| {
         let acks = acks(harness);
         assert_eq!(acks.len(), 2);
-        let reason = acks[0].1.clone().unwrap_err();
-        assert!(reason.starts_with("entry 1: remote range"), "{reason}");
+        assert_eq!(
+            acks[0],
+            (
+                1,
+                Err(Refusal::NotRegistered {
+                    entry: None,
+                    addr: BASE + (1 << 20) - 299,
+                    len: 300,
+                })
+            )
+        );
         assert_eq!(acks[1], (2, Ok(())));
         assert_eq!(harness.memory.read(BASE, 300), vec![0u8; 300]);
         assert_eq!(harness.memory.read(BASE + 1000, 300), data);
@@ -157,7 +166,14 @@ fn a_read_is_answered_with_the_bytes_and_a_descriptor_request_with_the_descripto
             (Kind::DescriptorResponse, TestMemory::DESCRIPTOR)
         );
         assert_eq!((answers[3].0.kind, answers[3].0.id), (Kind::Ack, 4));
-        assert!(wire::decode_ack(&answers[3].1).unwrap().is_err());
+        assert_eq!(
+            wire::decode_ack(&answers[3].1),
+            Ok(Err(Refusal::NotRegistered {
+                entry: None,
+                addr: BASE - 1,
+                len: 2,
+            }))
+        );
     });
 }
 
@@ -172,7 +188,10 @@ fn notifications_are_delivered_until_the_inbox_refuses() {
         assert_eq!(harness.delivered[3], b"note 4");
         let acks = acks(harness);
         assert_eq!(acks[3], (4, Ok(())));
-        assert_eq!(acks[4], (5, Err("the test inbox is full".into())));
+        assert_eq!(
+            acks[4],
+            (5, Err(Refusal::Other("the test inbox is full".into())))
+        );
     });
 }
 

@@ -1,5 +1,5 @@
 use super::reader::Reader;
-use crate::error::ProtocolViolation;
+use crate::error::{ProtocolViolation, Refusal};
 use serde::{Deserialize, Serialize};
 
 /// Bytes per entry in a write-many table: `addr: u64` + `len: u32`.
@@ -53,22 +53,55 @@ pub fn decode_hello(body: &[u8]) -> Result<Hello, ProtocolViolation> {
     Ok(hello)
 }
 
-/// Encodes an ack: empty for success, the reason otherwise.
-pub fn encode_ack(result: Result<(), &str>) -> Vec<u8> {
+/// First byte of an ack that carries a typed refusal; it never starts UTF-8 text, so a
+/// reason in words (what older peers send for every refusal) stays readable.
+const TYPED_ACK: u8 = 0xff;
+
+/// Code after [`TYPED_ACK`] for [`Refusal::NotRegistered`], followed by `addr: u64` and
+/// `len: u64`.
+const NOT_REGISTERED: u8 = 1;
+
+/// Encodes an ack: empty for success, else the refusal. A range outside the registrations is
+/// sent typed (its batch entry is the sender's to find, so it is not sent); any other reason
+/// is sent as its text.
+pub fn encode_ack(result: Result<(), &Refusal>) -> Vec<u8> {
     match result {
         Ok(()) => Vec::new(),
-        Err(reason) => reason.as_bytes().to_vec(),
+        Err(Refusal::NotRegistered { addr, len, .. }) => {
+            let mut out = Vec::with_capacity(18);
+            out.extend_from_slice(&[TYPED_ACK, NOT_REGISTERED]);
+            out.extend_from_slice(&addr.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+            out
+        }
+        Err(Refusal::Other(reason)) if reason.is_empty() => b"refused without a reason".to_vec(),
+        Err(Refusal::Other(reason)) => reason.as_bytes().to_vec(),
     }
 }
 
-/// Decodes an ack into success or the peer's reason.
-pub fn decode_ack(body: &[u8]) -> Result<Result<(), String>, ProtocolViolation> {
-    if body.is_empty() {
-        return Ok(Ok(()));
+/// Decodes an ack into success or the peer's refusal.
+pub fn decode_ack(body: &[u8]) -> Result<Result<(), Refusal>, ProtocolViolation> {
+    match body.first() {
+        None => Ok(Ok(())),
+        Some(&TYPED_ACK) => {
+            let mut reader = Reader::new(&body[1..]);
+            let code = reader.take(1, "ack refusal code")?[0];
+            if code != NOT_REGISTERED {
+                return Err(ProtocolViolation::Malformed("unknown ack refusal code"));
+            }
+            let addr = reader.u64("refused address")?;
+            let len = reader.u64("refused length")?;
+            reader.finish()?;
+            Ok(Err(Refusal::NotRegistered {
+                entry: None,
+                addr,
+                len,
+            }))
+        }
+        Some(_) => std::str::from_utf8(body)
+            .map(|reason| Err(Refusal::Other(reason.to_owned())))
+            .map_err(|_| ProtocolViolation::Malformed("ack reason is not UTF-8")),
     }
-    std::str::from_utf8(body)
-        .map(|reason| Err(reason.to_owned()))
-        .map_err(|_| ProtocolViolation::Malformed("ack reason is not UTF-8"))
 }
 
 /// Encodes a read request for `len` bytes at `addr`.
@@ -227,8 +260,29 @@ mod tests {
             Err(ProtocolViolation::TrailingBytes(1))
         );
         assert_eq!(decode_ack(&encode_ack(Ok(()))), Ok(Ok(())));
-        assert_eq!(decode_ack(&encode_ack(Err("no"))), Ok(Err("no".into())));
-        assert!(decode_ack(&[0xff, 0xfe]).is_err());
+        let other = Refusal::Other("no".into());
+        assert_eq!(decode_ack(&encode_ack(Err(&other))), Ok(Err(other)));
+        let range = Refusal::NotRegistered {
+            entry: None,
+            addr: 0x1000,
+            len: 64,
+        };
+        assert_eq!(decode_ack(&encode_ack(Err(&range))), Ok(Err(range)));
+        assert_eq!(
+            decode_ack(&[0xff, 0xfe]),
+            Err(ProtocolViolation::Malformed("unknown ack refusal code"))
+        );
+        let mut long = encode_ack(Err(&Refusal::NotRegistered {
+            entry: None,
+            addr: 1,
+            len: 1,
+        }));
+        long.push(0);
+        assert_eq!(decode_ack(&long), Err(ProtocolViolation::TrailingBytes(1)));
+        assert_eq!(
+            decode_ack(&[0xc3]),
+            Err(ProtocolViolation::Malformed("ack reason is not UTF-8"))
+        );
     }
 
     #[test]

@@ -212,6 +212,23 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_that_is_not_ferry_is_described_by_what_it_sent() {
+        let text = |found: &[u8; 4]| ProtocolViolation::BadMagic { found: *found }.to_string();
+        assert_eq!(
+            text(b"HTTP"),
+            "it answered like an HTTP server (\"HTTP\"), not a ferry engine; check the port"
+        );
+        assert_eq!(
+            text(b"GET "),
+            "it sent \"GET \" where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        );
+        assert_eq!(
+            text(&[0x16, 0x03, 0x01, 0x00]),
+            "it sent the bytes [16, 03, 01, 00] where ferry's magic \"FRRY\" belongs: not a ferry engine; check the port"
+        );
+    }
+
+    #[test]
     fn oversized_body_is_refused_before_reading_it() {
         let header = Header {
             kind: Kind::Notify,

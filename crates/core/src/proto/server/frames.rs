@@ -3,7 +3,7 @@
 
 use super::{Part, ServerSession, State};
 use crate::cuda::CudaError;
-use crate::error::{ProtocolViolation, RangeError, Side};
+use crate::error::{ProtocolViolation, Refusal};
 use crate::proto::input::Input;
 use crate::proto::{Closed, Event, Landing, Served};
 use crate::wire::{self, Header, Kind, HEADER_LEN};
@@ -90,7 +90,10 @@ impl<M: Served> ServerSession<M> {
                 left: 0,
                 reason,
             } => {
-                let (id, reason) = (*id, std::mem::take(reason));
+                let (id, reason) = (
+                    *id,
+                    std::mem::replace(reason, Refusal::Other(String::new())),
+                );
                 self.ack(now, id, Err(reason));
                 self.finish_frame(now);
             }
@@ -222,7 +225,7 @@ impl<M: Served> ServerSession<M> {
                 self.event = Some(Event::Load(span));
             }
             None => {
-                self.ack(now, header.id, Err(refusal(addr, u64::from(len), 0)));
+                self.ack(now, header.id, Err(refusal(addr, u64::from(len))));
                 self.finish_frame(now);
             }
         }
@@ -236,7 +239,7 @@ impl<M: Served> ServerSession<M> {
     /// destinations, and only the missing acknowledgement tells the sender it failed.
     fn land_or_refuse(&mut self, id: u64, entries: &[wire::WriteManyEntry], data_len: u64) {
         let mut spans = Vec::with_capacity(entries.len());
-        for (index, entry) in entries.iter().enumerate() {
+        for entry in entries {
             match self.served.span(entry.addr, u64::from(entry.len)) {
                 Some(span) => spans.push(span),
                 None => {
@@ -244,7 +247,7 @@ impl<M: Served> ServerSession<M> {
                     self.state = State::Discard {
                         id,
                         left: data_len,
-                        reason: refusal(entry.addr, u64::from(entry.len), index),
+                        reason: refusal(entry.addr, u64::from(entry.len)),
                     };
                     return;
                 }
@@ -281,14 +284,13 @@ fn land<S: Landing>(
     Ok(true)
 }
 
-fn refusal(addr: u64, len: u64, index: usize) -> String {
-    RangeError::NotRegistered {
-        index,
-        side: Side::Remote,
+/// The refusal of a range outside the registrations; the sender finds its batch entry.
+fn refusal(addr: u64, len: u64) -> Refusal {
+    Refusal::NotRegistered {
+        entry: None,
         addr,
         len,
     }
-    .to_string()
 }
 
 fn unexpected(kind: Kind, context: &'static str) -> ProtocolViolation {
