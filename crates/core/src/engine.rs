@@ -190,11 +190,17 @@ impl EngineBuilder {
         Ok(engine)
     }
 
-    /// [`Self::build`] for callers without an async runtime. Never call it from inside one.
+    /// [`Self::build`] for callers without an async runtime: blocks the calling thread until
+    /// the engine has started.
     ///
     /// # Errors
-    /// As [`Self::build`].
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::build`] there);
+    /// otherwise as [`Self::build`].
     pub fn build_blocking(self) -> Result<Engine> {
+        crate::blocking::refuse_on_runtime(
+            "EngineBuilder::build_blocking",
+            "EngineBuilder::build",
+        )?;
         futures::executor::block_on(self.build())
     }
 
@@ -683,11 +689,14 @@ impl Engine {
         self.run(async move { inner.connect(&name).await }).await
     }
 
-    /// [`Self::connect`] for callers without an async runtime. Never call it from inside one.
+    /// [`Self::connect`] for callers without an async runtime: blocks the calling thread until
+    /// the peer is open.
     ///
     /// # Errors
-    /// As [`Self::connect`].
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::connect`] there);
+    /// otherwise as [`Self::connect`].
     pub fn connect_blocking(&self, name: &str) -> Result<Peer> {
+        crate::blocking::refuse_on_runtime("Engine::connect_blocking", "Engine::connect")?;
         futures::executor::block_on(self.connect(name))
     }
 
@@ -749,6 +758,17 @@ impl Engine {
                 })?
         })
         .await
+    }
+
+    /// [`Self::notify`] for callers without an async runtime: blocks the calling thread until
+    /// the peer has taken the notification into its inbox.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::notify`] there);
+    /// otherwise as [`Self::notify`].
+    pub fn notify_blocking(&self, peer: &Peer, payload: impl Into<Vec<u8>>) -> Result<()> {
+        crate::blocking::refuse_on_runtime("Engine::notify_blocking", "Engine::notify")?;
+        futures::executor::block_on(self.notify(peer, payload))
     }
 
     /// The stream of notifications peers send to this engine. There is one stream per engine.

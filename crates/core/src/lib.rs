@@ -38,6 +38,7 @@
 
 pub mod auth;
 mod batch;
+mod blocking;
 mod blocks;
 pub mod cuda;
 mod descriptor;

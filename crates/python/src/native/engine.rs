@@ -136,7 +136,7 @@ impl Engine {
     fn notify(&self, py: Python<'_>, peer: PyRef<'_, Peer>, payload: Vec<u8>) -> PyResult<()> {
         let engine = self.running()?;
         let peer = peer.inner().clone();
-        py.detach(|| futures::executor::block_on(engine.notify(&peer, payload)))
+        py.detach(|| engine.notify_blocking(&peer, payload))
             .map_err(to_py)
     }
 
