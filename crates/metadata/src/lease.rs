@@ -163,6 +163,13 @@ async fn renew<B: Backend>(
 
 #[async_trait]
 impl<B: Backend> MetadataStore for LeasedStore<B> {
+    /// Claims the name for this engine with the descriptor as its value, then keeps renewing
+    /// it in the background until it is unpublished or the store dropped.
+    ///
+    /// # Cancel safety
+    /// Dropped before the claim answers, the descriptor may or may not have been written;
+    /// dropped at any point, nothing renews it, so a written entry expires after the time to
+    /// live (a later publish of the name by the same engine claims it again).
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
         let name = &descriptor.name;
         let owner = owner_of(descriptor);
@@ -185,6 +192,10 @@ impl<B: Backend> MetadataStore for LeasedStore<B> {
         Ok(())
     }
 
+    /// Reads the descriptor under `name`.
+    ///
+    /// # Cancel safety
+    /// A read only: dropping the future changes nothing in the store.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
         let value = self
             .backend
@@ -210,6 +221,11 @@ impl<B: Backend> MetadataStore for LeasedStore<B> {
         })
     }
 
+    /// Stops renewing `name` and deletes it if this engine still holds it.
+    ///
+    /// # Cancel safety
+    /// Renewal stops on the first poll; dropped before the delete answers, the entry may
+    /// stay until its time to live runs out.
     async fn unpublish(&self, name: &str) -> Result<()> {
         let entry = lock(&self.published).remove(name);
         if let Some((owner, _)) = entry {

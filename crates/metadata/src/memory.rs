@@ -32,12 +32,20 @@ impl MemoryStore {
 
 #[async_trait]
 impl MetadataStore for MemoryStore {
+    /// Keeps `descriptor` under its name, replacing any other.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
         self.map()
             .insert(descriptor.name.clone(), descriptor.clone());
         Ok(())
     }
 
+    /// The descriptor kept under `name`.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
         self.map().get(name).cloned().ok_or_else(|| Error::NotPublished {
             name: name.to_owned(),
@@ -45,6 +53,10 @@ impl MetadataStore for MemoryStore {
         })
     }
 
+    /// Forgets the descriptor under `name`.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn unpublish(&self, name: &str) -> Result<()> {
         self.map().remove(name);
         Ok(())

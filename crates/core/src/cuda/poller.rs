@@ -129,6 +129,10 @@ fn finish(job: &mut Job, outcome: Result<(), CudaError>) {
 }
 
 /// Resolves when the polled work is done; its error when the work failed.
+///
+/// # Cancel safety
+/// Dropping it stops nothing on the GPU: the work it watches runs to its end. The poller
+/// notices the drop on its next pass and drops the source (an event, say) unqueried.
 #[derive(Debug)]
 pub struct Completed {
     receiver: oneshot::Receiver<Result<(), CudaError>>,
