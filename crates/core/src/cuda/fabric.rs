@@ -5,8 +5,9 @@
 use super::context::Context;
 use super::error::CudaError;
 use cudarc::driver::sys::{self, CUmemAllocationHandleType};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// The outcome of the fabric probe on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,10 +22,7 @@ pub enum FabricSupport {
 /// result once.
 pub fn probe_fabric(ordinal: u32) -> FabricSupport {
     static RESULTS: OnceLock<Mutex<HashMap<u32, FabricSupport>>> = OnceLock::new();
-    let mut results = RESULTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let mut results = RESULTS.get_or_init(Mutex::default).lock();
     results
         .entry(ordinal)
         .or_insert_with(|| {

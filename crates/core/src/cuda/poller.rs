@@ -6,10 +6,11 @@
 
 use super::error::CudaError;
 use super::event::Event;
+use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -73,11 +74,7 @@ impl Poller {
             done,
         };
         // A send error drops the job and its sender, so the future reports the poller gone.
-        let _ = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .send(job);
+        let _ = self.jobs.lock().send(job);
         Completed { receiver }
     }
 }

@@ -1,9 +1,10 @@
 use super::region::{OwnedMemory, Region, RegionEntry, RegionInfo, RegionUse};
 use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The regions one engine has registered, keyed by start address.
 pub(crate) struct RegionTable {
@@ -41,14 +42,6 @@ impl RegionTable {
         self.generation.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<RegionEntry>>> {
-        // A panic while holding this lock cannot leave the map half-updated (each update is
-        // one insert or remove), so a poisoned lock is still consistent.
-        self.regions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Adds a region unless it overlaps one already registered.
     pub(crate) fn insert(
         self: &Arc<Self>,
@@ -57,7 +50,7 @@ impl RegionTable {
         vmm: Vec<crate::cuda::AllocationHandle>,
         owned: Option<OwnedMemory>,
     ) -> Result<Region, RangeError> {
-        let mut regions = self.lock();
+        let mut regions = self.regions.lock();
         let end = info.addr + info.len;
         let before = regions.range(..end).next_back();
         if let Some((_, existing)) = before {
@@ -84,7 +77,7 @@ impl RegionTable {
     }
 
     pub(crate) fn remove(&self, entry: &Arc<RegionEntry>) {
-        let mut regions = self.lock();
+        let mut regions = self.regions.lock();
         if regions
             .get(&entry.info.addr)
             .is_some_and(|found| Arc::ptr_eq(found, entry))
@@ -97,7 +90,7 @@ impl RegionTable {
 
     /// Finds the region holding all of `addr..addr+len` and marks it in use.
     pub(crate) fn acquire(&self, addr: u64, len: u64) -> Option<RegionUse> {
-        let regions = self.lock();
+        let regions = self.regions.lock();
         let (_, entry) = regions.range(..=addr).next_back()?;
         if !entry.contains(addr, len) {
             return None;
@@ -107,7 +100,7 @@ impl RegionTable {
 
     /// Every live registration as peers see it, in registration order.
     pub(crate) fn snapshot(&self) -> Vec<BufferDescriptor> {
-        let regions = self.lock();
+        let regions = self.regions.lock();
         let mut entries: Vec<&Arc<RegionEntry>> = regions.values().collect();
         entries.sort_by_key(|entry| entry.sequence);
         entries
