@@ -265,7 +265,7 @@ fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
         .collect();
     for _ in &senders {
         inbox
-            .recv_blocking()
+            .recv_blocking()?
             .ok_or("the engine stopped before every prefill rank sent")?;
     }
     let destinations = args.split.ids(2);
@@ -299,7 +299,7 @@ fn run_decode(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
             .get(rank as usize)
             .ok_or("fewer reply-to names than prefill ranks")?;
         let peer = engine.connect_blocking(name)?;
-        futures::executor::block_on(engine.notify(&peer, verdict.to_vec()))?;
+        engine.notify_blocking(&peer, verdict.to_vec())?;
     }
     match bad {
         None => writeln!(

@@ -180,6 +180,10 @@ impl EngineBuilder {
     ///
     /// # Errors
     /// As [`ferry_core::EngineBuilder::build`].
+    ///
+    /// # Cancel safety
+    /// As [`ferry_core::EngineBuilder::build`]: the engine starts on the first poll, and
+    /// dropping the future later drops it.
     pub async fn build(self) -> ferry_core::Result<Engine> {
         self.wired().build().await.map(Engine)
     }

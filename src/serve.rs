@@ -84,7 +84,7 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
         .then(|| crate::echo::ReplyTo::new(options.reply_to.clone()));
     let mut received = 0u64;
     while limit.is_none_or(|limit| received < limit) {
-        let Some(note) = inbox.recv_blocking() else {
+        let Some(note) = inbox.recv_blocking()? else {
             break;
         };
         received += 1;

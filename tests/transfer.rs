@@ -242,7 +242,7 @@ fn blocking_callers_need_no_runtime() {
         .submit_blocking()
         .unwrap();
     assert_eq!(done.bytes, 1 << 20);
-    assert_eq!(inbox.recv_blocking().unwrap().payload, b"blocking");
+    assert_eq!(inbox.recv_blocking().unwrap().unwrap().payload, b"blocking");
     prefill
         .batch(&peer)
         .notify("second")
@@ -254,7 +254,75 @@ fn blocking_callers_need_no_runtime() {
     assert_eq!(note.unwrap().payload, b"second");
     let nothing = inbox.recv_timeout_blocking(Duration::from_millis(50));
     assert!(matches!(nothing, Err(Error::Timeout { .. })), "{nothing:?}");
+    prefill.notify_blocking(&peer, "alone").unwrap();
+    let note = inbox
+        .recv_timeout_blocking(Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(note.unwrap().payload, b"alone");
     let mut landed = vec![0u8; 1 << 20];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(11, 1 << 20), "blocking write");
+}
+
+/// Asserts that `outcome` is the blocking-call refusal naming `call` and the async `instead`.
+fn assert_refused<T: std::fmt::Debug>(outcome: ferry::Result<T>, call: &str, instead: &str) {
+    match outcome {
+        Err(Error::ApiMisuse(message)) => assert!(
+            message.contains(call) && message.contains(&format!("await {instead}")),
+            "{message}"
+        ),
+        other => panic!("{call} on a runtime thread answered {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn blocking_calls_on_a_runtime_thread_refuse_instead_of_panicking() {
+    let pair = Pair::new(4096, 4096).await;
+    let mut inbox = pair.decode.notifications().unwrap();
+    assert_refused(
+        Engine::builder().build_blocking(),
+        "EngineBuilder::build_blocking",
+        "EngineBuilder::build",
+    );
+    assert_refused(
+        pair.prefill.connect_blocking(pair.decode.name()),
+        "Engine::connect_blocking",
+        "Engine::connect",
+    );
+    assert_refused(
+        pair.prefill.notify_blocking(&pair.peer, "refused"),
+        "Engine::notify_blocking",
+        "Engine::notify",
+    );
+    assert_refused(
+        pair.prefill
+            .batch(&pair.peer)
+            .notify("refused")
+            .submit_blocking(),
+        "Batch::submit_blocking",
+        "Batch::submit()",
+    );
+    assert_refused(
+        inbox.recv_blocking(),
+        "Notifications::recv_blocking",
+        "Notifications::recv",
+    );
+    assert_refused(
+        inbox.recv_timeout_blocking(Duration::from_millis(1)),
+        "Notifications::recv_timeout_blocking",
+        "Notifications::recv",
+    );
+    let transfer = pair
+        .prefill
+        .batch(&pair.peer)
+        .notify("waited")
+        .submit()
+        .unwrap();
+    assert_refused(transfer.wait(), "Transfer::wait", "the Transfer");
+    // Only the refused wait submitted anything, and its transfer went on without a waiter.
+    let note = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(note.payload, b"waited");
 }

@@ -58,7 +58,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     let mut block = vec![0u8; shape.block_bytes as usize];
     for _ in 0..args.requests {
         let note = inbox
-            .recv_blocking()
+            .recv_blocking()?
             .ok_or("the engine stopped before a request arrived")?;
         let (request, blocks) = decode_notification(&note.payload)?;
         let mut bad = None;
@@ -92,7 +92,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
             }
         };
         let verdict = if bad.is_none() { "ok" } else { "bad" };
-        futures::executor::block_on(engine.notify(&peer, encode_verdict(request, verdict)))?;
+        engine.notify_blocking(&peer, encode_verdict(request, verdict))?;
         match bad {
             None => writeln!(
                 stdout,

@@ -301,11 +301,14 @@ impl Batch {
     }
 
     /// Submits and blocks the calling thread until the transfer completes; for callers without
-    /// an async runtime. Never call it from inside one.
+    /// an async runtime.
     ///
     /// # Errors
-    /// As [`Batch::submit`], then as the [`Transfer`].
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime, before anything is submitted
+    /// (await [`Batch::submit`]'s transfer there); otherwise as [`Batch::submit`], then as
+    /// the [`Transfer`].
     pub fn submit_blocking(self) -> Result<Completion> {
+        crate::blocking::refuse_on_runtime("Batch::submit_blocking", "Batch::submit()")?;
         self.submit()?.wait()
     }
 }
@@ -354,9 +357,6 @@ pub struct Completion {
     pub elapsed: Duration,
 }
 
-/// How long [`Transfer::wait`] watches for the result before it parks the thread.
-const WAIT_SPIN: Duration = Duration::from_millis(20);
-
 /// A submitted batch; resolves once every byte is visible at its destination.
 ///
 /// Until it resolves with `Ok`, the destination ranges are undefined: a transfer that fails
@@ -373,21 +373,15 @@ pub struct Transfer {
 
 impl Transfer {
     /// Blocks the calling thread until the transfer completes; for callers without an async
-    /// runtime. Never call it from inside one.
+    /// runtime.
     ///
     /// # Errors
-    /// As awaiting the transfer.
-    pub fn wait(mut self) -> Result<Completion> {
-        // A waiting thread has nothing else to do: watch for the result for a short while
-        // (short transfers finish within it) before parking, which costs a wake-up.
-        let started = Instant::now();
-        while started.elapsed() < WAIT_SPIN {
-            match self.receiver.try_recv() {
-                Ok(outcome) => return outcome,
-                Err(oneshot::error::TryRecvError::Empty) => std::thread::yield_now(),
-                Err(oneshot::error::TryRecvError::Closed) => break,
-            }
-        }
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await the transfer there; the
+    /// refused transfer goes on as if dropped); otherwise as awaiting the transfer.
+    pub fn wait(self) -> Result<Completion> {
+        crate::blocking::refuse_on_runtime("Transfer::wait", "the Transfer")?;
+        // The engine's runtime drives the transfer and sends its outcome down a oneshot, which
+        // needs no runtime to receive: the thread parks until the sender wakes it.
         futures::executor::block_on(self)
     }
 }

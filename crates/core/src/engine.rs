@@ -182,6 +182,12 @@ impl EngineBuilder {
     /// unspecified listen address without [`Self::advertise`] or a secret (given or in
     /// `FERRY_SECRET`) shorter than [`Secret::MIN_LEN`], and the metadata store's error when
     /// publishing fails.
+    ///
+    /// # Cancel safety
+    /// The engine starts on the first poll; dropping the future later drops the engine, which
+    /// closes its listener and stops its runtime. The descriptor may or may not have reached
+    /// the store by then: an entry left in a leased store (etcd, redis) is no longer renewed
+    /// and expires after its time to live.
     pub async fn build(self) -> Result<Engine> {
         let (engine, published) = self.start()?;
         published.await.map_err(|_| Error::Shutdown {
@@ -190,11 +196,17 @@ impl EngineBuilder {
         Ok(engine)
     }
 
-    /// [`Self::build`] for callers without an async runtime. Never call it from inside one.
+    /// [`Self::build`] for callers without an async runtime: blocks the calling thread until
+    /// the engine has started.
     ///
     /// # Errors
-    /// As [`Self::build`].
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::build`] there);
+    /// otherwise as [`Self::build`].
     pub fn build_blocking(self) -> Result<Engine> {
+        crate::blocking::refuse_on_runtime(
+            "EngineBuilder::build_blocking",
+            "EngineBuilder::build",
+        )?;
         futures::executor::block_on(self.build())
     }
 
@@ -660,17 +672,25 @@ impl Engine {
     /// # Errors
     /// [`Error::Unreachable`] when nothing answers at `name`, [`Error::Metadata`] when what
     /// answers is not a ferry engine of this version.
+    ///
+    /// # Cancel safety
+    /// The connection is opened by a task on the engine's runtime, which dropping the future
+    /// does not stop: it runs to its end, and a peer it opens is kept, so the next `connect`
+    /// to `name` reuses it.
     pub async fn connect(&self, name: &str) -> Result<Peer> {
         let inner = Arc::clone(&self.inner);
         let name = name.to_owned();
         self.run(async move { inner.connect(&name).await }).await
     }
 
-    /// [`Self::connect`] for callers without an async runtime. Never call it from inside one.
+    /// [`Self::connect`] for callers without an async runtime: blocks the calling thread until
+    /// the peer is open.
     ///
     /// # Errors
-    /// As [`Self::connect`].
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::connect`] there);
+    /// otherwise as [`Self::connect`].
     pub fn connect_blocking(&self, name: &str) -> Result<Peer> {
+        crate::blocking::refuse_on_runtime("Engine::connect_blocking", "Engine::connect")?;
         futures::executor::block_on(self.connect(name))
     }
 
@@ -682,6 +702,11 @@ impl Engine {
     ///
     /// # Errors
     /// The store's error when it cannot be written.
+    ///
+    /// # Cancel safety
+    /// The write is made by a task on the engine's runtime, which dropping the future does
+    /// not stop: the descriptor still reaches the store unless the write fails, and nothing
+    /// reports that failure.
     pub async fn publish(&self) -> Result<()> {
         let inner = Arc::clone(&self.inner);
         self.run(async move { inner.publish().await }).await
@@ -705,6 +730,11 @@ impl Engine {
     /// [`Error::ApiMisuse`] for a payload over 64 KiB, [`Error::PeerGone`] when the peer is
     /// gone, [`Error::Rejected`] when its inbox is full, [`Error::Timeout`] after the engine's
     /// transfer timeout.
+    ///
+    /// # Cancel safety
+    /// Past the size check, the notification is sent by a task on the engine's runtime, which
+    /// dropping the future does not stop: it may still be delivered, or be refused or time out
+    /// with nothing to report it. Notifications sent after it still arrive after it.
     pub async fn notify(&self, peer: &Peer, payload: impl Into<Vec<u8>>) -> Result<()> {
         let payload = payload.into();
         if payload.len() > MAX_NOTIFICATION_BYTES {
@@ -727,6 +757,17 @@ impl Engine {
                 })?
         })
         .await
+    }
+
+    /// [`Self::notify`] for callers without an async runtime: blocks the calling thread until
+    /// the peer has taken the notification into its inbox.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::notify`] there);
+    /// otherwise as [`Self::notify`].
+    pub fn notify_blocking(&self, peer: &Peer, payload: impl Into<Vec<u8>>) -> Result<()> {
+        crate::blocking::refuse_on_runtime("Engine::notify_blocking", "Engine::notify")?;
+        futures::executor::block_on(self.notify(peer, payload))
     }
 
     /// The stream of notifications peers send to this engine. There is one stream per engine.

@@ -28,7 +28,7 @@
 //! let remote = peer.buffers()[0].addr;
 //! prefill.batch(&peer).write(&source, 0, remote, 4096).notify(b"req-1".to_vec()).submit_blocking()?;
 //!
-//! let note = inbox.recv_blocking().expect("engine alive");
+//! let note = inbox.recv_blocking()?.expect("engine alive");
 //! assert_eq!(note.payload, b"req-1");
 //! let mut landed = [0u8; 4096];
 //! kv.read_at(0, &mut landed)?;
@@ -38,6 +38,7 @@
 
 pub mod auth;
 mod batch;
+mod blocking;
 mod blocks;
 pub mod cuda;
 mod descriptor;

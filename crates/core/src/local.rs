@@ -7,18 +7,15 @@
 
 use crate::identity::InstanceId;
 use crate::memory::RegionTable;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 type Engines = Mutex<HashMap<InstanceId, Weak<RegionTable>>>;
 
-fn engines() -> std::sync::MutexGuard<'static, HashMap<InstanceId, Weak<RegionTable>>> {
+fn engines() -> parking_lot::MutexGuard<'static, HashMap<InstanceId, Weak<RegionTable>>> {
     static ENGINES: OnceLock<Engines> = OnceLock::new();
-    // Each update is one insert or remove, so a poisoned map is still consistent.
-    ENGINES
-        .get_or_init(Engines::default)
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner())
+    ENGINES.get_or_init(Engines::default).lock()
 }
 
 /// Lists the engine `instance` with its region table until [`forget`] (or the table is gone).

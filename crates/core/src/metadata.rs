@@ -17,6 +17,11 @@ pub trait MetadataStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// When the store cannot be written.
+    ///
+    /// # Cancel safety
+    /// Implementations must leave the store consistent when the future is dropped at any
+    /// await: the descriptor is then either published or not, never half written. The engine
+    /// runs its own publishes on tasks it does not drop, except when it shuts down.
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()>;
 
     /// Fetches the current descriptor of segment `name`.
@@ -25,12 +30,21 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// [`crate::Error::NotPublished`] when no live engine holds the name (with the
     /// peer-to-peer default: [`crate::Error::Unreachable`], nothing answers there);
     /// [`crate::Error::Metadata`] when the store itself fails or holds a bad value.
+    ///
+    /// # Cancel safety
+    /// Implementations must change nothing in the store, so dropping the future at any await
+    /// only abandons the lookup.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor>;
 
     /// Removes the descriptor of `name`, if present.
     ///
     /// # Errors
     /// When the store cannot be written.
+    ///
+    /// # Cancel safety
+    /// Implementations must leave the store consistent when the future is dropped at any
+    /// await: the descriptor is then either removed or still findable (for a store whose
+    /// entries expire, until they do).
     async fn unpublish(&self, name: &str) -> Result<()>;
 
     /// This store with its lookups authenticated by `secret`, for stores that fetch
@@ -70,14 +84,28 @@ impl Default for PeerToPeer {
 
 #[async_trait::async_trait]
 impl MetadataStore for PeerToPeer {
+    /// Does nothing: the engine's listener answers for its descriptor.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn publish(&self, _descriptor: &SegmentDescriptor) -> Result<()> {
         Ok(())
     }
 
+    /// Asks the listener at `name` (`host:port`) for its descriptor, giving up after the
+    /// store's timeout.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the lookup's connection; neither engine keeps any state
+    /// from it.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
         crate::tcp::fetch_descriptor(name, self.timeout, self.secret.as_ref()).await
     }
 
+    /// Does nothing: an engine stops answering for its descriptor when it is dropped.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn unpublish(&self, _name: &str) -> Result<()> {
         Ok(())
     }

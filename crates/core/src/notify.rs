@@ -160,17 +160,21 @@ impl Notifications {
         }
     }
 
-    /// Blocks the calling thread until the next notification arrives; for callers without an
-    /// async runtime. Never call it from inside one.
+    /// Blocks the calling thread until the next notification arrives; `Ok(None)` once the
+    /// engine is gone. For callers without an async runtime.
     ///
     /// The thread watches for a notification for up to a millisecond before it sleeps, since
     /// waking a sleeping thread costs more than most notifications take to arrive.
-    pub fn recv_blocking(&mut self) -> Option<Notification> {
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await [`Self::recv`] there).
+    pub fn recv_blocking(&mut self) -> Result<Option<Notification>> {
+        crate::blocking::refuse_on_runtime("Notifications::recv_blocking", "Notifications::recv")?;
         if let Some(note) = self.watch(WATCH) {
-            return note;
+            return Ok(note);
         }
         let note = self.receiver.blocking_recv();
-        self.taken(note)
+        Ok(self.taken(note))
     }
 
     /// Polls for up to `limit`: `Some(result)` when the stream answered, `None` when it
@@ -187,12 +191,16 @@ impl Notifications {
         None
     }
 
-    /// Like [`Self::recv_blocking`], but gives up after `timeout`. Never call it from inside
-    /// an async runtime.
+    /// Like [`Self::recv_blocking`], but gives up after `timeout`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when nothing arrived in time.
+    /// [`Error::Timeout`] when nothing arrived in time; [`Error::ApiMisuse`] on a thread of a
+    /// tokio runtime (await [`Self::recv`] under `tokio::time::timeout` there).
     pub fn recv_timeout_blocking(&mut self, timeout: Duration) -> Result<Option<Notification>> {
+        crate::blocking::refuse_on_runtime(
+            "Notifications::recv_timeout_blocking",
+            "Notifications::recv",
+        )?;
         if let Some(note) = self.watch(WATCH.min(timeout)) {
             return Ok(note);
         }

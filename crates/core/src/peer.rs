@@ -4,8 +4,9 @@ use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::engine::EngineInner;
 use crate::error::Result;
 use crate::transport::{Link, Transport};
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 /// A remote engine this engine can move data to and from. Cheap to clone.
 #[derive(Clone)]
@@ -42,11 +43,6 @@ impl PeerView {
         let buffer = self.sorted.get(index.checked_sub(1)?)?;
         (end <= buffer.addr.saturating_add(buffer.len)).then_some(buffer)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Updates are single inserts/removes, so a poisoned map is still consistent.
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl Peer {
@@ -98,41 +94,34 @@ impl Peer {
     /// False once the control connection to the peer has failed. The next notification or
     /// [`crate::Engine::connect`] opens a new one.
     pub fn is_alive(&self) -> bool {
-        lock(&self.inner.control).is_alive()
+        self.inner.control.lock().is_alive()
     }
 
     /// The link notifications go over. When the old one failed (the peer restarted, a
     /// connection broke), the descriptor is fetched afresh and a new link opened.
     pub(crate) async fn control(&self, engine: &EngineInner) -> Result<Arc<dyn Link>> {
-        let current = Arc::clone(&lock(&self.inner.control));
+        let current = Arc::clone(&self.inner.control.lock());
         if current.is_alive() {
             return Ok(current);
         }
         let view = self.refresh(engine).await?;
         let transport = engine.control.as_ref();
         let fresh = transport.open(&view.descriptor).await?;
-        *lock(&self.inner.control) = Arc::clone(&fresh);
-        lock(&self.inner.links).insert(transport.name(), Arc::clone(&fresh));
+        *self.inner.control.lock() = Arc::clone(&fresh);
+        self.inner
+            .links
+            .lock()
+            .insert(transport.name(), Arc::clone(&fresh));
         Ok(fresh)
     }
 
     pub(crate) fn view(&self) -> Arc<PeerView> {
-        Arc::clone(
-            &self
-                .inner
-                .view
-                .read()
-                .unwrap_or_else(|poison| poison.into_inner()),
-        )
+        Arc::clone(&self.inner.view.read())
     }
 
     pub(crate) fn update(&self, descriptor: SegmentDescriptor) -> Arc<PeerView> {
         let view = Arc::new(PeerView::new(descriptor));
-        *self
-            .inner
-            .view
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner()) = Arc::clone(&view);
+        *self.inner.view.write() = Arc::clone(&view);
         view
     }
 
@@ -148,12 +137,15 @@ impl Peer {
 
     /// The open link through `transport`, opening it on first use.
     pub(crate) async fn link(&self, transport: &dyn Transport) -> Result<Arc<dyn Link>> {
-        let cached = lock(&self.inner.links).get(transport.name()).cloned();
+        let cached = self.inner.links.lock().get(transport.name()).cloned();
         if let Some(link) = cached.filter(|link| link.is_alive()) {
             return Ok(link);
         }
         let link = transport.open(&self.view().descriptor).await?;
-        lock(&self.inner.links).insert(transport.name(), Arc::clone(&link));
+        self.inner
+            .links
+            .lock()
+            .insert(transport.name(), Arc::clone(&link));
         Ok(link)
     }
 
@@ -164,7 +156,7 @@ impl Peer {
 
     /// Closes every link, failing whatever is still in flight on them.
     pub(crate) fn close(&self) {
-        for link in lock(&self.inner.links).values() {
+        for link in self.inner.links.lock().values() {
             link.close();
         }
     }

@@ -3,8 +3,9 @@
 
 use async_trait::async_trait;
 use ferry_core::{Error, MetadataStore, Result, SegmentDescriptor};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// The store-specific half: atomic claim, read and release of one name.
@@ -56,11 +57,6 @@ pub(crate) struct LeasedStore<B: Backend> {
     renewing: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every update is one insert or remove, so a poisoned map is still consistent.
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 /// Who holds a name: the publishing engine's instance id, which alone decides ownership
 /// (PIDs repeat across containers), followed by its process and host for people.
 fn owner_of(descriptor: &SegmentDescriptor) -> String {
@@ -93,7 +89,7 @@ impl<B: Backend> LeasedStore<B> {
 
     /// Starts the renewal task once, on the runtime the first publish runs on.
     fn keep_renewing(&self) {
-        let mut renewing = lock(&self.renewing);
+        let mut renewing = self.renewing.lock();
         if renewing.is_some() {
             return;
         }
@@ -109,7 +105,7 @@ impl<B: Backend> LeasedStore<B> {
 
 impl<B: Backend> Drop for LeasedStore<B> {
     fn drop(&mut self) {
-        if let Some(task) = lock(&self.renewing).take() {
+        if let Some(task) = self.renewing.lock().take() {
             task.abort();
         }
     }
@@ -130,7 +126,8 @@ async fn renew<B: Backend>(
         let (Some(backend), Some(published)) = (backend.upgrade(), published.upgrade()) else {
             return;
         };
-        let names: Vec<(String, (String, Vec<u8>))> = lock(&published)
+        let names: Vec<(String, (String, Vec<u8>))> = published
+            .lock()
             .iter()
             .map(|(name, entry)| (name.clone(), entry.clone()))
             .collect();
@@ -146,7 +143,7 @@ async fn renew<B: Backend>(
                 Ok(None) => {}
                 Ok(Some(holder)) => {
                     tracing::error!(%url, %name, %holder, "another engine took this segment name while the store lost ours; peers now find that engine");
-                    lock(&published).remove(&name);
+                    published.lock().remove(&name);
                 }
                 Err(error) => {
                     tracing::warn!(%url, %name, %error, "refreshing a published descriptor failed; retrying");
@@ -163,6 +160,13 @@ async fn renew<B: Backend>(
 
 #[async_trait]
 impl<B: Backend> MetadataStore for LeasedStore<B> {
+    /// Claims the name for this engine with the descriptor as its value, then keeps renewing
+    /// it in the background until it is unpublished or the store dropped.
+    ///
+    /// # Cancel safety
+    /// Dropped before the claim answers, the descriptor may or may not have been written;
+    /// dropped at any point, nothing renews it, so a written entry expires after the time to
+    /// live (a later publish of the name by the same engine claims it again).
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
         let name = &descriptor.name;
         let owner = owner_of(descriptor);
@@ -180,11 +184,15 @@ impl<B: Backend> MetadataStore for LeasedStore<B> {
             }
             Err(error) => return Err(self.failed(name, error)),
         }
-        lock(&self.published).insert(name.clone(), (owner, value));
+        self.published.lock().insert(name.clone(), (owner, value));
         self.keep_renewing();
         Ok(())
     }
 
+    /// Reads the descriptor under `name`.
+    ///
+    /// # Cancel safety
+    /// A read only: dropping the future changes nothing in the store.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
         let value = self
             .backend
@@ -210,8 +218,13 @@ impl<B: Backend> MetadataStore for LeasedStore<B> {
         })
     }
 
+    /// Stops renewing `name` and deletes it if this engine still holds it.
+    ///
+    /// # Cancel safety
+    /// Renewal stops on the first poll; dropped before the delete answers, the entry may
+    /// stay until its time to live runs out.
     async fn unpublish(&self, name: &str) -> Result<()> {
-        let entry = lock(&self.published).remove(name);
+        let entry = self.published.lock().remove(name);
         if let Some((owner, _)) = entry {
             self.backend
                 .release(name, &owner)
@@ -258,7 +271,7 @@ mod tests {
             owner: &str,
             value: &[u8],
         ) -> std::result::Result<Option<String>, String> {
-            let mut entries = lock(&self.entries);
+            let mut entries = self.entries.lock();
             match entries.get(name) {
                 Some((holder, _)) if holder != owner => Ok(Some(holder.clone())),
                 _ => {
@@ -269,13 +282,15 @@ mod tests {
         }
 
         async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, String> {
-            Ok(lock(&self.entries)
+            Ok(self
+                .entries
+                .lock()
                 .get(name)
                 .map(|(_, value)| value.clone()))
         }
 
         async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String> {
-            let mut entries = lock(&self.entries);
+            let mut entries = self.entries.lock();
             if entries.get(name).is_some_and(|(holder, _)| holder == owner) {
                 entries.remove(name);
             }
@@ -347,7 +362,11 @@ mod tests {
     async fn a_foreign_value_is_an_error_naming_its_key_and_others_still_resolve() {
         let store = store();
         store.publish(&descriptor("good:1", 10)).await.unwrap();
-        lock(&store.backend.entries).insert("bad:1".into(), ("x".into(), b"{not json".to_vec()));
+        store
+            .backend
+            .entries
+            .lock()
+            .insert("bad:1".into(), ("x".into(), b"{not json".to_vec()));
         match store.fetch("bad:1").await {
             Err(Error::Metadata { name, reason }) => {
                 assert_eq!(name, "bad:1");

@@ -1,7 +1,8 @@
 use async_trait::async_trait;
 use ferry_core::{Error, MetadataStore, Result, SegmentDescriptor};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// Descriptors kept in this process's memory. Engines sharing one store find each other
 /// without any network lookup; engines in other processes cannot see it.
@@ -21,32 +22,38 @@ impl MemoryStore {
         static GLOBAL: OnceLock<Arc<MemoryStore>> = OnceLock::new();
         GLOBAL.get_or_init(MemoryStore::new).clone()
     }
-
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentDescriptor>> {
-        // Each update is a single insert or remove, so a poisoned map is still consistent.
-        self.descriptors
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
 }
 
 #[async_trait]
 impl MetadataStore for MemoryStore {
+    /// Keeps `descriptor` under its name, replacing any other.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
-        self.map()
+        self.descriptors
+            .lock()
             .insert(descriptor.name.clone(), descriptor.clone());
         Ok(())
     }
 
+    /// The descriptor kept under `name`.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        self.map().get(name).cloned().ok_or_else(|| Error::NotPublished {
+        self.descriptors.lock().get(name).cloned().ok_or_else(|| Error::NotPublished {
             name: name.to_owned(),
             reason: "no engine published this name in the in-memory store; check the name, and that both engines use the same store".into(),
         })
     }
 
+    /// Forgets the descriptor under `name`.
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel; it is ready on its first poll.
     async fn unpublish(&self, name: &str) -> Result<()> {
-        self.map().remove(name);
+        self.descriptors.lock().remove(name);
         Ok(())
     }
 }

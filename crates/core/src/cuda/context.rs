@@ -1,7 +1,8 @@
 use super::device;
 use super::error::CudaError;
 use cudarc::driver::sys::{self, CUcontext};
-use std::sync::{Arc, Mutex, OnceLock};
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
 
 /// The primary context of one GPU, retained for the life of the process and made current on
 /// whichever thread is about to call the driver.
@@ -23,10 +24,7 @@ impl Context {
         // Initialises the driver on first use, so a context can be had before any engine.
         super::Driver::get().ready()?;
         static CONTEXTS: OnceLock<Mutex<Vec<Arc<Context>>>> = OnceLock::new();
-        let mut contexts = CONTEXTS
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut contexts = CONTEXTS.get_or_init(Mutex::default).lock();
         if let Some(context) = contexts.iter().find(|context| context.ordinal == ordinal) {
             return Ok(Arc::clone(context));
         }

@@ -1,7 +1,8 @@
 use super::context::Context;
 use super::error::CudaError;
 use cudarc::driver::sys;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// Page-locked host memory from `cuMemHostAlloc`, which the GPUs' copy engines read and write
 /// directly (the staging memory of asynchronous host<->GPU copies); freed on drop.
@@ -98,10 +99,7 @@ impl PinnedChunk {
     /// The next `len` bytes, starting at a multiple of `align` (a power of two) from the
     /// chunk's first byte; `None` when they do not fit in what is left.
     pub fn carve(self: &Arc<Self>, len: usize, align: usize) -> Option<PinnedSlice> {
-        let mut used = self
-            .used
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut used = self.used.lock();
         let (offset, end) = place(*used, len, align, self.buffer.len())?;
         *used = end;
         Some(PinnedSlice {
@@ -116,10 +114,7 @@ impl PinnedChunk {
     pub fn rewind(chunk: &mut Arc<PinnedChunk>) -> bool {
         match Arc::get_mut(chunk) {
             Some(chunk) => {
-                *chunk
-                    .used
-                    .get_mut()
-                    .unwrap_or_else(|poison| poison.into_inner()) = 0;
+                *chunk.used.get_mut() = 0;
                 true
             }
             None => false,

@@ -7,10 +7,11 @@
 use super::error::CudaError;
 use super::event::Event;
 use crate::error::Error;
+use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -74,11 +75,7 @@ impl Poller {
             done,
         };
         // A send error drops the job and its sender, so the future reports the poller gone.
-        let _ = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .send(job);
+        let _ = self.jobs.lock().send(job);
         Completed { receiver }
     }
 }
@@ -130,6 +127,10 @@ fn finish(job: &mut Job, outcome: Result<(), CudaError>) {
 }
 
 /// Resolves when the polled work is done; its [`Error::Cuda`] when the work failed.
+///
+/// # Cancel safety
+/// Dropping it stops nothing on the GPU: the work it watches runs to its end. The poller
+/// notices the drop on its next pass and drops the source (an event, say) unqueried.
 #[derive(Debug)]
 pub struct Completed {
     receiver: oneshot::Receiver<Result<(), CudaError>>,

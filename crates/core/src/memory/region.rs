@@ -58,7 +58,7 @@ pub(crate) struct RegionEntry {
     in_use: AtomicUsize,
     closed: AtomicBool,
     /// The name peers find it by ([`Region::set_name`]), once given.
-    pub(crate) name: std::sync::Mutex<Option<String>>,
+    pub(crate) name: parking_lot::Mutex<Option<String>>,
     /// What each transport publishes for peers to reach it.
     pub(crate) exports: Vec<Export>,
     /// What the transports keep alive while it is registered; dropped before owned memory.
@@ -91,7 +91,7 @@ impl RegionEntry {
             table_id,
             in_use: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
-            name: std::sync::Mutex::new(None),
+            name: parking_lot::Mutex::new(None),
             exports,
             _guards: guards,
             _owned: owned,
@@ -228,10 +228,7 @@ impl Region {
 
 impl RegionEntry {
     pub(crate) fn name(&self) -> Option<String> {
-        self.name
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .clone()
+        self.name.lock().clone()
     }
 }
 

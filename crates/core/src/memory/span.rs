@@ -8,8 +8,9 @@ use super::region::{Location, RegionUse};
 use super::staging::Staging;
 use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
 use crate::error::Error;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// A range of one registered region, valid while it lives.
 pub(crate) enum Span {
@@ -255,10 +256,7 @@ fn release_after_copies(ordinal: u32, staging: Staging, region: Arc<RegionUse>) 
 /// The stream of GPU `ordinal` that staging copies queue on.
 fn staging_stream(ordinal: u32) -> Result<Arc<Stream>, CudaError> {
     static STREAMS: OnceLock<Mutex<HashMap<u32, Arc<Stream>>>> = OnceLock::new();
-    let mut streams = STREAMS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let mut streams = STREAMS.get_or_init(Mutex::default).lock();
     if let Some(stream) = streams.get(&ordinal) {
         return Ok(Arc::clone(stream));
     }

@@ -4,8 +4,9 @@
 //! sizes. Both are reused, never freed and pinned again per transfer.
 
 use crate::cuda::{Context, CudaError, PinnedBuffer, PinnedChunk, PinnedSlice};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// Spans up to this length are carved from shared chunks.
 const SLICE_LIMIT: usize = 64 << 10;
@@ -36,7 +37,7 @@ impl Staging {
         if len > SLICE_LIMIT {
             return whole_buffer(ordinal, len).map(Staging::Whole);
         }
-        let mut carver = carver().lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut carver = carver().lock();
         carver
             .slice(len, || {
                 PinnedBuffer::new(Context::get(ordinal)?, CHUNK_BYTES).map(PinnedChunk::new)
@@ -168,11 +169,7 @@ fn pool() -> &'static Mutex<HashMap<usize, Vec<PinnedBuffer>>> {
 
 fn whole_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
     let size = len.next_power_of_two().max(SMALLEST);
-    let reused = pool()
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner())
-        .get_mut(&size)
-        .and_then(Vec::pop);
+    let reused = pool().lock().get_mut(&size).and_then(Vec::pop);
     match reused {
         Some(buffer) => Ok(buffer),
         None => PinnedBuffer::new(Context::get(ordinal)?, size),
@@ -180,7 +177,7 @@ fn whole_buffer(ordinal: u32, len: usize) -> Result<PinnedBuffer, CudaError> {
 }
 
 fn give_back(buffer: PinnedBuffer) {
-    let mut pool = pool().lock().unwrap_or_else(|poison| poison.into_inner());
+    let mut pool = pool().lock();
     let kept = pool.entry(buffer.len()).or_default();
     if (kept.len() + 1) * buffer.len() <= KEPT_PER_SIZE {
         kept.push(buffer);
@@ -210,7 +207,7 @@ mod tests {
         type Slice = FakeSlice;
 
         fn carve(self: &Arc<Self>, len: usize, align: usize) -> Option<FakeSlice> {
-            let mut used = self.used.lock().unwrap();
+            let mut used = self.used.lock();
             let (offset, end) = place(*used, len, align, self.capacity)?;
             *used = end;
             Some(FakeSlice {
@@ -223,7 +220,7 @@ mod tests {
         fn rewind(chunk: &mut Arc<Self>) -> bool {
             match Arc::get_mut(chunk) {
                 Some(chunk) => {
-                    *chunk.used.get_mut().unwrap() = 0;
+                    *chunk.used.get_mut() = 0;
                     true
                 }
                 None => false,

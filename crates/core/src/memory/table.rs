@@ -2,9 +2,10 @@ use super::region::{OwnedMemory, Region, RegionEntry, RegionInfo, RegionUse};
 use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
 use crate::transport::ExportGuard;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The regions one engine has registered, keyed by start address.
 pub(crate) struct RegionTable {
@@ -42,14 +43,6 @@ impl RegionTable {
         self.generation.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<RegionEntry>>> {
-        // A panic while holding this lock cannot leave the map half-updated (each update is
-        // one insert or remove), so a poisoned lock is still consistent.
-        self.regions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Adds a region unless it overlaps one already registered.
     pub(crate) fn insert(
         self: &Arc<Self>,
@@ -58,7 +51,7 @@ impl RegionTable {
         guards: Vec<ExportGuard>,
         owned: Option<OwnedMemory>,
     ) -> Result<Region, RangeError> {
-        let mut regions = self.lock();
+        let mut regions = self.regions.lock();
         let end = info.addr + info.len;
         let before = regions.range(..end).next_back();
         if let Some((_, existing)) = before {
@@ -85,7 +78,7 @@ impl RegionTable {
     }
 
     pub(crate) fn remove(&self, entry: &Arc<RegionEntry>) {
-        let mut regions = self.lock();
+        let mut regions = self.regions.lock();
         if regions
             .get(&entry.info.addr)
             .is_some_and(|found| Arc::ptr_eq(found, entry))
@@ -98,7 +91,7 @@ impl RegionTable {
 
     /// Finds the region holding all of `addr..addr+len` and marks it in use.
     pub(crate) fn acquire(&self, addr: u64, len: u64) -> Option<RegionUse> {
-        let regions = self.lock();
+        let regions = self.regions.lock();
         let (_, entry) = regions.range(..=addr).next_back()?;
         if !entry.contains(addr, len) {
             return None;
@@ -114,7 +107,7 @@ impl RegionTable {
                 name.len()
             )));
         }
-        let regions = self.lock();
+        let regions = self.regions.lock();
         let taken = regions.values().any(|other| {
             !std::ptr::eq(Arc::as_ptr(other), entry) && other.name().as_deref() == Some(&name)
         });
@@ -123,10 +116,7 @@ impl RegionTable {
                 "another region of this engine is already named {name:?}; give each region its own name"
             )));
         }
-        *entry
-            .name
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner()) = Some(name);
+        *entry.name.lock() = Some(name);
         drop(regions);
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_one();
@@ -135,7 +125,7 @@ impl RegionTable {
 
     /// Every live registration as peers see it, in registration order.
     pub(crate) fn snapshot(&self) -> Vec<BufferDescriptor> {
-        let regions = self.lock();
+        let regions = self.regions.lock();
         let mut entries: Vec<&Arc<RegionEntry>> = regions.values().collect();
         entries.sort_by_key(|entry| entry.sequence);
         entries

@@ -4,7 +4,8 @@
 use super::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::cuda::CudaError;
 use crate::wire::{Header, Limits, HEADER_LEN};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One buffer of `len` bytes that claims to live at [`TestMemory::BASE`].
@@ -45,27 +46,21 @@ impl TestMemory {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.bytes
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
-
     /// The bytes at `addr..addr+len`, which must lie inside the buffer.
     #[cfg(test)]
     pub(crate) fn read(&self, addr: u64, len: usize) -> Vec<u8> {
         let start = (addr - Self::BASE) as usize;
-        self.lock()[start..start + len].to_vec()
+        self.bytes.lock()[start..start + len].to_vec()
     }
 
     fn offset(&self, addr: u64, len: u64) -> Option<usize> {
         let start = addr.checked_sub(Self::BASE)?;
         let end = start.checked_add(len)?;
-        (len > 0 && end <= self.lock().len() as u64).then_some(start as usize)
+        (len > 0 && end <= self.bytes.lock().len() as u64).then_some(start as usize)
     }
 
     fn store(&self, spans: Vec<TestSpan>) {
-        let mut bytes = self.lock();
+        let mut bytes = self.bytes.lock();
         for span in spans {
             let start = (span.addr - Self::BASE) as usize;
             bytes[start..start + span.staging.len()].copy_from_slice(&span.staging);
@@ -76,7 +71,7 @@ impl TestMemory {
         let start = (span.addr - Self::BASE) as usize;
         let len = span.staging.len();
         span.staging
-            .copy_from_slice(&self.lock()[start..start + len]);
+            .copy_from_slice(&self.bytes.lock()[start..start + len]);
     }
 }
 

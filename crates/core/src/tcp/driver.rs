@@ -8,10 +8,11 @@ use crate::auth::Secret;
 use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use crate::memory::Span;
 use crate::wire::{self, Header, Hello, Kind, Limits};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -46,11 +47,6 @@ type AwaitingMap = Arc<Mutex<HashMap<u64, Awaiting>>>;
 /// Set by the reader, before the connection is marked dead, when the listener refused this
 /// engine for want of a shared secret: every frame of the connection then fails with that.
 type Refused = Arc<OnceLock<AuthFailure>>;
-
-fn lock(map: &AwaitingMap) -> std::sync::MutexGuard<'_, HashMap<u64, Awaiting>> {
-    // Each update is one insert or remove, so a poisoned map is still consistent.
-    map.lock().unwrap_or_else(|poison| poison.into_inner())
-}
 
 /// One open connection to a peer's listener.
 pub(crate) struct Connection {
@@ -156,7 +152,11 @@ impl Drop for Connection {
 /// before adding a frame, so no frame can be added after the drain and wait forever.
 fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, error: impl Fn() -> Error) {
     alive.store(false, Ordering::Release);
-    let drained: Vec<Awaiting> = lock(awaiting).drain().map(|(_, waiting)| waiting).collect();
+    let drained: Vec<Awaiting> = awaiting
+        .lock()
+        .drain()
+        .map(|(_, waiting)| waiting)
+        .collect();
     for waiting in drained {
         waiting.ticket.complete(Err(error()));
     }
@@ -234,7 +234,7 @@ async fn write_loop(
         // Registered before the first byte goes out, so the fastest ack still finds it; refused
         // once the reader has given up, since no answer could ever arrive.
         {
-            let mut waiting = lock(&awaiting);
+            let mut waiting = awaiting.lock();
             if !alive.load(Ordering::Acquire) {
                 drop(waiting);
                 ticket.complete(Err(gone("the connection's reader stopped")));
@@ -315,7 +315,8 @@ async fn read_response(
     let timed = |error: tokio::time::error::Elapsed| {
         FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
     };
-    let waiting = lock(awaiting)
+    let waiting = awaiting
+        .lock()
         .remove(&header.id)
         .ok_or(ProtocolViolation::UnknownRequest(header.id))?;
     match header.kind {

@@ -1,8 +1,9 @@
 //! Counts a batch's outstanding frames and resolves once the last is acknowledged.
 
 use crate::error::{Error, Result};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Shared by all frames of one `Link::transfer` call.
@@ -29,10 +30,7 @@ impl Tracker {
 
     fn finish_one(&self, result: Result<()>) {
         if let Err(error) = result {
-            let mut failure = self
-                .failure
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
+            let mut failure = self.failure.lock();
             failure.get_or_insert(error);
         }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -41,16 +39,8 @@ impl Tracker {
     }
 
     fn resolve(&self) {
-        let failure = self
-            .failure
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take();
-        let sender = self
-            .done
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take();
+        let failure = self.failure.lock().take();
+        let sender = self.done.lock().take();
         if let Some(sender) = sender {
             let _ = sender.send(failure.map_or(Ok(()), Err));
         }

@@ -6,9 +6,10 @@ use super::plan::{self, Outside, Span};
 use super::regions::Regions;
 use ferry::{BlockCopy, BlockLayout, Direction, Engine, Notifications, Peer, Transfer};
 use futures::FutureExt;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One entry of a transfer: local address, the peer's address, length.
@@ -56,10 +57,6 @@ impl OpenPeer {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Session {
     /// Starts an engine listening on `listen`, advertised as `host`.
     pub(crate) fn start(
@@ -101,7 +98,7 @@ impl Session {
     /// # Safety
     /// Each range stays valid memory until it is unregistered.
     pub(crate) unsafe fn register(&self, ranges: &[(u64, u64)]) -> Result<(), String> {
-        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        let mut regions = self.regions.write();
         let mut added = Vec::new();
         for &(addr, len) in ranges {
             // SAFETY: passed on from this fn's contract.
@@ -122,7 +119,7 @@ impl Session {
 
     /// Unregisters the regions starting at each address; stops at the first unknown one.
     pub(crate) fn unregister(&self, addrs: &[u64]) -> Result<(), String> {
-        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        let mut regions = self.regions.write();
         let removed = addrs
             .iter()
             .map(|&addr| regions.unregister(addr))
@@ -141,16 +138,13 @@ impl Session {
             .allocate(length)
             .map_err(|error| error.to_string())?;
         let addr = region.addr();
-        self.regions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(region);
+        self.regions.write().insert(region);
         Ok(addr)
     }
 
     /// Copies `bytes` into registered memory at `addr`.
     pub(crate) fn write_local(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
-        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let regions = self.regions.read();
         let (region, offset) = regions.containing(addr, bytes.len() as u64)?;
         region
             .write_at(offset, bytes)
@@ -159,7 +153,7 @@ impl Session {
 
     /// Reads `len` bytes of registered memory at `addr`.
     pub(crate) fn read_local(&self, addr: u64, len: u64) -> Result<Vec<u8>, String> {
-        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let regions = self.regions.read();
         let (region, offset) = regions.containing(addr, len)?;
         let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;
         let mut bytes = vec![0; length];
@@ -171,7 +165,7 @@ impl Session {
 
     /// The open peer named `target`, connecting (again, when it went away) as needed.
     pub(crate) fn peer(&self, target: &str) -> Result<OpenPeer, String> {
-        if let Some(peer) = lock(&self.peers).get(target) {
+        if let Some(peer) = self.peers.lock().get(target) {
             if peer.peer.is_alive() {
                 return Ok(peer.clone());
             }
@@ -186,7 +180,7 @@ impl Session {
                 .connect_blocking(target)
                 .map_err(|error| error.to_string())?,
         );
-        lock(&self.peers).insert(target.to_owned(), peer.clone());
+        self.peers.lock().insert(target.to_owned(), peer.clone());
         Ok(peer)
     }
 
@@ -202,7 +196,7 @@ impl Session {
             return Err("the batch is empty; pass at least one buffer".into());
         }
         let mut peer = self.peer(target)?;
-        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let regions = self.regions.read();
         let (spans, handles) = regions.spans();
         let plan = match plan::plan(&spans, &peer.spans, entries) {
             Err(Outside::Peer(_)) => {
@@ -253,13 +247,13 @@ impl Session {
     ) -> Result<u64, String> {
         let transfer = self.submit(target, direction, entries, None)?;
         let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
-        lock(&self.batches).insert(id, transfer);
+        self.batches.lock().insert(id, transfer);
         Ok(id)
     }
 
     /// Where batch `id` stands; a finished batch is forgotten once its end is reported.
     pub(crate) fn status(&self, id: u64) -> i32 {
-        let mut batches = lock(&self.batches);
+        let mut batches = self.batches.lock();
         let Some(transfer) = batches.get_mut(&id) else {
             return FAILED;
         };
@@ -274,7 +268,7 @@ impl Session {
     /// or is unknown. The ids are forgotten.
     pub(crate) fn wait_all(&self, ids: &[u64]) -> i32 {
         let transfers: Vec<Option<Transfer>> = {
-            let mut batches = lock(&self.batches);
+            let mut batches = self.batches.lock();
             ids.iter().map(|id| batches.remove(id)).collect()
         };
         let mut code = 0;
@@ -289,7 +283,7 @@ impl Session {
 
     /// The notifies that arrived since the last call, as `(name, msg)`.
     pub(crate) fn notifies(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut inbox = lock(&self.inbox);
+        let mut inbox = self.inbox.lock();
         let mut notes = Vec::new();
         while let Ok(Some(note)) = inbox.try_recv() {
             notes.push(notify::decode(&note.from, &note.payload));

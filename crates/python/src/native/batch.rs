@@ -3,8 +3,8 @@
 use super::region::Region;
 use super::transfer::Transfer;
 use crate::errors::{to_py, FerryError};
+use parking_lot::Mutex;
 use pyo3::prelude::*;
-use std::sync::{Mutex, PoisonError};
 
 /// One side's pool layout as Python passes it: `(pool_bytes, block_stride, offset)`.
 type Layout = (u64, u64, u64);
@@ -28,7 +28,7 @@ impl Batch {
 
     /// Replaces the batch with what `add` makes of it.
     fn update(&self, add: impl FnOnce(ferry::Batch) -> PyResult<ferry::Batch>) -> PyResult<()> {
-        let mut slot = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.batch.lock();
         let batch = slot.take().ok_or_else(submitted)?;
         *slot = Some(add(batch)?);
         Ok(())
@@ -159,12 +159,7 @@ impl Batch {
 
     /// Checks every entry and starts the transfer; the batch cannot be used again.
     fn submit(&self, py: Python<'_>) -> PyResult<Transfer> {
-        let batch = self
-            .batch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(submitted)?;
+        let batch = self.batch.lock().take().ok_or_else(submitted)?;
         let transfer = py.detach(|| batch.submit()).map_err(to_py)?;
         Transfer::start(transfer)
     }
@@ -173,7 +168,6 @@ impl Batch {
     fn __len__(&self) -> PyResult<usize> {
         self.batch
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map(ferry::Batch::len)
             .ok_or_else(submitted)

@@ -7,8 +7,9 @@ use super::peer::Peer;
 use super::region::Region;
 use super::{drop_outside_runtime, duration};
 use crate::errors::{to_py, FerryError};
+use parking_lot::RwLock;
 use pyo3::prelude::*;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 /// A ferry engine. Closing it (or dropping the last reference) stops it: transfers in flight
 /// fail, and peers can no longer reach its memory.
@@ -20,13 +21,9 @@ pub(crate) struct Engine {
 impl Engine {
     /// The running engine, or `FerryError` once it was closed.
     pub(super) fn running(&self) -> PyResult<Arc<ferry::Engine>> {
-        self.engine
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| {
-                FerryError::new_err("the engine is closed; create a new Engine to transfer again")
-            })
+        self.engine.read().clone().ok_or_else(|| {
+            FerryError::new_err("the engine is closed; create a new Engine to transfer again")
+        })
     }
 }
 
@@ -82,10 +79,7 @@ impl Engine {
     /// Whether `close` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.engine
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+        self.engine.read().is_none()
     }
 
     /// Registers `nbytes` at `addr` (host or GPU memory; the kind is detected) and keeps
@@ -136,7 +130,7 @@ impl Engine {
     fn notify(&self, py: Python<'_>, peer: PyRef<'_, Peer>, payload: Vec<u8>) -> PyResult<()> {
         let engine = self.running()?;
         let peer = peer.inner().clone();
-        py.detach(|| futures::executor::block_on(engine.notify(&peer, payload)))
+        py.detach(|| engine.notify_blocking(&peer, payload))
             .map_err(to_py)
     }
 
@@ -148,11 +142,7 @@ impl Engine {
 
     /// Stops the engine; transfers in flight fail. Closing twice does nothing.
     fn close(&self, py: Python<'_>) {
-        let engine = self
-            .engine
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let engine = self.engine.write().take();
         py.detach(|| drop(engine));
     }
 
@@ -166,12 +156,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if let Some(engine) = self
-            .engine
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(engine) = self.engine.get_mut().take() {
             drop_outside_runtime(engine);
         }
     }

@@ -3,10 +3,11 @@
 
 use super::{duration, waiter};
 use crate::errors::{to_py, FerryError, TransferTimeout};
+use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use tokio::task::AbortHandle;
 
 /// A message from a peer, delivered after the data of the batch it was sent with is visible.
@@ -74,12 +75,8 @@ impl Notifications {
     }
 
     fn returned(&self) -> MutexGuard<'_, VecDeque<Notification>> {
-        lock(&self.returned)
+        self.returned.lock()
     }
-}
-
-fn lock(returned: &Mutex<VecDeque<Notification>>) -> MutexGuard<'_, VecDeque<Notification>> {
-    returned.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[pymethods]
@@ -148,7 +145,7 @@ impl Notifications {
                 if let Err(error) = handed {
                     error.write_unraisable(py, None);
                     if let Some(note) = note {
-                        lock(&returned).push_front(note);
+                        returned.lock().push_front(note);
                     }
                 }
             });

@@ -2,9 +2,9 @@
 
 use super::{drop_outside_runtime, location_name};
 use crate::errors::{to_py, FerryError};
+use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyType};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// A registration and the object whose memory it is. Fields drop in order: the region is
 /// deregistered before the owner is released.
@@ -34,9 +34,7 @@ impl Region {
     }
 
     fn registered(&self) -> MutexGuard<'_, Option<Registered>> {
-        self.registered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.registered.lock()
     }
 
     /// Runs `work` on the open region, or raises `FerryError` once it was closed.
@@ -142,12 +140,7 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if let Some(registered) = self
-            .registered
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(registered) = self.registered.get_mut().take() {
             drop_outside_runtime(registered);
         }
     }

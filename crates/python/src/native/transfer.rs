@@ -6,8 +6,9 @@
 
 use super::{duration, waiter};
 use crate::errors::{to_py, TransferTimeout};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use pyo3::prelude::*;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a finished transfer did.
@@ -66,7 +67,7 @@ struct Shared {
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Records the outcome, wakes the waiting threads and calls the callbacks.
@@ -117,24 +118,19 @@ impl Transfer {
         py.detach(|| {
             let mut state = self.shared.state();
             while state.outcome.is_none() {
-                state = match deadline {
-                    None => self
-                        .shared
-                        .finished
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner),
+                match deadline {
+                    None => self.shared.finished.wait(&mut state),
                     Some(deadline) => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
+                        if self
+                            .shared
+                            .finished
+                            .wait_until(&mut state, deadline)
+                            .timed_out()
+                        {
                             return;
                         }
-                        self.shared
-                            .finished
-                            .wait_timeout(state, left)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0
                     }
-                };
+                }
             }
         });
         match &self.shared.state().outcome {
