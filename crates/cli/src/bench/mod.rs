@@ -1,8 +1,9 @@
-//! `ferry bench`: every workload of BENCHMARKS.md GPU -> GPU between two processes through
+//! `ferry bench`: every workload of `workload::ALL` GPU -> GPU between two processes through
 //! ferry (this one and a `ferry serve` child it starts), against the same-run `peer_copy`
 //! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
 //! checked after each row.
 
+mod gpus;
 mod pairs;
 mod rank;
 mod report;
@@ -29,7 +30,8 @@ const GIB: u64 = 1 << 30;
 /// Everything `ferry bench` was asked for (its command-line options).
 #[derive(clap::Args, Debug)]
 pub(crate) struct Options {
-    /// Comma-separated workloads (BENCHMARKS.md); all of them by default.
+    /// Comma-separated workloads, all of them by default (README.md, "More", says what each
+    /// one moves).
     #[arg(long, default_value = ALL_WORKLOADS, value_delimiter = ',')]
     pub(crate) workloads: Vec<Workload>,
     /// Instead of the named workloads, `--blocks` scattered blocks of this many bytes.
@@ -121,8 +123,10 @@ type BoxError = Box<dyn std::error::Error>;
 /// bytes did not verify.
 pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     if !options.prefill_gpus.is_empty() {
+        gpus::check(&[&options.prefill_gpus[..], &options.decode_gpus[..]].concat())?;
         return pairs::run(options);
     }
+    gpus::check(&[options.prefill_gpu, options.decode_gpu])?;
     let shapes: Vec<(Workload, Shape)> = options
         .workloads()
         .iter()

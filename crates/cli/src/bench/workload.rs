@@ -1,4 +1,4 @@
-//! The workloads of BENCHMARKS.md as block lists: which bytes of the sending side go where on
+//! The workloads of `ferry bench` as block lists: which bytes of the sending side go where on
 //! the receiving side. Pure functions, so shapes and permutations are tested without a GPU.
 
 use std::sync::Arc;
