@@ -5,6 +5,7 @@
 
 mod gpus;
 mod pairs;
+mod plot;
 mod rank;
 mod report;
 mod workload;
@@ -217,7 +218,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &options.plot {
-        std::fs::write(path, report.svg())?;
+        std::fs::write(path, plot::svg(&report)?)?;
         println!("wrote {}", path.display());
     }
     Ok(report

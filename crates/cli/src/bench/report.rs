@@ -1,6 +1,5 @@
-//! What `ferry bench` prints and writes: the table, the JSON rows, the SVG plot.
+//! What `ferry bench` prints and writes: the table and the JSON rows (`plot` draws the SVG).
 
-use super::workload::size;
 use std::fmt::Write as _;
 
 /// One measured row.
@@ -89,143 +88,6 @@ impl Report {
         }
         out
     }
-
-    /// Bandwidth against block size, one line per copy path, the baseline as a dashed line.
-    pub(crate) fn svg(&self) -> String {
-        const WIDTH: f64 = 760.0;
-        const HEIGHT: f64 = 440.0;
-        const LEFT: f64 = 70.0;
-        const RIGHT: f64 = 170.0;
-        const TOP: f64 = 40.0;
-        const BOTTOM: f64 = 60.0;
-        let points: Vec<&Row> = self.sweep.iter().filter(|row| row.gbps.is_some()).collect();
-        let sizes: Vec<f64> = points
-            .iter()
-            .map(|row| (row.block_bytes.max(1) as f64).log2())
-            .collect();
-        let (low, high) = sizes
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        let (low, high) = if low < high {
-            (low, high)
-        } else {
-            (10.0, 30.0)
-        };
-        let top = points
-            .iter()
-            .filter_map(|row| row.gbps)
-            .fold(self.peer_copy_gbps, f64::max)
-            * 1.1;
-        let top = if top > 0.0 { top } else { 1.0 };
-        let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = HEIGHT - TOP - BOTTOM;
-        let x = |log2: f64| LEFT + (log2 - low) / (high - low) * plot_w;
-        let y = |gbps: f64| TOP + plot_h - gbps / top * plot_h;
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            svg,
-            r#"<text x="{LEFT}" y="22" font-size="14">ferry bench: GPU{} -> GPU{} across processes, scattered blocks ({} per point)</text>"#,
-            self.prefill_gpu,
-            self.decode_gpu,
-            size(super::workload::SWEEP_BYTES)
-        );
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{LEFT}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" stroke="black"/>"#,
-            TOP + plot_h,
-            LEFT + plot_w,
-            TOP + plot_h,
-            TOP + plot_h
-        );
-        let mut log2 = low.ceil();
-        while log2 <= high {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                x(log2),
-                TOP + plot_h + 18.0,
-                size(2f64.powf(log2) as u64)
-            );
-            log2 += 2.0;
-        }
-        for step in 0..=5 {
-            let gbps = top / 5.0 * f64::from(step);
-            let _ = writeln!(
-                svg,
-                r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{gbps:.0}</text><line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#ddd"/>"##,
-                LEFT - 6.0,
-                y(gbps) + 4.0,
-                y(gbps),
-                LEFT + plot_w,
-                y(gbps)
-            );
-        }
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">block size</text><text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">GB/s</text>"#,
-            LEFT + plot_w / 2.0,
-            HEIGHT - 18.0,
-            TOP + plot_h / 2.0,
-            TOP + plot_h / 2.0
-        );
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="6 4"/>"##,
-            y(self.peer_copy_gbps),
-            LEFT + plot_w,
-            y(self.peer_copy_gbps)
-        );
-        let mut legend = vec![("#555", format!("peer_copy {:.0} GB/s", self.peer_copy_gbps))];
-        let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-        let mut paths: Vec<&str> = Vec::new();
-        for row in &points {
-            if !paths.contains(&row.path.as_str()) {
-                paths.push(&row.path);
-            }
-        }
-        for (path, color) in paths.iter().zip(colors.iter().cycle()) {
-            let line: Vec<String> = points
-                .iter()
-                .filter(|row| row.path == *path)
-                .filter_map(|row| {
-                    let gbps = row.gbps?;
-                    Some(format!(
-                        "{:.1},{:.1}",
-                        x((row.block_bytes.max(1) as f64).log2()),
-                        y(gbps)
-                    ))
-                })
-                .collect();
-            let _ = writeln!(
-                svg,
-                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-                line.join(" ")
-            );
-            for point in &line {
-                let (px, py) = point.split_once(',').unwrap_or(("0", "0"));
-                let _ = writeln!(svg, r#"<circle cx="{px}" cy="{py}" r="3" fill="{color}"/>"#);
-            }
-            legend.push((color, (*path).to_owned()));
-        }
-        for (index, (color, label)) in legend.iter().enumerate() {
-            let ly = TOP + 10.0 + index as f64 * 20.0;
-            let _ = writeln!(
-                svg,
-                r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"/><text x="{:.1}" y="{:.1}">{label}</text>"#,
-                LEFT + plot_w + 12.0,
-                LEFT + plot_w + 36.0,
-                LEFT + plot_w + 42.0,
-                ly + 4.0
-            );
-        }
-        svg.push_str("</svg>\n");
-        svg
-    }
 }
 
 /// The `q` quantile (0..=1) of `samples`, nearest rank; 0 for none.
@@ -240,8 +102,9 @@ pub(crate) fn quantile(samples: &[f64], q: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::bench::workload::size;
 
     fn row(path: &str, block_bytes: u64, gbps: Option<f64>, verified: bool) -> Row {
         Row {
@@ -260,7 +123,8 @@ mod tests {
         }
     }
 
-    fn report() -> Report {
+    /// A run with two rows, one unverified, and a sweep of two paths at two sizes.
+    pub(crate) fn report() -> Report {
         Report {
             prefill_gpu: 0,
             decode_gpu: 1,
@@ -286,17 +150,6 @@ mod tests {
         assert!(table.contains("0.900"), "{table}");
         assert_eq!(table.matches("  NO").count(), 1, "{table}");
         assert_eq!(table.lines().count(), 2 + 2 + 4);
-    }
-
-    #[test]
-    fn the_plot_has_one_line_per_path_and_the_baseline() {
-        let svg = report().svg();
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        assert_eq!(svg.matches("stroke-dasharray").count(), 1);
-        assert!(svg.contains(">kernel<") && svg.contains(">copy-engine<"));
-        assert!(svg.contains(">4K<") && svg.contains(">1M<"));
     }
 
     #[test]
