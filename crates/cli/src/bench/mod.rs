@@ -22,7 +22,7 @@ use report::{quantile, Report, Row};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use workload::{Paged, Shape, Xorshift, SWEEP_BYTES, SWEEP_SIZES};
+use workload::{random_bytes, Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
 
 use workload::{Workload, ALL as ALL_WORKLOADS};
 
@@ -239,7 +239,7 @@ fn progress_bar(len: u64) -> ProgressBar {
 /// Random bytes that the blocks' contents are cut from: 1 GiB plus room to shift each block's
 /// window, so no two blocks look alike.
 fn pattern(seed: u64) -> Vec<u8> {
-    Xorshift::new(seed).bytes((GIB + SHIFT_SPAN) as usize)
+    random_bytes(seed, (GIB + SHIFT_SPAN) as usize)
 }
 
 const SHIFT_SPAN: u64 = 64 << 20;

@@ -111,7 +111,12 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
     }
     let baseline = [(low, report.peer_copy_gbps), (high, report.peer_copy_gbps)];
     chart
-        .draw_series(DashedLineSeries::new(baseline, 6, 4, BASELINE.stroke_width(1)))?
+        .draw_series(DashedLineSeries::new(
+            baseline,
+            6,
+            4,
+            BASELINE.stroke_width(1),
+        ))?
         .label(format!("peer_copy {:.0} GB/s", report.peer_copy_gbps))
         .legend(|(x, y)| PathElement::new([(x, y), (x + 24, y)], BASELINE.stroke_width(1)));
     chart
