@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine runs into dist/gpu/ (ignored by git): the test binaries
-# with the `gpu-tests` feature, the examples, the `ferry` CLI and the runner script.
+# with the `gpu-tests` feature (ferry-cli/gpu-tests), the examples, the `ferry` CLI (crates/cli)
+# and the runner script.
 # Then, on the GPU machine: dist/gpu/gpu-run.sh [LOG_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=dist/gpu
 rm -rf "$out"
 mkdir -p "$out/tests"
-cargo build --release --bins --examples
-cargo test --release --workspace --features ferry/gpu-tests --no-run --message-format=json 2>/dev/null |
+cargo build --release -p ferry-cli --bin ferry
+cargo build --release -p ferry --examples
+# ferry-cli/gpu-tests turns on ferry/gpu-tests too: the CLI's suite starts `ferry serve`.
+cargo test --release --workspace --features ferry-cli/gpu-tests --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys
 for line in sys.stdin:

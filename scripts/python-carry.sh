@@ -33,7 +33,7 @@ rm -rf "$out"
 mkdir -p "$out" "$cache"
 
 (cd crates/python && "$maturin" build --release --quiet -o "../../$out")
-cargo build --release --bin ferry
+cargo build --release -p ferry-cli --bin ferry
 cp "$target/release/ferry" "$out/ferry"
 strip "$out/ferry"
 # Pure-Python wheels for the GPU machine's Python 3.12.

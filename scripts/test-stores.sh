@@ -47,5 +47,5 @@ echo "etcd on 127.0.0.1:$etcd_port, redis on 127.0.0.1:$redis_port"
 
 export FERRY_TEST_ETCD="etcd://127.0.0.1:$etcd_port/ferry-test"
 export FERRY_TEST_REDIS="redis://127.0.0.1:$redis_port/0"
-cargo test --features etcd,redis --test stores -- --test-threads=1
+cargo test -p ferry-cli --features etcd,redis --test stores -- --test-threads=1
 cargo test -p ferry-metadata --features etcd,redis

@@ -10,7 +10,8 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// The cache's shape; the defaults are `kv-llama70b-4k` of BENCHMARKS.md (Llama-3-70B fp16).
+/// The cache's shape; the defaults are `ferry bench`'s `kv-llama70b-4k` workload
+/// (Llama-3-70B fp16).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Shape {
     /// Transformer layers; each has a K and a V tensor.
@@ -329,5 +330,6 @@ pub(crate) fn init_logging() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -2,8 +2,7 @@
 #![allow(dead_code)]
 
 use ferry::{Engine, Peer, Region};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -81,73 +80,6 @@ pub(crate) fn assert_bytes_eq(found: &[u8], expected: &[u8], what: &str) {
             "{what}: first bad byte at {index}: found {:#04x}, expected {:#04x}",
             found[index], expected[index]
         );
-    }
-}
-
-/// A `ferry serve` child process with its segment name and buffer.
-pub(crate) struct ServeProcess {
-    pub(crate) child: Child,
-    pub(crate) name: String,
-    pub(crate) buffer_addr: u64,
-    pub(crate) buffer_len: u64,
-}
-
-impl ServeProcess {
-    pub(crate) fn start(bytes: usize) -> ServeProcess {
-        Self::start_with(bytes, &[], &[])
-    }
-
-    /// `ferry serve` with extra arguments (`--gpu 1`) and environment (`CUDA_VISIBLE_DEVICES`).
-    pub(crate) fn start_with(bytes: usize, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        // FERRY_BIN lets the GPU runner point at the CLI where it copied it.
-        let binary =
-            std::env::var("FERRY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferry").into());
-        let mut child = Command::new(binary)
-            .args(["serve", "--bytes", &bytes.to_string()])
-            .args(args)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("ferry serve starts");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut lines = BufReader::new(stdout).lines();
-        let mut next = || {
-            lines
-                .next()
-                .expect("ferry serve prints its name")
-                .expect("utf-8 line")
-        };
-        let name = next()
-            .strip_prefix("segment: ")
-            .expect("segment line")
-            .to_owned();
-        let buffer = next();
-        let mut fields = buffer
-            .strip_prefix("buffer: ")
-            .expect("buffer line")
-            .split(' ');
-        let addr = fields.next().expect("address").trim_start_matches("0x");
-        let buffer_addr = u64::from_str_radix(addr, 16).expect("hex address");
-        let buffer_len = fields
-            .next()
-            .expect("length")
-            .parse()
-            .expect("decimal length");
-        ServeProcess {
-            child,
-            name,
-            buffer_addr,
-            buffer_len,
-        }
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

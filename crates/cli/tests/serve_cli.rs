@@ -109,7 +109,7 @@ fn echo_answers_the_engine_its_parent_names_on_stdin() {
     use std::io::BufRead;
     let named = Engine::builder().build_blocking().unwrap();
     let mut inbox = named.notifications().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+    let mut child = std::process::Command::new(common::ferry_bin())
         .args(["serve", "--bytes", "4096", "--echo"])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())

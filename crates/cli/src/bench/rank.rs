@@ -8,7 +8,7 @@
 //! `done START DECODE_RANK:BYTES:END ...`; `verify` answers `verified yes` or
 //! `verified no WHERE`; end of input ends it.
 
-use super::workload::{Paged, Xorshift};
+use super::workload::{random_bytes, Paged};
 use super::{now_ns, BoxError};
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::{BlockCopy, BlockLayout, CopyPath, Engine, NvlinkConfig, Peer, Region};
@@ -170,7 +170,7 @@ fn fill(pools: &Region, sharded: &Sharded, seed: u64) -> Result<Vec<u8>, BoxErro
     let block = sharded.split.prefill_block_bytes();
     let paged = &sharded.paged;
     let blocks = paged.pools as usize * paged.local_ids.len();
-    let sent = Xorshift::new(seed).bytes(blocks * block as usize);
+    let sent = random_bytes(seed, blocks * block as usize);
     let pool_bytes = paged.pool_blocks * block;
     let mut bytes = sent.chunks_exact(block as usize);
     for pool in 0..paged.pools {

@@ -1,9 +1,11 @@
-//! `ferry bench`: every workload of BENCHMARKS.md GPU -> GPU between two processes through
+//! `ferry bench`: every workload of `workload::ALL` GPU -> GPU between two processes through
 //! ferry (this one and a `ferry serve` child it starts), against the same-run `peer_copy`
 //! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
 //! checked after each row.
 
+mod gpus;
 mod pairs;
+mod plot;
 mod rank;
 mod report;
 mod workload;
@@ -20,7 +22,7 @@ use report::{quantile, Report, Row};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use workload::{Paged, Shape, Xorshift, SWEEP_BYTES, SWEEP_SIZES};
+use workload::{random_bytes, Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
 
 use workload::{Workload, ALL as ALL_WORKLOADS};
 
@@ -29,7 +31,8 @@ const GIB: u64 = 1 << 30;
 /// Everything `ferry bench` was asked for (its command-line options).
 #[derive(clap::Args, Debug)]
 pub(crate) struct Options {
-    /// Comma-separated workloads (BENCHMARKS.md); all of them by default.
+    /// Comma-separated workloads, all of them by default (README.md, "More", says what each
+    /// one moves).
     #[arg(long, default_value = ALL_WORKLOADS, value_delimiter = ',')]
     pub(crate) workloads: Vec<Workload>,
     /// Instead of the named workloads, `--blocks` scattered blocks of this many bytes.
@@ -121,8 +124,10 @@ type BoxError = Box<dyn std::error::Error>;
 /// bytes did not verify.
 pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     if !options.prefill_gpus.is_empty() {
+        gpus::check(&[&options.prefill_gpus[..], &options.decode_gpus[..]].concat())?;
         return pairs::run(options);
     }
+    gpus::check(&[options.prefill_gpu, options.decode_gpu])?;
     let shapes: Vec<(Workload, Shape)> = options
         .workloads()
         .iter()
@@ -213,7 +218,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &options.plot {
-        std::fs::write(path, report.svg())?;
+        std::fs::write(path, plot::svg(&report)?)?;
         println!("wrote {}", path.display());
     }
     Ok(report
@@ -234,7 +239,7 @@ fn progress_bar(len: u64) -> ProgressBar {
 /// Random bytes that the blocks' contents are cut from: 1 GiB plus room to shift each block's
 /// window, so no two blocks look alike.
 fn pattern(seed: u64) -> Vec<u8> {
-    Xorshift::new(seed).bytes((GIB + SHIFT_SPAN) as usize)
+    random_bytes(seed, (GIB + SHIFT_SPAN) as usize)
 }
 
 const SHIFT_SPAN: u64 = 64 << 20;

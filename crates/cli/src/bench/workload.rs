@@ -1,4 +1,4 @@
-//! The workloads of BENCHMARKS.md as block lists: which bytes of the sending side go where on
+//! The workloads of `ferry bench` as block lists: which bytes of the sending side go where on
 //! the receiving side. Pure functions, so shapes and permutations are tested without a GPU.
 
 use std::sync::Arc;
@@ -162,40 +162,20 @@ impl Shape {
     }
 }
 
-/// Deterministic pseudo-random numbers (xorshift64) for block ids and block contents.
-pub(crate) struct Xorshift(u64);
-
-impl Xorshift {
-    /// The sequence of `seed`.
-    pub(crate) fn new(seed: u64) -> Xorshift {
-        Xorshift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    /// The next number.
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// `len` bytes of the sequence, eight per number.
-    pub(crate) fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut bytes = vec![0u8; len];
-        for chunk in bytes.chunks_mut(8) {
-            let word = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
-        bytes
-    }
+/// `len` pseudo-random bytes of `seed`: the same in every process of one build, so a
+/// receiver can check what a sender wrote from the seed alone.
+pub(crate) fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut bytes);
+    bytes
 }
 
 /// A permutation of `0..n` from `seed`, the first `take` of it (distinct ids).
 pub(crate) fn distinct_ids(n: u64, take: u64, seed: u64) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..n as u32).collect();
-    let mut random = Xorshift::new(seed);
+    let mut random = fastrand::Rng::with_seed(seed);
     for index in 0..take.min(n) as usize {
-        let pick = index + (random.next_u64() % (n - index as u64)) as usize;
+        let pick = random.usize(index..ids.len());
         ids.swap(index, pick);
     }
     ids.truncate(take.min(n) as usize);
@@ -279,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn workloads_have_the_sizes_of_benchmarks_md() {
+    fn workloads_have_their_documented_sizes() {
         let cases = [
             (Workload::Contiguous, GIB, 1),
             (Workload::KvLlama70b4k, 1280 * MIB, 40_960),
@@ -343,5 +323,18 @@ mod tests {
             .to_string(),
             "blocks-16Kx8"
         );
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_bytes_and_ids_and_another_seed_does_not() {
+        assert_eq!(random_bytes(7, 4099), random_bytes(7, 4099));
+        assert_ne!(random_bytes(7, 4099), random_bytes(8, 4099));
+        // A shorter run is a prefix of a longer one: a receiver may check any leading part.
+        assert_eq!(random_bytes(7, 100)[..], random_bytes(7, 4099)[..100]);
+        assert_eq!(distinct_ids(1000, 50, 3), distinct_ids(1000, 50, 3));
+        assert_ne!(distinct_ids(1000, 50, 3), distinct_ids(1000, 50, 4));
+        let ids = distinct_ids(1000, 1000, 3);
+        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 1000);
+        assert!(ids.iter().all(|&id| id < 1000));
     }
 }
