@@ -87,7 +87,10 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
 
     let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
     assert!(text.contains("closing a connection"), "logs: {text}");
-    assert!(text.contains("bad magic"), "logs: {text}");
+    assert!(
+        text.contains("it sent \"GET \" where ferry's magic \"FRRY\" belongs"),
+        "logs: {text}"
+    );
     assert!(
         text.contains("exceeds the 65536-byte limit"),
         "logs: {text}"

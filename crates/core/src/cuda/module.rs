@@ -1,7 +1,6 @@
 use super::context::Context;
 use super::error::CudaError;
 use super::stream::Stream;
-use crate::error::Error;
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -107,11 +106,13 @@ impl Kernel {
         grid: u32,
         block: u32,
         args: &[KernelArg],
-    ) -> Result<(), Error> {
+    ) -> Result<(), CudaError> {
         if !Arc::ptr_eq(stream.context(), &self.module.context) {
-            return Err(Error::internal(
-                "Kernel::launch was given a stream of another GPU than the kernel's module",
-            ));
+            return Err(CudaError {
+                call: "Kernel::launch",
+                code: 201,
+                name: "CUDA_ERROR_INVALID_CONTEXT: the stream belongs to another GPU than the kernel's module".into(),
+            });
         }
         self.module.context.bind()?;
         let mut values: Vec<KernelArg> = args.to_vec();
@@ -139,7 +140,6 @@ impl Kernel {
                 pointers.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
-        })?;
-        Ok(())
+        })
     }
 }

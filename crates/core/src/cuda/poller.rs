@@ -6,7 +6,6 @@
 
 use super::error::CudaError;
 use super::event::Event;
-use crate::error::Error;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
@@ -126,7 +125,7 @@ fn finish(job: &mut Job, outcome: Result<(), CudaError>) {
     let _ = done.send(outcome);
 }
 
-/// Resolves when the polled work is done; its [`Error::Cuda`] when the work failed.
+/// Resolves when the polled work is done; its error when the work failed.
 ///
 /// # Cancel safety
 /// Dropping it stops nothing on the GPU: the work it watches runs to its end. The poller
@@ -137,17 +136,18 @@ pub struct Completed {
 }
 
 impl Future for Completed {
-    type Output = Result<(), Error>;
+    type Output = Result<(), CudaError>;
 
     fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.receiver)
-            .poll(context)
-            .map(|outcome| match outcome {
-                Ok(done) => done.map_err(Error::from),
-                Err(_) => Err(Error::internal(
-                    "the CUDA event poller thread stopped with work still waiting on it",
-                )),
+        Pin::new(&mut self.receiver).poll(context).map(|outcome| {
+            outcome.unwrap_or_else(|_| {
+                Err(CudaError {
+                    call: "event poller",
+                    code: 999,
+                    name: "the CUDA event poller thread is not running".into(),
+                })
             })
+        })
     }
 }
 
@@ -184,7 +184,7 @@ mod tests {
         }
     }
 
-    fn drive(state: u8) -> (Result<(), Error>, usize) {
+    fn drive(state: u8) -> (Result<(), CudaError>, usize) {
         let poller = Poller::start();
         let flag = Arc::new(AtomicU8::new(0));
         let mut future = poller.wait(FakeEvent(Arc::clone(&flag)));
@@ -215,16 +215,13 @@ mod tests {
     #[test]
     fn a_finished_event_wakes_its_future_once() {
         let (outcome, wakes) = drive(1);
-        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(outcome, Ok(()));
         assert_eq!(wakes, 1);
     }
 
     #[test]
     fn a_failed_event_is_an_error_not_a_hang() {
         let (outcome, _) = drive(2);
-        match outcome {
-            Err(Error::Cuda(error)) => assert_eq!(error.code, 700),
-            other => panic!("expected the event's CUDA error, got {other:?}"),
-        }
+        assert_eq!(outcome.unwrap_err().code, 700);
     }
 }

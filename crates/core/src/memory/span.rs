@@ -7,7 +7,6 @@ use super::host::HostSpan;
 use super::region::{Location, RegionUse};
 use super::staging::Staging;
 use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
-use crate::error::Error;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -52,14 +51,14 @@ impl Span {
 
     /// Makes the regions' current bytes readable through [`Span::as_slice`]: the copies from
     /// the GPU of every staged span are queued together and awaited once.
-    pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), Error> {
+    pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), CudaError> {
         copy_all(spans, CopyWay::FromGpu).await
     }
 
     /// Makes what was written through [`Span::receive_into`] land in the regions: the copies
     /// to the GPU of every staged span are queued together and awaited once. The bytes are
     /// visible in the regions when this returns.
-    pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), Error> {
+    pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), CudaError> {
         copy_all(spans, CopyWay::ToGpu).await
     }
 
@@ -144,7 +143,7 @@ impl StagedSpan {
 /// Queues the copies of every staged span (one stream per GPU) and waits for all of them:
 /// also when queueing one failed, every copy queued before it has finished before this returns
 /// and the spans may be dropped.
-async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), Error> {
+async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
     let mut streams: Vec<(u32, Arc<Stream>)> = Vec::new();
     let mut staged = Vec::new();
     for span in spans.iter_mut() {
@@ -185,7 +184,7 @@ struct StagingCopies<'a> {
 
 impl Launcher for StagingCopies<'_> {
     type Fence = Event;
-    type Error = Error;
+    type Error = CudaError;
 
     fn count(&self) -> usize {
         self.staged.len()
@@ -195,17 +194,17 @@ impl Launcher for StagingCopies<'_> {
         self.staged[index].1
     }
 
-    fn launch(&mut self, index: usize) -> Result<(), Error> {
+    fn launch(&mut self, index: usize) -> Result<(), CudaError> {
         let (span, stream) = &mut self.staged[index];
-        Ok(span.queue(self.way, &self.streams[*stream].1)?)
+        span.queue(self.way, &self.streams[*stream].1)
     }
 
-    fn fence(&mut self, stream: usize) -> Result<Event, Error> {
-        Ok(Event::record(&self.streams[stream].1)?)
+    fn fence(&mut self, stream: usize) -> Result<Event, CudaError> {
+        Event::record(&self.streams[stream].1)
     }
 
-    fn drain(&mut self, stream: usize) -> Result<(), Error> {
-        Ok(self.streams[stream].1.synchronize()?)
+    fn drain(&mut self, stream: usize) -> Result<(), CudaError> {
+        self.streams[stream].1.synchronize()
     }
 }
 

@@ -129,7 +129,7 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
     let wait = |event: Event| {
         let fired = Arc::clone(&fired);
         async move {
-            let outcome = Poller::global().wait(event).await;
+            let outcome = Poller::global().wait(event).await.map_err(Error::from);
             fired.fetch_add(1, Ordering::SeqCst);
             outcome
         }

@@ -42,7 +42,7 @@ impl NvlinkLink {
                 return Err(error.into());
             }
         }
-        launched
+        launched.map_err(Error::from)
     }
 
     /// Queues one launch of a transfer on `lane`.
@@ -142,7 +142,8 @@ impl NvlinkLink {
             lanes,
             work,
         };
-        let wait = |event: Event| async move { Poller::global().wait(event).await };
+        let wait =
+            |event: Event| async move { Poller::global().wait(event).await.map_err(Error::from) };
         launch_all(launches, wait, keep).await?;
         self.still_alive()
     }
