@@ -184,22 +184,9 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
     let hello = ferry_core::wire::encode_hello(&ferry_core::wire::Hello {
         name: String::new(),
     });
-    let mut request = ferry_core::wire::Header {
-        kind: ferry_core::wire::Kind::Hello,
-        id: 0,
-        len: hello.len() as u32,
-    }
-    .encode()
-    .to_vec();
+    let mut request = ferry_core::wire::Header::hello(&hello).encode().to_vec();
     request.extend_from_slice(&hello);
-    request.extend_from_slice(
-        &ferry_core::wire::Header {
-            kind: ferry_core::wire::Kind::DescriptorRequest,
-            id: 1,
-            len: 0,
-        }
-        .encode(),
-    );
+    request.extend_from_slice(&ferry_core::wire::Header::descriptor_request(1).encode());
     let name = guarded.name().to_owned();
     let answer = tokio::task::spawn_blocking(move || raw_answer(&name, &request))
         .await

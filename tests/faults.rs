@@ -34,27 +34,9 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let address = decode.name().to_owned();
 
     let http = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
-    let oversized = Header {
-        kind: Kind::Notify,
-        id: 1,
-        len: u32::MAX,
-    }
-    .encode()
-    .to_vec();
-    let write_before_hello = Header {
-        kind: Kind::Write,
-        id: 1,
-        len: 16,
-    }
-    .encode()
-    .to_vec();
-    let mut bad_hello = Header {
-        kind: Kind::Hello,
-        id: 0,
-        len: 3,
-    }
-    .encode()
-    .to_vec();
+    let oversized = Header::new(Kind::Notify, 1, u32::MAX).encode().to_vec();
+    let write_before_hello = Header::new(Kind::Write, 1, 16).encode().to_vec();
+    let mut bad_hello = Header::new(Kind::Hello, 0, 3).encode().to_vec();
     bad_hello.extend_from_slice(&[0xff, 0xff, 0xff]);
     for (what, bytes) in [
         ("http", http),
@@ -189,11 +171,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
                         .any(|w| &w[..4] == b"FRRY" && w[5] == Kind::DescriptorRequest as u8);
                     if !answered && asks_descriptor {
                         answered = true;
-                        let header = Header {
-                            kind: Kind::DescriptorResponse,
-                            id: 1,
-                            len: json.len() as u32,
-                        };
+                        let header = Header::for_body(Kind::DescriptorResponse, 1, &json);
                         let _ = stream.write_all(&header.encode());
                         let _ = stream.write_all(&json);
                     }

@@ -19,13 +19,7 @@ fn logged(logs: &Mutex<Vec<u8>>) -> String {
 
 fn hello_frame(name: &str) -> Vec<u8> {
     let body = wire::encode_hello(&Hello { name: name.into() });
-    let mut bytes = Header {
-        kind: Kind::Hello,
-        id: 0,
-        len: body.len() as u32,
-    }
-    .encode()
-    .to_vec();
+    let mut bytes = Header::hello(&body).encode().to_vec();
     bytes.extend_from_slice(&body);
     bytes
 }
@@ -219,12 +213,7 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout_and_its_peer_reconn
         let mut busy = TcpStream::connect(&address).unwrap();
         busy.write_all(&hello_frame("busy")).unwrap();
         busy.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let request = Header {
-            kind: Kind::DescriptorRequest,
-            id: 1,
-            len: 0,
-        }
-        .encode();
+        let request = Header::descriptor_request(1).encode();
         let mut busy_open = true;
         for _ in 0..8 {
             std::thread::sleep(Duration::from_millis(100));
@@ -284,14 +273,7 @@ async fn notifications_that_arrive_in_one_read_are_each_delivered_once() {
     let mut inbox = decode.notifications().unwrap();
     let mut bytes = hello_frame("burst");
     for (id, payload) in [(1u64, b"first".as_slice()), (2, b"second"), (3, b"third")] {
-        bytes.extend_from_slice(
-            &Header {
-                kind: Kind::Notify,
-                id,
-                len: payload.len() as u32,
-            }
-            .encode(),
-        );
+        bytes.extend_from_slice(&Header::for_body(Kind::Notify, id, payload).encode());
         bytes.extend_from_slice(payload);
     }
     let address = decode.local_addr();

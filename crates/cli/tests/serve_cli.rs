@@ -24,22 +24,9 @@ fn notify_claiming(
     let hello = wire::encode_hello(&Hello {
         name: claimed_name.to_owned(),
     });
-    let mut bytes = Header {
-        kind: Kind::Hello,
-        id: 0,
-        len: hello.len() as u32,
-    }
-    .encode()
-    .to_vec();
+    let mut bytes = Header::hello(&hello).encode().to_vec();
     bytes.extend_from_slice(&hello);
-    bytes.extend_from_slice(
-        &Header {
-            kind: Kind::Notify,
-            id: 1,
-            len: payload.len() as u32,
-        }
-        .encode(),
-    );
+    bytes.extend_from_slice(&Header::for_body(Kind::Notify, 1, payload).encode());
     bytes.extend_from_slice(payload);
     stream.write_all(&bytes).unwrap();
     let mut header = [0u8; wire::HEADER_LEN];

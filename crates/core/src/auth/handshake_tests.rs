@@ -91,12 +91,7 @@ fn a_server_without_a_secret_refuses_an_authenticating_client() {
 #[test]
 fn a_server_with_a_secret_refuses_a_plain_frame_after_four_bytes() {
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
-    let frame = crate::wire::Header {
-        kind: crate::wire::Kind::Hello,
-        id: 0,
-        len: 1,
-    }
-    .encode();
+    let frame = crate::wire::Header::new(crate::wire::Kind::Hello, 0, 1).encode();
     assert_eq!(server.wants(), 4);
     assert_eq!(server.handle_input(&frame), 4, "only the magic is read");
     assert_eq!(server.outcome(), None, "the refusal is still to be sent");

@@ -9,15 +9,15 @@ pub struct GpuId(pub [u8; 16]);
 
 impl std::fmt::Display for GpuId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hex: Vec<String> = self.0.iter().map(|byte| format!("{byte:02x}")).collect();
+        let id = &self.0;
         write!(
             f,
             "GPU-{}-{}-{}-{}-{}",
-            hex[0..4].concat(),
-            hex[4..6].concat(),
-            hex[6..8].concat(),
-            hex[8..10].concat(),
-            hex[10..16].concat()
+            hex::encode(&id[0..4]),
+            hex::encode(&id[4..6]),
+            hex::encode(&id[6..8]),
+            hex::encode(&id[8..10]),
+            hex::encode(&id[10..16])
         )
     }
 }

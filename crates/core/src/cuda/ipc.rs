@@ -27,18 +27,13 @@ impl IpcHandle {
 
     /// The handle as lowercase hex, for descriptors.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|byte| format!("{byte:02x}")).collect()
+        hex::encode(self.0)
     }
 
-    /// Parses [`Self::to_hex`]'s output.
+    /// Parses [`Self::to_hex`]'s output (either case); `None` for anything else.
     pub fn from_hex(text: &str) -> Option<IpcHandle> {
-        if text.len() != IPC_HANDLE_LEN * 2 || !text.is_ascii() {
-            return None;
-        }
         let mut bytes = [0u8; IPC_HANDLE_LEN];
-        for (index, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).ok()?;
-        }
+        hex::decode_to_slice(text, &mut bytes).ok()?;
         Some(IpcHandle(bytes))
     }
 }
@@ -156,5 +151,6 @@ mod tests {
         assert_eq!(IpcHandle::from_hex("abc"), None);
         assert_eq!(IpcHandle::from_hex(&"zz".repeat(IPC_HANDLE_LEN)), None);
         assert_eq!(IpcHandle::from_hex(&"é".repeat(IPC_HANDLE_LEN)), None);
+        assert_eq!(IpcHandle::from_hex(&"+f".repeat(IPC_HANDLE_LEN)), None);
     }
 }

@@ -270,11 +270,11 @@ impl<M: Served> ServerSession<M> {
         if let State::Waiting { id } = self.state {
             match outcome {
                 Ok(()) => {
-                    let header = Header {
-                        kind: Kind::ReadData,
+                    let header = Header::new(
+                        Kind::ReadData,
                         id,
-                        len: u32::try_from(span.len()).unwrap_or(u32::MAX),
-                    };
+                        u32::try_from(span.len()).unwrap_or(u32::MAX),
+                    );
                     self.queue(now, |output| output.frame_from(header, span));
                 }
                 Err(reason) => self.ack(now, id, Err(Refusal::Other(reason))),
@@ -313,11 +313,7 @@ impl<M: Served> ServerSession<M> {
 
     fn ack(&mut self, now: Instant, id: u64, outcome: Result<(), Refusal>) {
         let body = wire::encode_ack(outcome.as_ref().map(|_| ()));
-        let header = Header {
-            kind: Kind::Ack,
-            id,
-            len: body.len() as u32,
-        };
+        let header = Header::for_body(Kind::Ack, id, &body);
         self.queue(now, |output| output.frame(header, &body));
     }
 

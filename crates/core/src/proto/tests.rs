@@ -10,13 +10,7 @@ use std::time::Duration;
 const BASE: u64 = TestMemory::BASE;
 
 fn frame(kind: Kind, id: u64, body: &[u8]) -> Vec<u8> {
-    let mut bytes = Header {
-        kind,
-        id,
-        len: body.len() as u32,
-    }
-    .encode()
-    .to_vec();
+    let mut bytes = Header::for_body(kind, id, body).encode().to_vec();
     bytes.extend_from_slice(body);
     bytes
 }
@@ -209,14 +203,7 @@ fn garbage_is_refused_at_the_magic() {
 #[test]
 fn an_oversized_frame_is_refused_at_its_header() {
     let mut bytes = hello("peer");
-    bytes.extend(
-        Header {
-            kind: Kind::Notify,
-            id: 1,
-            len: 64 << 20,
-        }
-        .encode(),
-    );
+    bytes.extend(Header::new(Kind::Notify, 1, 64 << 20).encode());
     both_ways(&bytes, |harness| {
         assert_eq!(
             violation(harness),

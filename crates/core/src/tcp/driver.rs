@@ -82,11 +82,7 @@ impl Connection {
         let hello = wire::encode_hello(&Hello {
             name: local_name.to_owned(),
         });
-        let header = Header {
-            kind: Kind::Hello,
-            id: 0,
-            len: hello.len() as u32,
-        };
+        let header = Header::hello(&hello);
         write_frame(&mut writer, &header, &hello, &[])
             .await
             .map_err(|error| unreachable(format!("sending hello failed: {error}")))?;

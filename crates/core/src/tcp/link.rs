@@ -60,11 +60,11 @@ impl TcpLink {
     /// first connection only, so notifications keep their order.
     async fn queue_notification(&self, payload: &[u8]) -> Result<()> {
         let (tracker, done) = Tracker::new(1);
-        let header = Header {
-            kind: Kind::Notify,
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            len: payload.len() as u32,
-        };
+        let header = Header::for_body(
+            Kind::Notify,
+            self.next_id.fetch_add(1, Ordering::Relaxed),
+            payload,
+        );
         self.connections[0].send(Outgoing {
             frame: Frame {
                 header,
@@ -156,11 +156,7 @@ impl TcpLink {
                 bytes,
             } = std::mem::take(pack);
             let prefix = wire::encode_write_many_table(&entries);
-            let header = Header {
-                kind: Kind::WriteMany,
-                id: self.next_id(),
-                len: prefix.len() as u32 + bytes,
-            };
+            let header = Header::new(Kind::WriteMany, self.next_id(), prefix.len() as u32 + bytes);
             frames.push(Frame {
                 header,
                 prefix,
@@ -173,11 +169,7 @@ impl TcpLink {
             match piece.direction {
                 Direction::Read => {
                     let prefix = wire::encode_read_request(piece.remote_addr, piece.len).to_vec();
-                    let header = Header {
-                        kind: Kind::ReadRequest,
-                        id: self.next_id(),
-                        len: 12,
-                    };
+                    let header = Header::new(Kind::ReadRequest, self.next_id(), 12);
                     frames.push(Frame {
                         header,
                         prefix,
@@ -199,11 +191,7 @@ impl TcpLink {
                     pack.bytes += piece.len;
                 }
                 Direction::Write => {
-                    let header = Header {
-                        kind: Kind::Write,
-                        id: self.next_id(),
-                        len: 8 + piece.len,
-                    };
+                    let header = Header::new(Kind::Write, self.next_id(), 8 + piece.len);
                     frames.push(Frame {
                         header,
                         prefix: piece.remote_addr.to_le_bytes().to_vec(),

@@ -123,22 +123,9 @@ pub(crate) async fn fetch_descriptor(
         let hello = wire::encode_hello(&Hello {
             name: String::new(),
         });
-        let mut request = Header {
-            kind: Kind::Hello,
-            id: 0,
-            len: hello.len() as u32,
-        }
-        .encode()
-        .to_vec();
+        let mut request = Header::hello(&hello).encode().to_vec();
         request.extend_from_slice(&hello);
-        request.extend_from_slice(
-            &Header {
-                kind: Kind::DescriptorRequest,
-                id: 1,
-                len: 0,
-            }
-            .encode(),
-        );
+        request.extend_from_slice(&Header::descriptor_request(1).encode());
         stream.write_all(&request).await.map_err(|error| {
             unreachable(format!("sending the descriptor request failed: {error}"))
         })?;

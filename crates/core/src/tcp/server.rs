@@ -284,23 +284,10 @@ mod tests {
         let hello = wire::encode_hello(&Hello {
             name: "peer".into(),
         });
-        let mut bytes = Header {
-            kind: Kind::Hello,
-            id: 0,
-            len: hello.len() as u32,
-        }
-        .encode()
-        .to_vec();
+        let mut bytes = Header::hello(&hello).encode().to_vec();
         bytes.extend_from_slice(&hello);
         let data: Vec<u8> = (0..64 << 10).map(|index| (index % 251) as u8).collect();
-        bytes.extend_from_slice(
-            &Header {
-                kind: Kind::Write,
-                id: 9,
-                len: 8 + data.len() as u32,
-            }
-            .encode(),
-        );
+        bytes.extend_from_slice(&Header::new(Kind::Write, 9, 8 + data.len() as u32).encode());
         bytes.extend_from_slice(&(addr + 4096).to_le_bytes());
         feed(&mut session, now, &bytes);
 

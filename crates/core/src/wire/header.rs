@@ -131,6 +131,32 @@ pub struct Header {
 }
 
 impl Header {
+    /// A header announcing a frame of `kind` with request `id` and a body of `len` bytes.
+    ///
+    /// Every frame this crate sends gets its header here (or from the helpers below), so the
+    /// fields are filled in one way only.
+    pub fn new(kind: Kind, id: u64, len: u32) -> Header {
+        Header { kind, id, len }
+    }
+
+    /// A header announcing `body` whole as the body of a frame of `kind` with request `id`.
+    ///
+    /// A body over `u32::MAX` bytes, which no frame may carry, is announced as `u32::MAX`, so
+    /// the receiver refuses it at the header instead of misreading a shortened length.
+    pub fn for_body(kind: Kind, id: u64, body: &[u8]) -> Header {
+        Header::new(kind, id, u32::try_from(body.len()).unwrap_or(u32::MAX))
+    }
+
+    /// The header of the hello frame carrying `body`, a connection's first frame (id 0).
+    pub fn hello(body: &[u8]) -> Header {
+        Header::for_body(Kind::Hello, 0, body)
+    }
+
+    /// The header of a descriptor request, which has no body.
+    pub fn descriptor_request(id: u64) -> Header {
+        Header::new(Kind::DescriptorRequest, id, 0)
+    }
+
     /// The header's 24 bytes.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let raw = RawHeader {
@@ -172,11 +198,7 @@ impl Header {
                 limit,
             });
         }
-        Ok(Header {
-            kind,
-            id: raw.id.get(),
-            len,
-        })
+        Ok(Header::new(kind, raw.id.get(), len))
     }
 }
 
@@ -188,11 +210,7 @@ mod tests {
     fn every_kind_round_trips() {
         for value in 1..=9 {
             let kind = Kind::from_u8(value).unwrap();
-            let header = Header {
-                kind,
-                id: 0xdead_beef_0102,
-                len: 12,
-            };
+            let header = Header::new(kind, 0xdead_beef_0102, 12);
             assert_eq!(
                 Header::decode(&header.encode(), &Limits::default()),
                 Ok(header)
@@ -230,11 +248,7 @@ mod tests {
 
     #[test]
     fn oversized_body_is_refused_before_reading_it() {
-        let header = Header {
-            kind: Kind::Notify,
-            id: 1,
-            len: u32::MAX,
-        };
+        let header = Header::new(Kind::Notify, 1, u32::MAX);
         let error = Header::decode(&header.encode(), &Limits::default()).unwrap_err();
         assert!(
             matches!(error, ProtocolViolation::Oversized { kind: "notify", .. }),
@@ -244,12 +258,7 @@ mod tests {
 
     #[test]
     fn unknown_kind_and_version_are_named() {
-        let mut bytes = Header {
-            kind: Kind::Ack,
-            id: 1,
-            len: 0,
-        }
-        .encode();
+        let mut bytes = Header::new(Kind::Ack, 1, 0).encode();
         bytes[5] = 77;
         assert_eq!(
             Header::decode(&bytes, &Limits::default()),

@@ -164,11 +164,7 @@ impl<M: Served> ServerSession<M> {
                     return Err(ProtocolViolation::TrailingBytes(header.len as usize));
                 }
                 let json = self.served.descriptor();
-                let answer = Header {
-                    kind: Kind::DescriptorResponse,
-                    id: header.id,
-                    len: json.len() as u32,
-                };
+                let answer = Header::for_body(Kind::DescriptorResponse, header.id, &json);
                 self.queue(now, |output| output.frame(answer, &json));
                 self.finish_frame(now);
                 Ok(())
