@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=dist/gpu
+target=${CARGO_TARGET_DIR:-target}
 rm -rf "$out"
 mkdir -p "$out/tests"
 cargo build --release -p ferry-cli --bin ferry
@@ -25,7 +26,7 @@ for line in sys.stdin:
   while read -r executable; do
     cp "$executable" "$out/tests/"
   done
-for binary in target/release/ferry target/release/examples/{pd_demo,decode,prefill,tp_demo}; do
+for binary in "$target"/release/ferry "$target"/release/examples/{pd_demo,decode,prefill,tp_demo}; do
   cp "$binary" "$out/"
 done
 cp scripts/gpu-run.sh scripts/containers.sh "$out/"

@@ -2,7 +2,10 @@
 # Runs the GPU suite that scripts/gpu-build.sh collected, on the GPU machine. Writes two files
 # into LOG_DIR (first argument, else $OUT, else dist/gpu/logs): summary.txt (one line per
 # step, then every test binary's result line) and full.log (everything every step printed).
-# Usage: gpu-run.sh [LOG_DIR] [all|pairs]; `pairs` runs only the multi-pair benchmarks.
+# Usage: gpu-run.sh [LOG_DIR] [all|tests|containers|bench|pairs]: `tests` runs the test binaries
+# and the demos, `containers` the namespace matrix, `bench` the single-pair benchmarks, `pairs`
+# the multi-pair ones; `all` (the default) runs them all. One device call is limited to
+# 10 minutes, so the parts are run as separate calls there.
 # Exits non-zero when any step failed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +33,7 @@ step() {
   fi
 }
 
-suite() {
+tests() {
   step nvidia-smi nvidia-smi
   step probe "$here/ferry" probe
   # Each test binary, and each GPU test on its own, under a time limit: a hang is reported as
@@ -52,11 +55,17 @@ suite() {
   step "tp_demo prefill TP=2 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 2
   step "tp_demo prefill TP=2 -> decode TP=1" timeout 180 "$here/tp_demo" --prefill-tp 2 --decode-tp 1
   step "tp_demo prefill TP=4 -> decode TP=2" timeout 180 "$here/tp_demo" --prefill-tp 4 --decode-tp 2
+}
+
+containers() {
   step "namespace matrix (containers.sh)" timeout 1200 "$here/containers.sh" "$logs"
   if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
     step "namespace matrix, prefill on GPU 0, decode on GPU 1" timeout 1200 \
       "$here/containers.sh" "$logs/two-gpu" 0 1
   fi
+}
+
+bench() {
   step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
     --json "$logs/bench.json" --plot "$logs/bench.svg"
   step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
@@ -96,8 +105,11 @@ pairs() {
 }
 
 case ${2:-all} in
+  tests) tests ;;
+  containers) containers ;;
+  bench) bench ;;
   pairs) pairs ;;
-  *) suite; pairs ;;
+  *) tests; containers; bench; pairs ;;
 esac
 {
   echo
