@@ -14,10 +14,11 @@ use crate::proto::SessionConfig;
 use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
 use crate::transport::{EngineContext, Transport};
 use crate::wire::{Limits, MAX_NAME_BYTES};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 /// Configures and starts an [`Engine`]. Made by [`Engine::builder`].

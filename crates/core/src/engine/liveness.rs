@@ -33,7 +33,6 @@ pub(super) async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: 
         let open: Vec<(String, Peer)> = engine
             .peers
             .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
             .iter()
             .map(|(name, peer)| (name.clone(), peer.clone()))
             .collect();
@@ -64,10 +63,7 @@ pub(super) async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: 
             };
             tracing::info!(peer = %name, reason = %why, "peer gone; closing its links and mappings");
             peer.close();
-            let mut peers = engine
-                .peers
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
+            let mut peers = engine.peers.lock();
             if peers.get(&name).is_some_and(|current| current.same(&peer)) {
                 peers.remove(&name);
             }

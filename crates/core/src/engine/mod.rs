@@ -22,11 +22,12 @@ use crate::metadata::MetadataStore;
 use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
 use crate::peer::Peer;
 use crate::transport::Transport;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
@@ -354,17 +355,11 @@ impl Engine {
     /// # Errors
     /// [`Error::ApiMisuse`] when it was already taken.
     pub fn notifications(&self) -> Result<Notifications> {
-        let (receiver, held) = self
-            .inner
-            .inbox
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take()
-            .ok_or_else(|| {
-                Error::ApiMisuse(
-                    "notifications() was already called; keep the stream it returned".into(),
-                )
-            })?;
+        let (receiver, held) = self.inner.inbox.lock().take().ok_or_else(|| {
+            Error::ApiMisuse(
+                "notifications() was already called; keep the stream it returned".into(),
+            )
+        })?;
         Ok(Notifications {
             receiver,
             held,
@@ -393,12 +388,7 @@ impl EngineInner {
         for transport in &self.transports {
             transport.import(&descriptor).await;
         }
-        let cached = self
-            .peers
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .get(name)
-            .cloned();
+        let cached = self.peers.lock().get(name).cloned();
         if let Some(peer) = cached {
             if peer.is_alive() && peer.view().descriptor.instance == descriptor.instance {
                 peer.update(descriptor);
@@ -410,10 +400,7 @@ impl EngineInner {
         }
         let link = self.control.open(&descriptor).await?;
         let peer = Peer::new(descriptor, self.control.name(), link);
-        self.peers
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .insert(name.to_owned(), peer.clone());
+        self.peers.lock().insert(name.to_owned(), peer.clone());
         Ok(peer)
     }
 }
