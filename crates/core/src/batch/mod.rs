@@ -201,25 +201,7 @@ impl Batch {
                 )));
             }
         }
-        for (index, entry) in self.entries.iter().enumerate() {
-            if entry.len == 0 {
-                return Err(RangeError::ZeroLength { index }.into());
-            }
-            let region_len = self.regions[entry.region as usize].info.len;
-            if entry
-                .offset
-                .checked_add(entry.len)
-                .is_none_or(|end| end > region_len)
-            {
-                return Err(RangeError::PastRegionEnd {
-                    index,
-                    offset: entry.offset,
-                    len: entry.len,
-                    region_len,
-                }
-                .into());
-            }
-        }
+        check_ranges(&self.entries, &self.regions)?;
         for (index, blocks) in self.blocks.iter().enumerate() {
             blocks.copy.validate(index, blocks.direction)?;
         }
@@ -290,6 +272,29 @@ impl Batch {
     }
 }
 
+/// Checks that every entry moves at least one byte and stays inside its local region.
+fn check_ranges(entries: &[Entry], regions: &[Arc<RegionEntry>]) -> Result<(), RangeError> {
+    for (index, entry) in entries.iter().enumerate() {
+        if entry.len == 0 {
+            return Err(RangeError::ZeroLength { index });
+        }
+        let region_len = regions[entry.region as usize].info.len;
+        if entry
+            .offset
+            .checked_add(entry.len)
+            .is_none_or(|end| end > region_len)
+        {
+            return Err(RangeError::PastRegionEnd {
+                index,
+                offset: entry.offset,
+                len: entry.len,
+                region_len,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The index of an entry whose local range overlaps another's where at least one of the two
 /// reads into it, if any. Writes may share source bytes freely.
 fn read_overlap(entries: &[Entry]) -> Option<usize> {
@@ -330,3 +335,6 @@ struct Work {
     blocks: Vec<Blocks>,
     signal: Option<(u64, u32)>,
 }
+
+#[cfg(test)]
+mod tests;

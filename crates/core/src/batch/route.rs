@@ -4,11 +4,10 @@
 use super::{Blocks, Entry, Work};
 use crate::blocks::BlockOps;
 use crate::descriptor::BufferDescriptor;
-use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
 use crate::peer::{Peer, PeerView};
-use crate::transport::{Reach, TransferOp};
+use crate::transport::{Reach, TransferOp, Transport};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -17,13 +16,13 @@ type Routed = (Vec<(usize, Vec<TransferOp>)>, Vec<(usize, BlockOps)>);
 
 /// Routes every entry and block copy of `work` over the buffers of `view`.
 pub(super) fn route_all(
-    engine: &EngineInner,
+    transports: &[Arc<dyn Transport>],
     view: &PeerView,
     work: &Work,
     peer: &str,
 ) -> Result<Routed> {
-    let groups = route(engine, view, &work.uses, &work.entries, peer)?;
-    let blocks = route_blocks(engine, view, &work.uses, &work.blocks, peer)?;
+    let groups = route(transports, view, &work.uses, &work.entries, peer)?;
+    let blocks = route_blocks(transports, view, &work.uses, &work.blocks, peer)?;
     Ok((groups, blocks))
 }
 
@@ -31,13 +30,13 @@ pub(super) fn route_all(
 /// that continue each other on both sides. A remote range outside every buffer of `view` is
 /// [`RangeError::NotRegistered`], naming the entry.
 fn route(
-    engine: &EngineInner,
+    transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &[Arc<RegionUse>],
     entries: &[Entry],
     peer: &str,
 ) -> Result<Vec<(usize, Vec<TransferOp>)>> {
-    let mut groups: Vec<Vec<TransferOp>> = engine.transports.iter().map(|_| Vec::new()).collect();
+    let mut groups: Vec<Vec<TransferOp>> = transports.iter().map(|_| Vec::new()).collect();
     let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
     let mut last_choice: Option<((u32, u64), usize)> = None;
     for (index, entry) in entries.iter().enumerate() {
@@ -58,7 +57,7 @@ fn route(
                 let transport = match choice_cache.get(&key) {
                     Some(&transport) => transport,
                     None => {
-                        let transport = choose(engine, &local, view, &remote, peer)?;
+                        let transport = choose(transports, &local, view, &remote, peer)?;
                         choice_cache.insert(key, transport);
                         transport
                     }
@@ -90,7 +89,7 @@ fn route(
 /// The transport, remote buffer and local GPU of a batch's signal: the transport that moves
 /// the batch's first region to the signal's buffer.
 pub(super) fn signal_route(
-    engine: &EngineInner,
+    transports: &[Arc<dyn Transport>],
     peer: &Peer,
     uses: &[Arc<RegionUse>],
     addr: u64,
@@ -115,13 +114,13 @@ pub(super) fn signal_route(
             "a signal is written by the GPU that moves the batch; its data is in host memory, so rely on the notification".into(),
         ));
     };
-    let transport = choose(engine, &local, &view, &remote, peer.name())?;
+    let transport = choose(transports, &local, &view, &remote, peer.name())?;
     Ok((transport, remote, addr, value, ordinal))
 }
 
 /// Resolves every block copy's pools and groups them by the cheapest transport of each pool.
 fn route_blocks(
-    engine: &EngineInner,
+    transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &[Arc<RegionUse>],
     blocks: &[Blocks],
@@ -149,8 +148,13 @@ fn route_blocks(
             let transport = match known {
                 Some(transport) => transport,
                 None => {
-                    let transport =
-                        choose(engine, &pool.region.entry.info, view, &pool.remote, peer)?;
+                    let transport = choose(
+                        transports,
+                        &pool.region.entry.info,
+                        view,
+                        &pool.remote,
+                        peer,
+                    )?;
                     chosen.push((key.0, key.1, transport));
                     transport
                 }
@@ -171,7 +175,7 @@ fn route_blocks(
 }
 
 fn choose(
-    engine: &EngineInner,
+    transports: &[Arc<dyn Transport>],
     local: &crate::memory::RegionInfo,
     view: &PeerView,
     remote: &BufferDescriptor,
@@ -179,7 +183,7 @@ fn choose(
 ) -> Result<usize> {
     let mut best: Option<(u32, usize)> = None;
     let mut reasons = Vec::new();
-    for (index, transport) in engine.transports.iter().enumerate() {
+    for (index, transport) in transports.iter().enumerate() {
         match transport.reach(local, &view.descriptor, remote) {
             Reach::Yes { cost } if best.is_none_or(|(best_cost, _)| cost < best_cost) => {
                 best = Some((cost, index));
@@ -195,3 +199,7 @@ fn choose(
             reason: reasons.join("; "),
         })
 }
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

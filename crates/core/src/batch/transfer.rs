@@ -108,9 +108,10 @@ async fn run(
     notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
+    let available = engine.transports.as_slice();
     // A remote range the cached descriptor does not cover may be memory the peer registered
     // since: fetch its descriptor once more before refusing.
-    let (groups, block_groups) = match route_all(engine, &peer.view(), &work, peer.name()) {
+    let (groups, block_groups) = match route_all(available, &peer.view(), &work, peer.name()) {
         Err(Error::Range(
             RangeError::NotRegistered {
                 side: Side::Remote, ..
@@ -120,7 +121,7 @@ async fn run(
             },
         )) => {
             let view = peer.refresh(engine).await?;
-            route_all(engine, &view, &work, peer.name())?
+            route_all(available, &view, &work, peer.name())?
         }
         routed => routed?,
     };
@@ -131,7 +132,7 @@ async fn run(
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
     let signal = match work.signal {
-        Some((addr, value)) => Some(signal_route(engine, peer, &work.uses, addr, value)?),
+        Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
         None => None,
     };
     let remote_ranges: Vec<(u64, u64)> = work
