@@ -29,7 +29,8 @@ pub(crate) struct PeerView {
 }
 
 impl PeerView {
-    fn new(descriptor: SegmentDescriptor) -> Self {
+    /// The view of `descriptor`.
+    pub(crate) fn new(descriptor: SegmentDescriptor) -> Self {
         let mut sorted: Vec<Arc<BufferDescriptor>> =
             descriptor.buffers.iter().cloned().map(Arc::new).collect();
         sorted.sort_by_key(|buffer| buffer.addr);

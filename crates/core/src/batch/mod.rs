@@ -1,0 +1,340 @@
+//! Batches: many reads and writes to one peer, submitted together and completed as one.
+//!
+//! This module builds and checks a batch ([`Batch`]); [`transfer`] runs a submitted one and
+//! reports its [`Completion`]; [`route`] picks the transport of every entry.
+
+mod route;
+mod transfer;
+
+pub use transfer::{Completion, Transfer};
+
+use crate::blocks::BlockCopy;
+use crate::engine::EngineInner;
+use crate::error::{Error, RangeError, Result, Side};
+use crate::memory::{Region, RegionEntry, RegionUse};
+use crate::notify::MAX_NOTIFICATION_BYTES;
+use crate::peer::Peer;
+use crate::transport::Direction;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+struct Entry {
+    direction: Direction,
+    region: u32,
+    offset: u64,
+    remote_addr: u64,
+    len: u64,
+}
+
+/// A batch being built: add entries with [`Batch::write`] and [`Batch::read`], then
+/// [`Batch::submit`]. Made by [`crate::Engine::batch`].
+///
+/// Mistakes in the entries are reported by `submit`, before anything moves.
+///
+/// # What a destination holds
+/// A destination range is undefined until its transfer is acknowledged (its [`Transfer`]
+/// resolved with `Ok`). Bytes land as they arrive: a transfer that fails, times out or whose
+/// peer goes away part-way may have written part of its destination, and it is always
+/// reported as failed, never as a success. Resend the whole range after such a failure, and
+/// do not read a write's destination (or a read's local region) before the transfer is `Ok`.
+#[must_use = "a batch does nothing until it is submitted"]
+pub struct Batch {
+    engine: Arc<EngineInner>,
+    peer: Peer,
+    regions: Vec<Arc<RegionEntry>>,
+    region_index: HashMap<usize, u32>,
+    entries: Vec<Entry>,
+    blocks: Vec<Blocks>,
+    signal: Option<(u64, u32)>,
+    notification: Option<Vec<u8>>,
+    foreign_region: Option<usize>,
+}
+
+/// A block copy of a batch, with the batch's index of each pool's region.
+struct Blocks {
+    direction: Direction,
+    copy: BlockCopy,
+    regions: Vec<u32>,
+}
+
+impl Batch {
+    pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
+        Batch {
+            engine,
+            peer: peer.clone(),
+            regions: Vec::new(),
+            region_index: HashMap::new(),
+            entries: Vec::new(),
+            blocks: Vec::new(),
+            signal: None,
+            notification: None,
+            foreign_region: None,
+        }
+    }
+
+    /// The batch's index of `region`, added on first use.
+    fn region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
+        // Consecutive entries mostly use one region: skip the map for a repeat.
+        if let Some(last) = self.entries.last() {
+            if Arc::ptr_eq(&self.regions[last.region as usize], region) {
+                return last.region;
+            }
+        }
+        if region.table_id != self.engine.table.id() && self.foreign_region.is_none() {
+            self.foreign_region = Some(position);
+        }
+        let key = Arc::as_ptr(region) as usize;
+        let next = self.regions.len() as u32;
+        let index = *self.region_index.entry(key).or_insert(next);
+        if index == next {
+            self.regions.push(Arc::clone(region));
+        }
+        index
+    }
+
+    fn push(
+        &mut self,
+        direction: Direction,
+        region: &Region,
+        offset: u64,
+        remote_addr: u64,
+        len: u64,
+    ) {
+        let index = self.region_index(&region.entry, self.entries.len());
+        self.entries.push(Entry {
+            direction,
+            region: index,
+            offset,
+            remote_addr,
+            len,
+        });
+    }
+
+    /// Adds a write of `len` bytes from `region` at `offset` to the peer's `remote_addr`.
+    pub fn write(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
+        self.push(Direction::Write, region, offset, remote_addr, len);
+        self
+    }
+
+    /// Adds a read of `len` bytes from the peer's `remote_addr` into `region` at `offset`.
+    pub fn read(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
+        self.push(Direction::Read, region, offset, remote_addr, len);
+        self
+    }
+
+    /// Adds a paged copy from local pools to the peer's: see [`BlockCopy`].
+    pub fn write_blocks(self, copy: BlockCopy) -> Self {
+        self.push_blocks(Direction::Write, copy)
+    }
+
+    /// Adds a paged copy from the peer's pools into local ones: see [`BlockCopy`].
+    pub fn read_blocks(self, copy: BlockCopy) -> Self {
+        self.push_blocks(Direction::Read, copy)
+    }
+
+    fn push_blocks(mut self, direction: Direction, copy: BlockCopy) -> Self {
+        let position = self.entries.len() + self.blocks.len();
+        let regions = copy
+            .regions()
+            .map(|region| self.region_index(region, position))
+            .collect::<Vec<_>>();
+        self.blocks.push(Blocks {
+            direction,
+            copy,
+            regions,
+        });
+        self
+    }
+
+    /// Writes the 32-bit `value` into the peer's GPU memory at `remote_addr` once every entry's
+    /// data is visible there, so a stream of the peer can wait for the data on the GPU with no
+    /// CPU round trip (`cuStreamWaitValue32` on that word, for example
+    /// [`crate::cuda::Stream::wait_value32`]). Use increasing values per request on one word.
+    ///
+    /// The word must be 4-byte aligned inside a registered GPU buffer of the peer, and the
+    /// batch must carry data from GPU memory over nvlink; the notification, if any, follows
+    /// the signal.
+    pub fn signal(mut self, remote_addr: u64, value: u32) -> Self {
+        self.signal = Some((remote_addr, value));
+        self
+    }
+
+    /// Sends `payload` to the peer once every entry's data is visible there (at most 64 KiB).
+    pub fn notify(mut self, payload: impl Into<Vec<u8>>) -> Self {
+        self.notification = Some(payload.into());
+        self
+    }
+
+    /// Number of entries and block copies added so far.
+    pub fn len(&self) -> usize {
+        self.entries.len() + self.blocks.len()
+    }
+
+    /// True before any entry or block copy was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.blocks.is_empty()
+    }
+
+    /// Checks every entry and starts the transfer.
+    ///
+    /// The returned [`Transfer`] resolves when all bytes are visible at their destinations and
+    /// the notification, if any, was accepted by the peer (it reaches the peer's notification stream right after).
+    ///
+    /// # Errors
+    /// Before anything moves: [`Error::Range`] for an empty entry, a local range past its
+    /// region's end, or a region of another engine; [`Error::ApiMisuse`] for a batch with
+    /// nothing in it or an oversized notification. Remote ranges are checked by the transfer.
+    pub fn submit(self) -> Result<Transfer> {
+        if let Some(index) = self.foreign_region {
+            return Err(RangeError::ForeignRegion { index }.into());
+        }
+        if self.is_empty() && self.notification.is_none() {
+            return Err(Error::ApiMisuse(
+                "the batch has no entries and no notification; add at least one".into(),
+            ));
+        }
+        if let Some(payload) = &self.notification {
+            if payload.len() > MAX_NOTIFICATION_BYTES {
+                return Err(Error::ApiMisuse(format!(
+                    "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit; send the data in the batch and a short id in the notification",
+                    payload.len()
+                )));
+            }
+        }
+        check_ranges(&self.entries, &self.regions)?;
+        for (index, blocks) in self.blocks.iter().enumerate() {
+            blocks.copy.validate(index, blocks.direction)?;
+        }
+        if let Some((addr, _)) = self.signal {
+            if addr % 4 != 0 {
+                return Err(Error::ApiMisuse(format!(
+                    "the signal word {addr:#x} is not 4-byte aligned; GPUs wait on aligned 32-bit words"
+                )));
+            }
+            if self.is_empty() {
+                return Err(Error::ApiMisuse(
+                    "a signal needs data in the batch to follow; add the entries it announces"
+                        .into(),
+                ));
+            }
+        }
+        if let Some(index) = read_overlap(&self.entries) {
+            return Err(Error::ApiMisuse(format!(
+                "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
+            )));
+        }
+        let mut uses = Vec::with_capacity(self.regions.len());
+        for (position, region) in self.regions.iter().enumerate() {
+            let Some(guard) = region.acquire() else {
+                let index = self
+                    .entries
+                    .iter()
+                    .position(|entry| entry.region as usize == position)
+                    .unwrap_or(self.entries.len());
+                return Err(RangeError::NotRegistered {
+                    index,
+                    side: Side::Local,
+                    addr: region.info.addr,
+                    len: region.info.len,
+                }
+                .into());
+            };
+            uses.push(Arc::new(guard));
+        }
+        let Batch {
+            engine,
+            peer,
+            entries,
+            blocks,
+            signal,
+            notification,
+            ..
+        } = self;
+        let work = Work {
+            uses,
+            entries,
+            blocks,
+            signal,
+        };
+        Ok(transfer::start(engine, peer, work, notification))
+    }
+
+    /// Submits and blocks the calling thread until the transfer completes; for callers without
+    /// an async runtime.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime, before anything is submitted
+    /// (await [`Batch::submit`]'s transfer there); otherwise as [`Batch::submit`], then as
+    /// the [`Transfer`].
+    pub fn submit_blocking(self) -> Result<Completion> {
+        crate::blocking::refuse_on_runtime("Batch::submit_blocking", "Batch::submit()")?;
+        self.submit()?.wait()
+    }
+}
+
+/// Checks that every entry moves at least one byte and stays inside its local region.
+fn check_ranges(entries: &[Entry], regions: &[Arc<RegionEntry>]) -> Result<(), RangeError> {
+    for (index, entry) in entries.iter().enumerate() {
+        if entry.len == 0 {
+            return Err(RangeError::ZeroLength { index });
+        }
+        let region_len = regions[entry.region as usize].info.len;
+        if entry
+            .offset
+            .checked_add(entry.len)
+            .is_none_or(|end| end > region_len)
+        {
+            return Err(RangeError::PastRegionEnd {
+                index,
+                offset: entry.offset,
+                len: entry.len,
+                region_len,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The index of an entry whose local range overlaps another's where at least one of the two
+/// reads into it, if any. Writes may share source bytes freely.
+fn read_overlap(entries: &[Entry]) -> Option<usize> {
+    if entries
+        .iter()
+        .all(|entry| entry.direction == Direction::Write)
+    {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&index| (entries[index].region, entries[index].offset));
+    // The entry reaching furthest so far in the current region: any entry starting before its
+    // end overlaps it, and an earlier read overlapping a later entry is always found here.
+    let mut furthest: Option<(u32, u64, bool)> = None;
+    for index in order {
+        let entry = &entries[index];
+        let read = entry.direction == Direction::Read;
+        let end = entry.offset + entry.len;
+        match furthest {
+            Some((region, reach, reach_read)) if region == entry.region && entry.offset < reach => {
+                if read || reach_read {
+                    return Some(index);
+                }
+                if end > reach {
+                    furthest = Some((region, end, read));
+                }
+            }
+            _ => furthest = Some((entry.region, end, read)),
+        }
+    }
+    None
+}
+
+/// What a submitted batch moves.
+struct Work {
+    uses: Vec<Arc<RegionUse>>,
+    entries: Vec<Entry>,
+    blocks: Vec<Blocks>,
+    signal: Option<(u64, u32)>,
+}
+
+#[cfg(test)]
+mod tests;

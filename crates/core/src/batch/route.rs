@@ -1,0 +1,205 @@
+//! Routing a submitted batch: the cheapest transport for every entry, block copy and signal.
+//! [`crate::route`] lays the same choice open for tools.
+
+use super::{Blocks, Entry, Work};
+use crate::blocks::BlockOps;
+use crate::descriptor::BufferDescriptor;
+use crate::error::{Error, RangeError, Result, Side};
+use crate::memory::RegionUse;
+use crate::peer::{Peer, PeerView};
+use crate::transport::{Reach, TransferOp, Transport};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The ops of one batch for each transport (by index).
+type Routed = (Vec<(usize, Vec<TransferOp>)>, Vec<(usize, BlockOps)>);
+
+/// Routes every entry and block copy of `work` over the buffers of `view`.
+pub(super) fn route_all(
+    transports: &[Arc<dyn Transport>],
+    view: &PeerView,
+    work: &Work,
+    peer: &str,
+) -> Result<Routed> {
+    let groups = route(transports, view, &work.uses, &work.entries, peer)?;
+    let blocks = route_blocks(transports, view, &work.uses, &work.blocks, peer)?;
+    Ok((groups, blocks))
+}
+
+/// Picks the cheapest transport for every entry and turns entries into ops, merging entries
+/// that continue each other on both sides. A remote range outside every buffer of `view` is
+/// [`RangeError::NotRegistered`], naming the entry.
+fn route(
+    transports: &[Arc<dyn Transport>],
+    view: &PeerView,
+    uses: &[Arc<RegionUse>],
+    entries: &[Entry],
+    peer: &str,
+) -> Result<Vec<(usize, Vec<TransferOp>)>> {
+    let mut groups: Vec<Vec<TransferOp>> = transports.iter().map(|_| Vec::new()).collect();
+    let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut last_choice: Option<((u32, u64), usize)> = None;
+    for (index, entry) in entries.iter().enumerate() {
+        let region = &uses[entry.region as usize];
+        let local = region.entry.info;
+        let remote = view.covering(entry.remote_addr, entry.len).cloned().ok_or(
+            RangeError::NotRegistered {
+                index,
+                side: Side::Remote,
+                addr: entry.remote_addr,
+                len: entry.len,
+            },
+        )?;
+        let key = (entry.region, remote.addr);
+        let transport = match last_choice {
+            Some((last, transport)) if last == key => transport,
+            _ => {
+                let transport = match choice_cache.get(&key) {
+                    Some(&transport) => transport,
+                    None => {
+                        let transport = choose(transports, &local, view, &remote, peer)?;
+                        choice_cache.insert(key, transport);
+                        transport
+                    }
+                };
+                last_choice = Some((key, transport));
+                transport
+            }
+        };
+        let local_addr = local.addr + entry.offset;
+        TransferOp::push_merged(
+            &mut groups[transport],
+            TransferOp {
+                direction: entry.direction,
+                region: Arc::clone(region),
+                local_addr,
+                remote_addr: entry.remote_addr,
+                remote,
+                len: entry.len,
+            },
+        );
+    }
+    Ok(groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, ops)| !ops.is_empty())
+        .collect())
+}
+
+/// The transport, remote buffer and local GPU of a batch's signal: the transport that moves
+/// the batch's first region to the signal's buffer.
+pub(super) fn signal_route(
+    transports: &[Arc<dyn Transport>],
+    peer: &Peer,
+    uses: &[Arc<RegionUse>],
+    addr: u64,
+    value: u32,
+) -> Result<(usize, Arc<BufferDescriptor>, u64, u32, u32)> {
+    let view = peer.view();
+    let remote = view
+        .covering(addr, 4)
+        .cloned()
+        .ok_or(RangeError::NotRegistered {
+            index: 0,
+            side: Side::Remote,
+            addr,
+            len: 4,
+        })?;
+    let local = uses
+        .first()
+        .map(|region| region.entry.info)
+        .ok_or_else(|| Error::ApiMisuse("a signal needs data in the batch".into()))?;
+    let crate::memory::Location::Device { ordinal, .. } = local.location else {
+        return Err(Error::ApiMisuse(
+            "a signal is written by the GPU that moves the batch; its data is in host memory, so rely on the notification".into(),
+        ));
+    };
+    let transport = choose(transports, &local, &view, &remote, peer.name())?;
+    Ok((transport, remote, addr, value, ordinal))
+}
+
+/// Resolves every block copy's pools and groups them by the cheapest transport of each pool.
+fn route_blocks(
+    transports: &[Arc<dyn Transport>],
+    view: &PeerView,
+    uses: &[Arc<RegionUse>],
+    blocks: &[Blocks],
+    peer: &str,
+) -> Result<Vec<(usize, BlockOps)>> {
+    let mut routed = Vec::new();
+    for (index, blocks) in blocks.iter().enumerate() {
+        let pool_uses: Vec<Arc<RegionUse>> = blocks
+            .regions
+            .iter()
+            .map(|&region| Arc::clone(&uses[region as usize]))
+            .collect();
+        let pools = blocks.copy.resolve(index, &pool_uses, |addr, len| {
+            view.covering(addr, len).cloned()
+        })?;
+        let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
+        // Pools mostly share a region and a remote buffer: ask the transports once per pair.
+        let mut chosen: Vec<(*const RegionUse, *const BufferDescriptor, usize)> = Vec::new();
+        for pool in pools {
+            let key = (Arc::as_ptr(&pool.region), Arc::as_ptr(&pool.remote));
+            let known = chosen
+                .iter()
+                .find(|(region, remote, _)| (*region, *remote) == key)
+                .map(|&(_, _, transport)| transport);
+            let transport = match known {
+                Some(transport) => transport,
+                None => {
+                    let transport = choose(
+                        transports,
+                        &pool.region.entry.info,
+                        view,
+                        &pool.remote,
+                        peer,
+                    )?;
+                    chosen.push((key.0, key.1, transport));
+                    transport
+                }
+            };
+            match by_transport
+                .iter_mut()
+                .find(|(known, _)| *known == transport)
+            {
+                Some((_, group)) => group.push(pool),
+                None => by_transport.push((transport, vec![pool])),
+            }
+        }
+        for (transport, pools) in by_transport {
+            routed.push((transport, blocks.copy.ops(blocks.direction, pools)));
+        }
+    }
+    Ok(routed)
+}
+
+fn choose(
+    transports: &[Arc<dyn Transport>],
+    local: &crate::memory::RegionInfo,
+    view: &PeerView,
+    remote: &BufferDescriptor,
+    peer: &str,
+) -> Result<usize> {
+    let mut best: Option<(u32, usize)> = None;
+    let mut reasons = Vec::new();
+    for (index, transport) in transports.iter().enumerate() {
+        match transport.reach(local, &view.descriptor, remote) {
+            Reach::Yes { cost } if best.is_none_or(|(best_cost, _)| cost < best_cost) => {
+                best = Some((cost, index));
+            }
+            Reach::Yes { .. } => {}
+            Reach::No { reason } => reasons.push(format!("{}: {reason}", transport.name())),
+        }
+    }
+    best.map(|(_, index)| index)
+        .ok_or_else(|| Error::Unavailable {
+            local: local.location.to_string(),
+            peer: peer.to_owned(),
+            reason: reasons.join("; "),
+        })
+}
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

@@ -1,0 +1,239 @@
+//! Routing against fake transports and an in-memory peer view: no engine, no sockets.
+
+use super::route;
+use crate::batch::Entry;
+use crate::descriptor::{
+    BufferDescriptor, Endpoint, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
+};
+use crate::error::{Error, RangeError, Result, Side};
+use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
+use crate::peer::PeerView;
+use crate::transport::{Direction, Link, Reach, TransferOp, Transport};
+use std::sync::Arc;
+
+/// The one local region every entry uses (batch index 0).
+const LOCAL: u64 = 0x1000_0000;
+/// The peer's two buffers, `B` right after `A`, so a range can continue from one into the other.
+const REMOTE_A: u64 = 0x2000_0000;
+const REMOTE_B: u64 = REMOTE_A + LEN;
+/// Length of the local region and of each remote buffer.
+const LEN: u64 = 0x1000;
+const PEER: &str = "decode:7000";
+
+/// A transport whose answer to `reach` depends only on the remote buffer; it moves nothing.
+struct Fake {
+    name: &'static str,
+    answer: fn(&BufferDescriptor) -> Reach,
+}
+
+#[async_trait::async_trait]
+impl Transport for Fake {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        None
+    }
+
+    fn reach(&self, _: &RegionInfo, _: &SegmentDescriptor, remote: &BufferDescriptor) -> Reach {
+        (self.answer)(remote)
+    }
+
+    async fn open(&self, _: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        unreachable!("routing opens no links")
+    }
+}
+
+fn fake(name: &'static str, answer: fn(&BufferDescriptor) -> Reach) -> Arc<dyn Transport> {
+    Arc::new(Fake { name, answer })
+}
+
+fn refuse(reason: &str) -> Reach {
+    Reach::No {
+        reason: reason.into(),
+    }
+}
+
+fn host(addr: u64) -> RegionInfo {
+    RegionInfo {
+        addr,
+        len: LEN,
+        location: Location::Host { pinned: false },
+    }
+}
+
+fn local_use() -> Vec<Arc<RegionUse>> {
+    let entry = Arc::new(RegionEntry::new(
+        host(LOCAL),
+        0,
+        1,
+        Vec::new(),
+        Vec::new(),
+        None,
+    ));
+    vec![Arc::new(entry.acquire().expect("a fresh region is open"))]
+}
+
+fn peer_view() -> PeerView {
+    let buffer = |addr| BufferDescriptor {
+        addr,
+        len: LEN,
+        location: Location::Host { pinned: false },
+        name: None,
+        exports: Vec::new(),
+    };
+    PeerView::new(SegmentDescriptor {
+        version: DESCRIPTOR_VERSION,
+        name: PEER.into(),
+        host: HostIdentity::current(),
+        generation: 1,
+        instance: crate::InstanceId::from_u128(7),
+        process: crate::InstanceId::from_u128(7),
+        pid: 7,
+        endpoints: Vec::new(),
+        gpus: Vec::new(),
+        buffers: vec![buffer(REMOTE_A), buffer(REMOTE_B)],
+    })
+}
+
+fn entry(direction: Direction, offset: u64, remote_addr: u64, len: u64) -> Entry {
+    Entry {
+        direction,
+        region: 0,
+        offset,
+        remote_addr,
+        len,
+    }
+}
+
+fn write(offset: u64, remote_addr: u64, len: u64) -> Entry {
+    entry(Direction::Write, offset, remote_addr, len)
+}
+
+fn read(offset: u64, remote_addr: u64, len: u64) -> Entry {
+    entry(Direction::Read, offset, remote_addr, len)
+}
+
+fn route_entries(
+    transports: &[Arc<dyn Transport>],
+    entries: &[Entry],
+) -> Result<Vec<(usize, Vec<TransferOp>)>> {
+    route(transports, &peer_view(), &local_use(), entries, PEER)
+}
+
+/// Each op as (direction, offset into the local region, remote address, its buffer, length).
+fn shape(ops: &[TransferOp]) -> Vec<(Direction, u64, u64, u64, u64)> {
+    ops.iter()
+        .map(|op| {
+            let offset = op.local_addr - LOCAL;
+            (op.direction, offset, op.remote_addr, op.remote.addr, op.len)
+        })
+        .collect()
+}
+
+#[test]
+fn the_cheapest_transport_that_reaches_a_buffer_carries_its_entries() {
+    // `far` reaches everything and answers before `near`, which is cheaper but reaches only A.
+    let transports = [
+        fake("none", |_| refuse("no fabric")),
+        fake("far", |_| Reach::Yes { cost: 100 }),
+        fake("near", |remote| match remote.addr {
+            REMOTE_A => Reach::Yes { cost: 10 },
+            _ => refuse("only buffer A"),
+        }),
+    ];
+    let entries = [
+        write(0, REMOTE_A, 16),
+        write(0x100, REMOTE_B, 16),
+        write(0x200, REMOTE_A + 0x200, 16),
+    ];
+    let groups = route_entries(&transports, &entries).unwrap();
+    let chosen: Vec<(usize, Vec<u64>)> = groups
+        .iter()
+        .map(|(transport, ops)| (*transport, ops.iter().map(|op| op.remote_addr).collect()))
+        .collect();
+    assert_eq!(
+        chosen,
+        [(1, vec![REMOTE_B]), (2, vec![REMOTE_A, REMOTE_A + 0x200])]
+    );
+}
+
+#[test]
+fn a_remote_range_outside_every_buffer_is_not_registered_naming_the_entry() {
+    let transports = [fake("far", |_| Reach::Yes { cost: 100 })];
+    // Past the end of the last buffer, and across the seam of two buffers: neither lies inside
+    // one buffer.
+    for (addr, len) in [(REMOTE_B + LEN - 8, 16), (REMOTE_B - 8, 16)] {
+        let entries = [write(0, REMOTE_A, 16), write(0x100, addr, len)];
+        let error = route_entries(&transports, &entries).expect_err("the range is outside");
+        let Error::Range(error) = error else {
+            panic!("expected a range error, got {error:?}");
+        };
+        assert_eq!(
+            error,
+            RangeError::NotRegistered {
+                index: 1,
+                side: Side::Remote,
+                addr,
+                len,
+            }
+        );
+    }
+}
+
+#[test]
+fn entries_that_continue_each_other_on_both_sides_merge_into_one_op() {
+    let transports = [fake("far", |_| Reach::Yes { cost: 100 })];
+    let entries = [
+        write(0x000, REMOTE_A, 0x100),
+        // Continues the write on both sides: merged.
+        write(0x100, REMOTE_A + 0x100, 0x100),
+        // Continues it remotely only.
+        write(0x300, REMOTE_A + 0x200, 0x100),
+        // Continues it on both sides, but reads.
+        read(0x400, REMOTE_A + 0x300, 0x100),
+        // Continues the read on both sides: merged.
+        read(0x500, REMOTE_A + 0x400, 0x100),
+        // Continues it locally only.
+        read(0x600, REMOTE_A + 0x600, 0x100),
+        // Locally only again, up to the end of A.
+        read(0x700, REMOTE_A + 0xf00, 0x100),
+        // Continues it on both sides by address, but in the next buffer.
+        read(0x800, REMOTE_B, 0x100),
+    ];
+    let groups = route_entries(&transports, &entries).unwrap();
+    assert_eq!(groups.len(), 1);
+    let (write, read) = (Direction::Write, Direction::Read);
+    assert_eq!(
+        shape(&groups[0].1),
+        [
+            (write, 0x000, REMOTE_A, REMOTE_A, 0x200),
+            (write, 0x300, REMOTE_A + 0x200, REMOTE_A, 0x100),
+            (read, 0x400, REMOTE_A + 0x300, REMOTE_A, 0x200),
+            (read, 0x600, REMOTE_A + 0x600, REMOTE_A, 0x100),
+            (read, 0x700, REMOTE_A + 0xf00, REMOTE_A, 0x100),
+            (read, 0x800, REMOTE_B, REMOTE_B, 0x100),
+        ]
+    );
+}
+
+#[test]
+fn when_no_transport_reaches_every_reason_is_in_the_error() {
+    let transports = [
+        fake("alpha", |_| refuse("no shared fabric")),
+        fake("beta", |_| refuse("another host")),
+    ];
+    let error = route_entries(&transports, &[write(0, REMOTE_A, 16)]).expect_err("unreachable");
+    let Error::Unavailable {
+        local,
+        peer,
+        reason,
+    } = error
+    else {
+        panic!("expected Unavailable, got {error:?}");
+    };
+    assert_eq!(reason, "alpha: no shared fabric; beta: another host");
+    assert_eq!(peer, PEER);
+    assert_eq!(local, "pageable host memory");
+}

@@ -1,0 +1,219 @@
+//! A submitted batch: the task that moves it, and the future that reports its completion.
+
+use super::route::{route_all, signal_route};
+use super::Work;
+use crate::engine::EngineInner;
+use crate::error::{Error, RangeError, Result, Side};
+use crate::peer::Peer;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// What a finished transfer did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// The transports that carried them.
+    pub transports: Vec<&'static str>,
+    /// From the start of the transfer to its completion.
+    pub elapsed: Duration,
+}
+
+/// A submitted batch; resolves once every byte is visible at its destination.
+///
+/// Until it resolves with `Ok`, the destination ranges are undefined: a transfer that fails
+/// may have written part of them (see [`Batch`]).
+///
+/// # Cancel safety
+/// Dropping it does not stop the transfer: the bytes keep moving, and the regions it uses stay
+/// registered (dropping a [`Region`] waits) until it ends or times out.
+#[must_use = "a transfer reports its errors only when awaited"]
+#[derive(Debug)]
+pub struct Transfer {
+    receiver: oneshot::Receiver<Result<Completion>>,
+}
+
+impl Transfer {
+    /// Blocks the calling thread until the transfer completes; for callers without an async
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await the transfer there; the
+    /// refused transfer goes on as if dropped); otherwise as awaiting the transfer.
+    pub fn wait(self) -> Result<Completion> {
+        crate::blocking::refuse_on_runtime("Transfer::wait", "the Transfer")?;
+        // The engine's runtime drives the transfer and sends its outcome down a oneshot, which
+        // needs no runtime to receive: the thread parks until the sender wakes it.
+        futures::executor::block_on(self)
+    }
+}
+
+impl Future for Transfer {
+    type Output = Result<Completion>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.receiver).poll(context).map(|outcome| {
+            outcome.unwrap_or_else(|_| {
+                Err(Error::Shutdown {
+                    what: "the transfer".into(),
+                })
+            })
+        })
+    }
+}
+
+/// Starts the task that moves `work` and then sends `notification`, and returns the future of
+/// its outcome.
+pub(super) fn start(
+    engine: Arc<EngineInner>,
+    peer: Peer,
+    work: Work,
+    notification: Option<Vec<u8>>,
+) -> Transfer {
+    let (sender, receiver) = oneshot::channel();
+    let handle = engine.handle.clone();
+    let mut task = Box::pin(async move {
+        let outcome = match run(&engine, &peer, work, notification).await {
+            Err(error) if engine.shutting_down.load(Ordering::Acquire) => Err(Error::Shutdown {
+                what: format!("the transfer (it stopped with: {error})"),
+            }),
+            outcome => outcome,
+        };
+        let _ = sender.send(outcome);
+    });
+    // Route and launch on the caller's thread, so the copies start without waiting for a
+    // runtime worker to wake; the runtime then drives the rest (its first poll registers
+    // the real wakers in place of this no-op one).
+    let first = {
+        let _runtime = handle.enter();
+        task.as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+    };
+    if first.is_pending() {
+        handle.spawn(task);
+    }
+    Transfer { receiver }
+}
+
+/// Routes and moves `work`, then signals and notifies the peer; what a [`Transfer`] reports.
+async fn run(
+    engine: &EngineInner,
+    peer: &Peer,
+    work: Work,
+    notification: Option<Vec<u8>>,
+) -> Result<Completion> {
+    let started = Instant::now();
+    let available = engine.transports.as_slice();
+    // A remote range the cached descriptor does not cover may be memory the peer registered
+    // since: fetch its descriptor once more before refusing.
+    let (groups, block_groups) = match route_all(available, &peer.view(), &work, peer.name()) {
+        Err(Error::Range(
+            RangeError::NotRegistered {
+                side: Side::Remote, ..
+            }
+            | RangeError::PoolNotRegistered {
+                side: Side::Remote, ..
+            },
+        )) => {
+            let view = peer.refresh(engine).await?;
+            route_all(available, &view, &work, peer.name())?
+        }
+        routed => routed?,
+    };
+    let bytes = work.entries.iter().map(|entry| entry.len).sum::<u64>()
+        + work
+            .blocks
+            .iter()
+            .map(|blocks| blocks.copy.bytes())
+            .sum::<u64>();
+    let signal = match work.signal {
+        Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
+        None => None,
+    };
+    let remote_ranges: Vec<(u64, u64)> = work
+        .entries
+        .iter()
+        .map(|entry| (entry.remote_addr, entry.len))
+        .collect();
+    drop(work);
+    let mut transports = Vec::with_capacity(groups.len());
+    let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
+        Vec::with_capacity(groups.len() + block_groups.len());
+    for (transport, ops) in groups {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        transports.push(engine.transports[transport].name());
+        pending.push(Box::pin(async move { link.transfer(ops).await }));
+    }
+    for (transport, blocks) in block_groups {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        let name = engine.transports[transport].name();
+        if !transports.contains(&name) {
+            transports.push(name);
+        }
+        pending.push(Box::pin(async move { link.transfer_blocks(blocks).await }));
+    }
+    let limit = engine.transfer_timeout;
+    // Every part runs to its end, even after another failed or the time ran out: a part
+    // dropped half-way would release its regions and mappings while a GPU may still be
+    // copying through them. Closing the peer makes the network parts fail at once.
+    let mut moved = std::pin::pin!(futures::future::join_all(pending));
+    let outcomes = match tokio::time::timeout(limit, &mut moved).await {
+        Ok(outcomes) => outcomes,
+        Err(_) => {
+            peer.close();
+            moved.await;
+            return Err(Error::Timeout {
+                what: format!("a transfer of {bytes} bytes to {}", peer.name()),
+                after: limit,
+            });
+        }
+    };
+    if outcomes
+        .iter()
+        .any(|outcome| matches!(outcome, Err(Error::Protocol { .. })))
+    {
+        // A peer that sent what the protocol forbids (a descriptor that does not fit its
+        // memory, for one) is trusted with nothing further: every link to it closes.
+        peer.close();
+    }
+    outcomes
+        .into_iter()
+        .collect::<Result<Vec<()>>>()
+        .map_err(|error| error.in_batch(&remote_ranges))?;
+    if let Some((transport, remote, addr, value, gpu)) = signal {
+        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        // As for the copies: a signal store that was queued runs to its end before its
+        // mapping is released, also when the time ran out.
+        let mut signalled = std::pin::pin!(link.write_value(remote, addr, value, gpu));
+        match tokio::time::timeout(limit, &mut signalled).await {
+            Ok(outcome) => outcome?,
+            Err(_) => {
+                peer.close();
+                let _ = signalled.await;
+                return Err(Error::Timeout {
+                    what: format!("the signal to {}", peer.name()),
+                    after: limit,
+                });
+            }
+        }
+    }
+    if let Some(payload) = notification {
+        let control = peer.control(engine).await?;
+        tokio::time::timeout(limit, control.notify(&payload))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("a notification to {}", peer.name()),
+                after: limit,
+            })??;
+    }
+    Ok(Completion {
+        bytes,
+        transports,
+        elapsed: started.elapsed(),
+    })
+}
