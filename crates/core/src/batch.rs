@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 struct Entry {
     direction: Direction,
@@ -269,6 +270,7 @@ impl Batch {
             ..
         } = self;
         let handle = engine.handle.clone();
+        let span = crate::telemetry::transfer_span(peer.name(), notification.as_deref());
         let mut task = Box::pin(async move {
             let work = Work {
                 uses,
@@ -276,7 +278,10 @@ impl Batch {
                 blocks,
                 signal,
             };
-            let outcome = match run(&engine, &peer, work, notification).await {
+            let ran = run(&engine, &peer, work, notification)
+                .instrument(span)
+                .await;
+            let outcome = match ran {
                 Err(error) if engine.shutting_down.load(Ordering::Acquire) => {
                     Err(Error::Shutdown {
                         what: format!("the transfer (it stopped with: {error})"),
@@ -284,6 +289,7 @@ impl Batch {
                 }
                 outcome => outcome,
             };
+            crate::telemetry::transfer_finished(&peer.shared_name(), &outcome);
             let _ = sender.send(outcome);
         });
         // Route and launch on the caller's thread, so the copies start without waiting for a
@@ -446,6 +452,7 @@ async fn run(
             .iter()
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
+    crate::telemetry::transfer_routed(bytes);
     let signal = match work.signal {
         Some((addr, value)) => Some(signal_route(engine, peer, &work.uses, addr, value)?),
         None => None,
@@ -525,6 +532,7 @@ async fn run(
                 what: format!("a notification to {}", peer.name()),
                 after: limit,
             })??;
+        crate::telemetry::notification_sent();
     }
     Ok(Completion {
         bytes,
