@@ -48,6 +48,7 @@ mod engine;
 pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};
+pub use ferry_core::telemetry;
 pub use ferry_core::{
     AuthFailure, Batch, BlockCopy, BlockLayout, BufferDescriptor, Completion, Direction, Error,
     Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Refusal, Region,

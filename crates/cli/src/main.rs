@@ -17,6 +17,7 @@ struct Cli {
 
 mod bench;
 mod echo;
+mod metrics_endpoint;
 mod probe;
 mod secret_file;
 mod serve;
@@ -45,7 +46,8 @@ enum Command {
         secret: secret_file::SecretFile,
     },
     /// Run an engine that owns one host buffer peers can read and write, and print every
-    /// notification it receives. Prints `segment: NAME` and `buffer: ADDR LEN` first.
+    /// notification it receives. Prints `segment: NAME` and `buffer: ADDR LEN` first, then
+    /// `metrics: http://ADDR/metrics` with --metrics-addr.
     Serve(serve::Options),
 }
 

@@ -37,6 +37,10 @@ pub(crate) struct Options {
     /// back (as PyTorch's expandable segments are), each rounded up to the granularity.
     #[arg(long, requires = "gpu")]
     pub(crate) vmm_pieces: Option<usize>,
+    /// Serve the engine's metrics as Prometheus text at `http://HOST:PORT/metrics` (a fixed
+    /// port); no metrics are kept when absent.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) metrics_addr: Option<String>,
     #[command(flatten)]
     pub(crate) secret: crate::secret_file::SecretFile,
 }
@@ -46,6 +50,11 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
     let bytes = options.bytes;
     let limit = options.notifications;
     let gpu = options.gpu.map(|ordinal| (ordinal, options.vmm_pieces));
+    let metrics = options
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics_endpoint::install)
+        .transpose()?;
     let mut builder = options.secret.apply(
         ferry::Engine::builder()
             .listen(options.listen.clone())
@@ -77,6 +86,9 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "segment: {}", engine.name())?;
         writeln!(stdout, "buffer: {:#x} {}", buffer.addr(), buffer.len())?;
+        if let Some(address) = metrics {
+            writeln!(stdout, "metrics: http://{address}/metrics")?;
+        }
         stdout.flush()?;
     }
     let reply_to = options

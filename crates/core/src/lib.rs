@@ -56,6 +56,7 @@ mod peer;
 mod proto;
 mod route;
 mod tcp;
+pub mod telemetry;
 mod transport;
 pub mod wire;
 

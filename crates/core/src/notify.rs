@@ -99,6 +99,7 @@ impl Room {
     /// the reader, who gives its bytes back as it takes it.
     pub(crate) fn deliver(mut self, notification: Notification) {
         if let Some(permit) = self.permit.take() {
+            crate::telemetry::notification_received();
             permit.send(notification);
         }
     }

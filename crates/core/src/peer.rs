@@ -15,7 +15,7 @@ pub struct Peer {
 }
 
 pub(crate) struct PeerInner {
-    name: String,
+    name: Arc<str>,
     view: RwLock<Arc<PeerView>>,
     /// The control transport's link, which carries notifications; reopened when it has failed.
     control: Mutex<Arc<dyn Link>>,
@@ -58,7 +58,7 @@ impl Peer {
         links.insert(transport, Arc::clone(&control));
         Peer {
             inner: Arc::new(PeerInner {
-                name: descriptor.name.clone(),
+                name: Arc::from(descriptor.name.as_str()),
                 view: RwLock::new(Arc::new(PeerView::new(descriptor))),
                 control: Mutex::new(control),
                 links: Mutex::new(links),
@@ -69,6 +69,11 @@ impl Peer {
     /// The peer's segment name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The peer's segment name, shared: a label that costs no copy.
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        Arc::clone(&self.inner.name)
     }
 
     /// The peer's descriptor as last fetched.

@@ -51,6 +51,8 @@ pub(crate) struct ServeProcess {
     pub(crate) name: String,
     pub(crate) buffer_addr: u64,
     pub(crate) buffer_len: u64,
+    /// The `metrics: URL` line's URL, printed with `--metrics-addr`.
+    pub(crate) metrics: Option<String>,
 }
 
 impl ServeProcess {
@@ -93,11 +95,18 @@ impl ServeProcess {
             .expect("length")
             .parse()
             .expect("decimal length");
+        let metrics = args.contains(&"--metrics-addr").then(|| {
+            next()
+                .strip_prefix("metrics: ")
+                .expect("metrics line")
+                .to_owned()
+        });
         ServeProcess {
             child,
             name,
             buffer_addr,
             buffer_len,
+            metrics,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 /// What a finished transfer did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,13 +78,18 @@ pub(super) fn start(
 ) -> Transfer {
     let (sender, receiver) = oneshot::channel();
     let handle = engine.handle.clone();
+    let span = crate::telemetry::transfer_span(peer.name(), notification.as_deref());
     let mut task = Box::pin(async move {
-        let outcome = match run(&engine, &peer, work, notification).await {
+        let ran = run(&engine, &peer, work, notification)
+            .instrument(span)
+            .await;
+        let outcome = match ran {
             Err(error) if engine.shutting_down.load(Ordering::Acquire) => Err(Error::Shutdown {
                 what: format!("the transfer (it stopped with: {error})"),
             }),
             outcome => outcome,
         };
+        crate::telemetry::transfer_finished(&peer.shared_name(), &outcome);
         let _ = sender.send(outcome);
     });
     // Route and launch on the caller's thread, so the copies start without waiting for a
@@ -131,6 +137,7 @@ async fn run(
             .iter()
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
+    crate::telemetry::transfer_routed(bytes);
     let signal = match work.signal {
         Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
         None => None,
@@ -210,6 +217,7 @@ async fn run(
                 what: format!("a notification to {}", peer.name()),
                 after: limit,
             })??;
+        crate::telemetry::notification_sent();
     }
     Ok(Completion {
         bytes,

@@ -334,7 +334,9 @@ impl Engine {
                 .map_err(|_| Error::Timeout {
                     what: format!("a notification to {name}"),
                     after: limit,
-                })?
+                })??;
+            crate::telemetry::notification_sent();
+            Ok(())
         })
         .await
     }

@@ -7,6 +7,8 @@ use crate::descriptor::SegmentDescriptor;
 use crate::memory::{RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
+use crate::telemetry;
+use crate::transport::Direction;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -168,6 +170,10 @@ impl Driver {
                     let stored = Span::store_all(&mut spans)
                         .await
                         .map_err(|error| error.to_string());
+                    if stored.is_ok() {
+                        let bytes = spans.iter().map(|span| span.len() as u64).sum();
+                        telemetry::served(Direction::Write, bytes);
+                    }
                     drop(spans);
                     self.session.handle_stored(Instant::now(), stored);
                 }
@@ -175,6 +181,9 @@ impl Driver {
                     let loaded = Span::load_all(std::slice::from_mut(&mut span))
                         .await
                         .map_err(|error| error.to_string());
+                    if loaded.is_ok() {
+                        telemetry::served(Direction::Read, span.len() as u64);
+                    }
                     self.session.handle_loaded(Instant::now(), span, loaded);
                 }
                 Event::Notify(payload) => {
