@@ -150,6 +150,40 @@ async fn local_range_past_its_region_is_refused_at_submit() {
 }
 
 #[tokio::test]
+async fn region_write_at_and_read_at_past_the_end_are_refused_in_region_terms() {
+    let pair = Pair::new(8192, 4096).await;
+    pair.source.write_at(0, &pattern(3, 4096)).unwrap();
+    let error = range_error(pair.source.write_at(4000, &[0xaa; 97]));
+    assert_eq!(
+        error,
+        RangeError::OutsideRegion {
+            offset: 4000,
+            len: 97,
+            region_len: 4096
+        }
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("offset 4000 + length 97") && message.contains("4096-byte region"),
+        "{message}"
+    );
+    assert!(!message.contains("entry"), "{message}");
+    let mut back = vec![0u8; 4096];
+    pair.source.read_at(0, &mut back).unwrap();
+    assert_eq!(back, pattern(3, 4096), "nothing may be written");
+
+    let mut two = [0u8; 2];
+    assert_eq!(
+        range_error(pair.source.read_at(u64::MAX, &mut two)),
+        RangeError::OutsideRegion {
+            offset: u64::MAX,
+            len: 2,
+            region_len: 4096
+        }
+    );
+}
+
+#[tokio::test]
 async fn a_region_dropped_before_submit_is_refused() {
     let pair = Pair::new(8192, 4096).await;
     let batch = pair

@@ -75,13 +75,7 @@ impl Shape {
 /// The first `take` ids of a permutation of `0..pool_blocks` drawn from `seed`.
 pub(crate) fn block_ids(pool_blocks: u32, take: u32, seed: u64) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..pool_blocks).collect();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for index in (1..ids.len()).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ids.swap(index, (state % (index as u64 + 1)) as usize);
-    }
+    fastrand::Rng::with_seed(seed).shuffle(&mut ids);
     ids.truncate(take as usize);
     ids
 }

@@ -299,6 +299,17 @@ pub enum RangeError {
         /// Size of the region.
         region_len: u64,
     },
+    /// An offset and length given to [`Region::write_at`](crate::Region::write_at) or
+    /// [`Region::read_at`](crate::Region::read_at) run past the region's end.
+    #[error("offset {offset} + length {len} runs past the end of the {region_len}-byte region; pass an offset and length that end inside the region")]
+    OutsideRegion {
+        /// Offset into the region.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Size of the region.
+        region_len: u64,
+    },
     /// A new registration overlaps an existing one.
     #[error("region {addr:#x}..+{len} overlaps the registered region {existing_addr:#x}..+{existing_len}; deregister it first or register disjoint ranges")]
     Overlap {

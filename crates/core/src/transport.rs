@@ -176,6 +176,11 @@ pub trait Transport: Send + Sync + 'static {
     ///
     /// # Errors
     /// When the peer cannot be reached through this transport.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the engine awaits it inside `Engine::connect`, whose future the
+    /// caller may drop at any point, so a dropped open must leave nothing half-open behind
+    /// (a connection it started closes with the future). Only a finished open is cached.
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>>;
 }
 
@@ -186,6 +191,16 @@ pub trait Link: Send + Sync + 'static {
     ///
     /// # Errors
     /// The first failure among the ops; the others still ran or were abandoned.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, and the engine relies on never cancelling it: once polled, a batch
+    /// awaits it to its end, also after another part of the batch failed or the transfer
+    /// timeout passed (then it calls [`Link::close`] first, so that network work fails at
+    /// once, and still awaits). The batch's region uses and the link's mappings are released
+    /// only after it resolves, so queued GPU work never outlives the memory it reads and
+    /// writes. The future is dropped unfinished only when the engine's runtime shuts down;
+    /// an implementation must then still not release memory under queued GPU copies (wait
+    /// for its streams in `Drop`, as `launch_all` does).
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()>;
 
     /// Moves a paged block copy; resolves once all bytes are visible at their destinations.
@@ -193,6 +208,9 @@ pub trait Link: Send + Sync + 'static {
     ///
     /// # Errors
     /// As [`Link::transfer`].
+    ///
+    /// # Cancel safety
+    /// As [`Link::transfer`]: the engine awaits it to its end.
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
         self.transfer(blocks.into_ops()).await
     }
@@ -204,6 +222,11 @@ pub trait Link: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`Error::Unavailable`] from the default; the transport's error otherwise.
+    ///
+    /// # Cancel safety
+    /// As [`Link::transfer`]: the engine awaits it to its end, also after the transfer
+    /// timeout passed (it closes the link first), so a queued store finishes before its
+    /// mapping is released.
     async fn write_value(
         &self,
         remote: Arc<BufferDescriptor>,
@@ -225,6 +248,12 @@ pub trait Link: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`Error::Unavailable`] from the default; the transport's error otherwise.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the engine drops it when the transfer timeout passes and reports
+    /// [`Error::Timeout`]. A dropped notify may or may not have reached the peer, but must
+    /// leave the link either usable for the next frame or closed, never with part of a
+    /// frame sent. It touches no registered memory.
     async fn notify(&self, payload: &[u8]) -> Result<()> {
         Err(Error::Unavailable {
             local: format!("a notification of {} bytes", payload.len()),

@@ -4,6 +4,7 @@
 //! dies disappears within the time to live.
 
 use crate::lease::{Backend, LeasedStore};
+use crate::{bad_url, Error};
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn,
@@ -22,7 +23,7 @@ pub(crate) struct Etcd {
 }
 
 impl Etcd {
-    async fn client(&self) -> Result<Client, String> {
+    async fn client(&self) -> Result<Client, Error> {
         let client = self
             .client
             .get_or_try_init(|| async {
@@ -32,12 +33,15 @@ impl Etcd {
                 Client::connect(&self.endpoints, Some(options)).await
             })
             .await
-            .map_err(|error| format!("cannot connect: {error}"))?;
+            .map_err(|error| Error::Unreachable {
+                store: "etcd",
+                reason: error.to_string(),
+            })?;
         Ok(client.clone())
     }
 
     /// The live lease, granted afresh when there is none or the server let it expire.
-    async fn lease(&self) -> Result<i64, String> {
+    async fn lease(&self) -> Result<i64, Error> {
         let mut lease = self.lease.lock().await;
         if let Some((id, _, _)) = lease.as_ref() {
             return Ok(*id);
@@ -46,11 +50,11 @@ impl Etcd {
         let granted = client
             .lease_grant(self.ttl.as_secs().max(1) as i64, None)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("granting a lease"))?;
         let (keeper, stream) = client
             .lease_keep_alive(granted.id())
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("starting the lease's keep-alive"))?;
         *lease = Some((granted.id(), keeper, stream));
         Ok(granted.id())
     }
@@ -62,7 +66,7 @@ impl Etcd {
 
 #[async_trait]
 impl Backend for Etcd {
-    async fn claim(&self, name: &str, owner: &str, value: &[u8]) -> Result<Option<String>, String> {
+    async fn claim(&self, name: &str, owner: &str, value: &[u8]) -> Result<Option<String>, Error> {
         let lease = self.lease().await?;
         let mut client = self.client().await?;
         let (value_key, owner_key) = self.keys(name);
@@ -76,7 +80,7 @@ impl Backend for Etcd {
         if client
             .txn(free)
             .await
-            .map_err(|error| error.to_string())?
+            .map_err(failed("claiming a name"))?
             .succeeded()
         {
             return Ok(None);
@@ -85,7 +89,7 @@ impl Backend for Etcd {
             .when([Compare::value(owner_key.as_str(), CompareOp::Equal, owner)])
             .and_then([put(&owner_key, owner.as_bytes()), put(&value_key, value)])
             .or_else([TxnOp::get(owner_key.as_str(), None)]);
-        let response = client.txn(ours).await.map_err(|error| error.to_string())?;
+        let response = client.txn(ours).await.map_err(failed("claiming a name"))?;
         if response.succeeded() {
             return Ok(None);
         }
@@ -103,16 +107,16 @@ impl Backend for Etcd {
         Ok(Some(holder))
     }
 
-    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, Error> {
         let mut client = self.client().await?;
         let response = client
             .get(self.keys(name).0, None)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("reading a descriptor"))?;
         Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
-    async fn release(&self, name: &str, owner: &str) -> Result<(), String> {
+    async fn release(&self, name: &str, owner: &str) -> Result<(), Error> {
         let mut client = self.client().await?;
         let (value_key, owner_key) = self.keys(name);
         let release = Txn::new()
@@ -124,11 +128,11 @@ impl Backend for Etcd {
         client
             .txn(release)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("releasing a name"))?;
         Ok(())
     }
 
-    async fn renew(&self) -> Result<(), String> {
+    async fn renew(&self) -> Result<(), Error> {
         self.lease().await?;
         let mut lease = self.lease.lock().await;
         let Some((_, keeper, stream)) = lease.as_mut() else {
@@ -144,11 +148,11 @@ impl Backend for Etcd {
                 // The server let the lease expire (it was down longer than the time to
                 // live): the next claim takes a new lease and writes the keys again.
                 *lease = None;
-                Err("the lease expired; taking a new one".into())
+                Err(Error::LeaseExpired)
             }
             Err(error) => {
                 *lease = None;
-                Err(error.to_string())
+                Err(failed("renewing the lease")(error))
             }
         }
     }
@@ -158,13 +162,25 @@ impl Backend for Etcd {
     }
 }
 
+/// [`Error::Request`] for `action`, from the client's error.
+fn failed(action: &'static str) -> impl Fn(etcd_client::Error) -> Error {
+    move |error| Error::Request {
+        store: "etcd",
+        action,
+        reason: error.to_string(),
+    }
+}
+
 /// The store for `url`; connects on first use, so an unreachable server shows up as the
 /// engine's first publish failing.
-pub(crate) fn store(url: &str) -> Result<LeasedStore<Etcd>, String> {
+///
+/// # Errors
+/// [`Error::BadUrl`] for a malformed URL.
+pub(crate) fn store(url: &str) -> Result<LeasedStore<Etcd>, Error> {
     let (address, ttl) = crate::lease::split_ttl(url)?;
     let rest = address
         .strip_prefix("etcd://")
-        .ok_or("an etcd URL starts with etcd://")?;
+        .ok_or_else(|| bad_url(url, "an etcd URL starts with etcd://"))?;
     let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, "ferry"));
     let endpoints: Vec<String> = hosts
         .split(',')
@@ -172,7 +188,10 @@ pub(crate) fn store(url: &str) -> Result<LeasedStore<Etcd>, String> {
         .map(|host| format!("http://{host}"))
         .collect();
     if endpoints.is_empty() {
-        return Err("name at least one host:port, as etcd://host:port[,host:port]/prefix".into());
+        return Err(bad_url(
+            url,
+            "name at least one host:port, as etcd://host:port[,host:port]/prefix",
+        ));
     }
     let prefix = format!("/{}", prefix.trim_matches('/'));
     Ok(LeasedStore::new(

@@ -18,17 +18,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         name: &str,
         owner: &str,
         value: &[u8],
-    ) -> std::result::Result<Option<String>, String>;
+    ) -> std::result::Result<Option<String>, crate::Error>;
 
     /// The value under `name`, if any.
-    async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, String>;
+    async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, crate::Error>;
 
     /// Deletes `name` if `owner` holds it.
-    async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String>;
+    async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), crate::Error>;
 
     /// Renews whatever expiry the store keeps apart from the values (an etcd lease); stores
     /// whose values expire on their own, refreshed by claiming them again, keep the default.
-    async fn renew(&self) -> std::result::Result<(), String> {
+    async fn renew(&self) -> std::result::Result<(), crate::Error> {
         Ok(())
     }
 
@@ -77,13 +77,11 @@ impl<B: Backend> LeasedStore<B> {
         }
     }
 
-    fn failed(&self, name: &str, reason: String) -> Error {
+    /// The engine's error for `name` when the store failed with `error`.
+    fn failed(&self, name: &str, error: crate::Error) -> Error {
         Error::Metadata {
             name: name.to_owned(),
-            reason: format!(
-                "{} ({reason}); check that the store is running and reachable",
-                self.url
-            ),
+            reason: format!("{}: {error}", self.url),
         }
     }
 
@@ -236,7 +234,10 @@ impl<B: Backend> MetadataStore for LeasedStore<B> {
 }
 
 /// Splits `?ttl=SECONDS` off a URL: the rest and the time to live (10 s by default).
-pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), String> {
+///
+/// # Errors
+/// [`crate::Error::BadUrl`] for any query other than a positive `ttl`.
+pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), crate::Error> {
     let Some((rest, query)) = url.split_once('?') else {
         return Ok((url, Duration::from_secs(10)));
     };
@@ -245,8 +246,11 @@ pub(crate) fn split_ttl(url: &str) -> std::result::Result<(&str, Duration), Stri
         .and_then(|value| value.parse::<u64>().ok())
         .filter(|&seconds| seconds > 0)
         .ok_or_else(|| {
-            format!(
-                "the only query the URL takes is ttl=SECONDS (a positive integer), not {query:?}"
+            crate::bad_url(
+                url,
+                format!(
+                    "the only query the URL takes is ttl=SECONDS (a positive integer), not {query:?}"
+                ),
             )
         })?;
     Ok((rest, Duration::from_secs(seconds)))
@@ -270,7 +274,7 @@ mod tests {
             name: &str,
             owner: &str,
             value: &[u8],
-        ) -> std::result::Result<Option<String>, String> {
+        ) -> std::result::Result<Option<String>, crate::Error> {
             let mut entries = self.entries.lock();
             match entries.get(name) {
                 Some((holder, _)) if holder != owner => Ok(Some(holder.clone())),
@@ -281,7 +285,7 @@ mod tests {
             }
         }
 
-        async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, String> {
+        async fn read(&self, name: &str) -> std::result::Result<Option<Vec<u8>>, crate::Error> {
             Ok(self
                 .entries
                 .lock()
@@ -289,7 +293,7 @@ mod tests {
                 .map(|(_, value)| value.clone()))
         }
 
-        async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), String> {
+        async fn release(&self, name: &str, owner: &str) -> std::result::Result<(), crate::Error> {
             let mut entries = self.entries.lock();
             if entries.get(name).is_some_and(|(holder, _)| holder == owner) {
                 entries.remove(name);
@@ -390,7 +394,68 @@ mod tests {
             split_ttl("etcd://h:1/p"),
             Ok(("etcd://h:1/p", Duration::from_secs(10)))
         );
-        assert!(split_ttl("redis://h:1/0?ttl=0").is_err());
-        assert!(split_ttl("redis://h:1/0?lease=3").is_err());
+        for url in ["redis://h:1/0?ttl=0", "redis://h:1/0?lease=3"] {
+            match split_ttl(url) {
+                Err(crate::Error::BadUrl { url: named, reason }) => {
+                    assert_eq!(named, url);
+                    assert!(reason.contains("ttl=SECONDS"), "{reason}");
+                }
+                other => panic!("expected {url} to be refused as malformed, got {other:?}"),
+            }
+        }
+    }
+
+    /// A backend whose every request fails, as a store that is down does.
+    struct Down;
+
+    #[async_trait]
+    impl Backend for Down {
+        async fn claim(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[u8],
+        ) -> std::result::Result<Option<String>, crate::Error> {
+            Err(down())
+        }
+
+        async fn read(&self, _: &str) -> std::result::Result<Option<Vec<u8>>, crate::Error> {
+            Err(down())
+        }
+
+        async fn release(&self, _: &str, _: &str) -> std::result::Result<(), crate::Error> {
+            Err(down())
+        }
+
+        fn key(&self, name: &str) -> String {
+            format!("down/{name}")
+        }
+    }
+
+    fn down() -> crate::Error {
+        crate::Error::Unreachable {
+            store: "etcd",
+            reason: "connection refused".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_is_down_is_the_engines_metadata_error_naming_url_and_remedy() {
+        let store = LeasedStore::new(Down, "etcd://h:1/p".into(), Duration::from_secs(5));
+        for outcome in [
+            store.publish(&descriptor("a:1", 10)).await.map(drop),
+            store.fetch("a:1").await.map(drop),
+        ] {
+            match outcome {
+                Err(Error::Metadata { name, reason }) => {
+                    assert_eq!(name, "a:1");
+                    assert!(
+                        reason.starts_with("etcd://h:1/p: cannot connect to the etcd server: connection refused; check that it is running"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("expected a metadata error, got {other:?}"),
+            }
+        }
     }
 }

@@ -32,7 +32,7 @@ pub use memory::MemoryStore;
 
 use std::sync::Arc;
 
-/// Why a metadata URL was refused.
+/// Why a metadata URL was refused, or a metadata service failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -52,20 +52,46 @@ pub enum Error {
         /// What is supported instead.
         reason: String,
     },
+    /// The metadata service could not be connected to.
+    #[error("cannot connect to the {store} server: {reason}; check that it is running and reachable at the URL's address")]
+    Unreachable {
+        /// Which service: `etcd` or `redis`.
+        store: &'static str,
+        /// What the client reported.
+        reason: String,
+    },
+    /// The metadata service refused or failed a request.
+    #[error("{store} {action} failed: {reason}; check that the server is running and healthy, then retry")]
+    Request {
+        /// Which service: `etcd` or `redis`.
+        store: &'static str,
+        /// What was asked, such as `claiming a name`.
+        action: &'static str,
+        /// What the client reported.
+        reason: String,
+    },
+    /// The etcd lease holding this engine's names expired (the server was unreachable for
+    /// longer than the time to live).
+    #[error("the etcd lease of this engine's names expired; a new one is taken and the names are claimed again on the next renewal")]
+    LeaseExpired,
 }
 
 impl From<Error> for ferry_core::Error {
     /// [`ferry_core::Error::Metadata`] naming the URL, so `?` turns a refused URL into the
     /// engine's error.
     fn from(error: Error) -> Self {
-        let (url, reason) = match error {
+        let (name, reason) = match error {
             Error::BadUrl { url, reason } => (url, format!("the URL is malformed: {reason}")),
             Error::UnsupportedUrl { url, reason } => (
                 url,
                 format!("this build does not support the URL: {reason}"),
             ),
+            Error::Unreachable { store, .. } | Error::Request { store, .. } => {
+                (store.to_owned(), error.to_string())
+            }
+            Error::LeaseExpired => ("etcd".to_owned(), error.to_string()),
         };
-        ferry_core::Error::Metadata { name: url, reason }
+        ferry_core::Error::Metadata { name, reason }
     }
 }
 
@@ -81,9 +107,9 @@ pub fn from_url(url: &str) -> Result<Arc<dyn MetadataStore>, Error> {
         "" | "p2p" => Ok(Arc::new(PeerToPeer::default())),
         "memory" => Ok(MemoryStore::global()),
         #[cfg(feature = "etcd")]
-        url if url.starts_with("etcd://") => Ok(Arc::new(etcd::store(url).map_err(bad_url(url))?)),
+        url if url.starts_with("etcd://") => Ok(Arc::new(etcd::store(url)?)),
         #[cfg(feature = "redis")]
-        url if url.starts_with("redis://") => Ok(Arc::new(redis::store(url).map_err(bad_url(url))?)),
+        url if url.starts_with("redis://") => Ok(Arc::new(redis::store(url)?)),
         other => Err(Error::UnsupportedUrl {
             url: other.to_owned(),
             reason: "use `p2p` (peers find each other by host:port), `memory` (one process), or etcd:// and redis:// in a build with the `etcd` and `redis` features".into(),
@@ -91,12 +117,12 @@ pub fn from_url(url: &str) -> Result<Arc<dyn MetadataStore>, Error> {
     }
 }
 
-/// Turns a store's reason for refusing `url` into [`Error::BadUrl`].
+/// [`Error::BadUrl`] for `url`, with what is wrong.
 #[cfg(any(feature = "etcd", feature = "redis"))]
-fn bad_url(url: &str) -> impl Fn(String) -> Error + '_ {
-    move |reason| Error::BadUrl {
+fn bad_url(url: &str, reason: impl Into<String>) -> Error {
+    Error::BadUrl {
         url: url.to_owned(),
-        reason,
+        reason: reason.into(),
     }
 }
 

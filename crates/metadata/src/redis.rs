@@ -3,6 +3,7 @@
 //! after the time to live unless the engine refreshes them.
 
 use crate::lease::{Backend, LeasedStore};
+use crate::{bad_url, Error};
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
@@ -37,7 +38,7 @@ pub(crate) struct Redis {
 }
 
 impl Redis {
-    async fn connection(&self) -> Result<ConnectionManager, String> {
+    async fn connection(&self) -> Result<ConnectionManager, Error> {
         let connection = self
             .connection
             .get_or_try_init(|| async {
@@ -48,7 +49,10 @@ impl Redis {
                 self.client.get_connection_manager_with_config(config).await
             })
             .await
-            .map_err(|error| format!("cannot connect: {error}"))?;
+            .map_err(|error| Error::Unreachable {
+                store: "redis",
+                reason: error.to_string(),
+            })?;
         Ok(connection.clone())
     }
 
@@ -59,7 +63,7 @@ impl Redis {
 
 #[async_trait]
 impl Backend for Redis {
-    async fn claim(&self, name: &str, owner: &str, value: &[u8]) -> Result<Option<String>, String> {
+    async fn claim(&self, name: &str, owner: &str, value: &[u8]) -> Result<Option<String>, Error> {
         let mut connection = self.connection().await?;
         let (value_key, owner_key) = Redis::keys(name);
         let holder: String = self
@@ -71,20 +75,20 @@ impl Backend for Redis {
             .arg(self.ttl.as_millis() as u64)
             .invoke_async(&mut connection)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("claiming a name"))?;
         Ok((!holder.is_empty()).then_some(holder))
     }
 
-    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, Error> {
         let mut connection = self.connection().await?;
         redis::cmd("GET")
             .arg(Redis::keys(name).0)
             .query_async(&mut connection)
             .await
-            .map_err(|error| error.to_string())
+            .map_err(failed("reading a descriptor"))
     }
 
-    async fn release(&self, name: &str, owner: &str) -> Result<(), String> {
+    async fn release(&self, name: &str, owner: &str) -> Result<(), Error> {
         let mut connection = self.connection().await?;
         let (value_key, owner_key) = Redis::keys(name);
         let _: i64 = self
@@ -94,7 +98,7 @@ impl Backend for Redis {
             .arg(owner)
             .invoke_async(&mut connection)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(failed("releasing a name"))?;
         Ok(())
     }
 
@@ -103,11 +107,23 @@ impl Backend for Redis {
     }
 }
 
+/// [`Error::Request`] for `action`, from the client's error.
+fn failed(action: &'static str) -> impl Fn(redis::RedisError) -> Error {
+    move |error| Error::Request {
+        store: "redis",
+        action,
+        reason: error.to_string(),
+    }
+}
+
 /// The store for `url` (`redis://host:port/db`, optionally `?ttl=SECONDS`); connects on first
 /// use, so an unreachable server shows up as the engine's first publish failing.
-pub(crate) fn store(url: &str) -> Result<LeasedStore<Redis>, String> {
+///
+/// # Errors
+/// [`Error::BadUrl`] for a malformed URL.
+pub(crate) fn store(url: &str) -> Result<LeasedStore<Redis>, Error> {
     let (address, ttl) = crate::lease::split_ttl(url)?;
-    let client = redis::Client::open(address).map_err(|error| error.to_string())?;
+    let client = redis::Client::open(address).map_err(|error| bad_url(url, error.to_string()))?;
     Ok(LeasedStore::new(
         Redis {
             client,

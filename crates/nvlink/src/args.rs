@@ -2,7 +2,8 @@
 //! ids). The kernels read them in place over the bus, so no upload is queued before a launch.
 
 use ferry_core::cuda::{Context, CudaError, Event, PinnedBuffer};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// Smallest buffer allocated, so small batches reuse one buffer.
 const MIN_BUFFER: usize = 64 << 10;
@@ -26,10 +27,7 @@ impl ArgumentPool {
     /// A buffer of at least `len` bytes that no queued launch reads any more.
     pub(crate) fn take(&self, len: usize) -> Result<PinnedBuffer, CudaError> {
         {
-            let mut free = self
-                .free
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
+            let mut free = self.free.lock();
             let mut index = 0;
             while index < free.len() {
                 let (buffer, fence) = &free[index];
@@ -49,9 +47,6 @@ impl ArgumentPool {
 
     /// Returns `buffer` for reuse once `fence` (recorded after the launch reading it) fires.
     pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Event) {
-        self.free
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .push((buffer, fence));
+        self.free.lock().push((buffer, fence));
     }
 }

@@ -2,8 +2,9 @@
 //! per GPU by making one ([`ferry_core::cuda::try_fabric_allocation`]).
 
 use ferry_core::cuda::{try_fabric_allocation, CudaError};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// The outcome of the fabric probe on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,10 +19,7 @@ pub enum FabricSupport {
 /// result once.
 pub fn probe_fabric(ordinal: u32) -> FabricSupport {
     static RESULTS: OnceLock<Mutex<HashMap<u32, FabricSupport>>> = OnceLock::new();
-    let mut results = RESULTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let mut results = RESULTS.get_or_init(Mutex::default).lock();
     results
         .entry(ordinal)
         .or_insert_with(|| {

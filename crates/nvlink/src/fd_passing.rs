@@ -14,8 +14,9 @@
 //! address is read); one without a secret refuses a client that does, in the handshake.
 
 use ferry_core::auth::Secret;
-use ferry_core::cuda::{AllocationHandle, Context, CudaError};
+use ferry_core::cuda::{AllocationHandle, Context};
 use ferry_core::{AuthFailure, InstanceId};
+use parking_lot::Mutex;
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -26,7 +27,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::SocketAddr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
@@ -56,11 +57,6 @@ pub(crate) struct Share {
 /// Shares by the address the buffer was registered at.
 type Shares = Mutex<HashMap<u64, Share>>;
 
-fn lock(shares: &Shares) -> std::sync::MutexGuard<'_, HashMap<u64, Share>> {
-    // Each update is one insert or remove, so a poisoned map is still consistent.
-    shares.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 /// This engine's fd-passing socket, served on the engine's runtime.
 pub(crate) struct FdServer {
     name: String,
@@ -84,7 +80,7 @@ pub(crate) struct ShareGuard {
 impl Drop for ShareGuard {
     fn drop(&mut self) {
         if let Some(shares) = self.shares.upgrade() {
-            lock(&shares).remove(&self.addr);
+            shares.lock().remove(&self.addr);
         }
     }
 }
@@ -118,7 +114,7 @@ impl FdServer {
 
     /// Shares the allocations of the buffer registered at `addr` until the guard drops.
     pub(crate) fn share(&self, addr: u64, share: Share) -> ShareGuard {
-        lock(&self.shares).insert(addr, share);
+        self.shares.lock().insert(addr, share);
         ShareGuard {
             shares: Arc::downgrade(&self.shares),
             addr,
@@ -256,7 +252,7 @@ async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
 
 /// Fresh descriptors for every allocation of the buffer shared at `addr`.
 fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
-    let shares = lock(shares);
+    let shares = shares.lock();
     let share = shares
         .get(&addr)
         .ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
@@ -308,9 +304,9 @@ pub(crate) enum ImportError {
         /// The peer's socket name.
         socket: String,
     },
-    /// Importing a received descriptor failed.
+    /// Importing a received descriptor, or mapping what it names, failed.
     #[error(transparent)]
-    Cuda(#[from] CudaError),
+    Mapping(#[from] ferry_core::Error),
 }
 
 /// Asks the peer's fd socket `socket` for the descriptors of the buffer registered at

@@ -34,9 +34,15 @@ pub(crate) enum OpenError {
     Local(ImportError),
 }
 
+impl From<ferry_core::Error> for OpenError {
+    fn from(error: ferry_core::Error) -> Self {
+        OpenError::Local(ImportError::Mapping(error))
+    }
+}
+
 impl From<CudaError> for OpenError {
     fn from(error: CudaError) -> Self {
-        OpenError::Local(ImportError::Cuda(error))
+        OpenError::from(ferry_core::Error::Cuda(error))
     }
 }
 
@@ -129,7 +135,15 @@ fn map_vmm(
     let mapping = VmmMapping::map(context, handles).map_err(|error| {
         // The driver answers an oversized piece with INVALID_VALUE (1) or, as seen on H200
         // with driver 580, NOT_SUPPORTED (801); the piece sizes are all the peer controls here.
-        if error.call == "cuMemMap" && matches!(error.code, 1 | 801) {
+        let refused_size = matches!(
+            &error,
+            ferry_core::Error::Cuda(CudaError {
+                call: "cuMemMap",
+                code: Some(1 | 801),
+                ..
+            })
+        );
+        if refused_size {
             OpenError::Peer(ProtocolViolation::Descriptor {
                 field: "export.pieces",
                 problem: format!(

@@ -11,9 +11,10 @@ use ferry_core::{
     BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location,
     ProtocolViolation, Result, TransferOp,
 };
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[cfg(all(test, feature = "gpu-tests"))]
 mod gpu_tests;
@@ -67,11 +68,6 @@ struct Resolved {
     reachable: bool,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every update is one insert, so a poisoned map is still consistent.
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 impl NvlinkLink {
     /// A link of `transport` to `peer` (engine `instance`; `local_peer` when it is an engine of
     /// this process).
@@ -99,7 +95,7 @@ impl NvlinkLink {
     }
 
     fn lane(&self, ordinal: u32) -> Result<Arc<GpuLane>> {
-        let cached = lock(&self.lanes).get(&ordinal).cloned();
+        let cached = self.lanes.lock().get(&ordinal).cloned();
         if let Some(lane) = cached {
             return Ok(lane);
         }
@@ -120,7 +116,7 @@ impl NvlinkLink {
             args: ArgumentPool::new(context),
             peers: Mutex::default(),
         });
-        lock(&self.lanes).insert(ordinal, Arc::clone(&lane));
+        self.lanes.lock().insert(ordinal, Arc::clone(&lane));
         Ok(lane)
     }
 
@@ -143,7 +139,7 @@ impl NvlinkLink {
             let Some(export) = remote.export(self.transport) else {
                 return Err(self.refused("its buffer carries no export"));
             };
-            if lock(&self.mappings).contains_key(export) {
+            if self.mappings.lock().contains_key(export) {
                 continue;
             }
             let decoded = GpuExport::of(remote, self.transport)
@@ -157,7 +153,9 @@ impl NvlinkLink {
                     OpenError::Peer(violation) => self.fail(violation),
                     OpenError::Local(reason) => self.refused(&reason.to_string()),
                 })?;
-            lock(&self.mappings).insert(export.clone(), Arc::new(opened));
+            self.mappings
+                .lock()
+                .insert(export.clone(), Arc::new(opened));
         }
         Ok(())
     }
@@ -180,7 +178,7 @@ impl NvlinkLink {
         }
         let opened = remote
             .export(self.transport)
-            .and_then(|export| lock(&self.mappings).get(export).cloned());
+            .and_then(|export| self.mappings.lock().get(export).cloned());
         let Some(opened) = opened else {
             // Mapped before planning began, so only a close since can have dropped it.
             self.still_alive()?;
@@ -224,7 +222,7 @@ impl NvlinkLink {
         if owner.ordinal == ordinal {
             return true;
         }
-        let known = lock(&lane.peers).get(&owner.ordinal).copied();
+        let known = lane.peers.lock().get(&owner.ordinal).copied();
         if let Some(enabled) = known {
             return enabled;
         }
@@ -234,7 +232,7 @@ impl NvlinkLink {
                 tracing::info!(from = ordinal, to = owner.ordinal, %error, "peer access refused; copies between these GPUs use the copy engines");
             })
             .is_ok();
-        lock(&lane.peers).insert(owner.ordinal, enabled);
+        lane.peers.lock().insert(owner.ordinal, enabled);
         enabled
     }
 
@@ -497,6 +495,6 @@ impl Link for NvlinkLink {
 
     fn close(&self) {
         self.alive.store(false, Ordering::Release);
-        lock(&self.mappings).clear();
+        self.mappings.lock().clear();
     }
 }

@@ -14,8 +14,9 @@ use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
 use ferry_core::{InstanceId, SegmentDescriptor};
 use futures::future::BoxFuture;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Maps an export into GPU `ordinal` of this process and releases it again, proving the
 /// secret to the peer's fd socket where one is asked; `Err` holds why it could not be mapped.
@@ -93,7 +94,7 @@ impl Trials {
         peer: InstanceId,
         kind: ExportKind,
     ) -> Option<Result<(), String>> {
-        self.lock().get(&(peer, kind, ordinal)).cloned()
+        self.verdicts.lock().get(&(peer, kind, ordinal)).cloned()
     }
 
     /// Tries one of `exports` (the peer's, as this transport reads them) of each kind into
@@ -128,7 +129,7 @@ impl Trials {
                             kind.describe()
                         )
                     });
-                let mut verdicts = self.lock();
+                let mut verdicts = self.verdicts.lock();
                 verdicts.entry((peer.instance, kind, ordinal)).or_insert_with(|| {
                     match &verdict {
                         Ok(()) => tracing::debug!(peer = %peer.name, kind = kind.describe(), gpu = ordinal, "peer memory maps over nvlink"),
@@ -138,13 +139,6 @@ impl Trials {
                 });
             }
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
-        // Each update is one insert, so a poisoned map is still consistent.
-        self.verdicts
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
     }
 }
 

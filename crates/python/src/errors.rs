@@ -10,7 +10,7 @@ create_exception!(
     _ferry,
     FerryError,
     PyException,
-    "Base class of every error ferry raises; the message says what was wrong and what to do."
+    "Base class of the errors ferry raises (host memory it cannot allocate raises MemoryError); the message says what was wrong and what to do."
 );
 create_exception!(
     _ferry,
@@ -28,7 +28,7 @@ create_exception!(
     _ferry,
     PeerError,
     FerryError,
-    "A peer could not be reached, went away, rejected a request or broke the protocol."
+    "A peer could not be reached, went away, refused a request or broke the protocol."
 );
 create_exception!(
     _ferry,
@@ -43,21 +43,61 @@ create_exception!(
     "A peer did not prove it holds the shared secret, or refused this engine's proof."
 );
 
-/// The Python exception for a ferry error.
-pub(crate) fn to_py(error: ferry::Error) -> PyErr {
-    let message = error.to_string();
+/// Which Python exception class a ferry error becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// `RangeError`.
+    Range,
+    /// Python's own `MemoryError`, so `except MemoryError` catches it as for any allocation.
+    Memory,
+    /// `UnsupportedMemory`.
+    Unsupported,
+    /// `TransferTimeout`.
+    Timeout,
+    /// `AuthenticationError`.
+    Authentication,
+    /// `PeerError`.
+    Peer,
+    /// `FerryError` itself.
+    Other,
+}
+
+/// The class of `error`: a range the peer refused as outside its registrations is a range
+/// error, as a local one is; every other refusal is the peer's.
+fn class_of(error: &ferry::Error) -> Class {
     match error {
-        ferry::Error::Range(_) | ferry::Error::Registration { .. } => RangeError::new_err(message),
-        ferry::Error::OutOfMemory { .. } => PyMemoryError::new_err(message),
-        ferry::Error::Unsupported { .. } => UnsupportedMemory::new_err(message),
-        ferry::Error::Timeout { .. } => TransferTimeout::new_err(message),
-        ferry::Error::Unauthenticated { .. } => AuthenticationError::new_err(message),
+        ferry::Error::Range(_)
+        | ferry::Error::Registration { .. }
+        | ferry::Error::Rejected {
+            reason: ferry::Refusal::NotRegistered { .. },
+            ..
+        } => Class::Range,
+        ferry::Error::OutOfMemory { .. } => Class::Memory,
+        ferry::Error::Unsupported { .. } => Class::Unsupported,
+        ferry::Error::Timeout { .. } => Class::Timeout,
+        ferry::Error::Unauthenticated { .. } => Class::Authentication,
         ferry::Error::Protocol { .. }
         | ferry::Error::Unreachable { .. }
         | ferry::Error::PeerGone { .. }
         | ferry::Error::Rejected { .. }
-        | ferry::Error::NotPublished { .. } => PeerError::new_err(message),
-        _ => FerryError::new_err(message),
+        | ferry::Error::NotPublished { .. } => Class::Peer,
+        // Internal (a bug in ferry), ApiMisuse, Cuda, Io, Metadata, Shutdown, Unavailable and
+        // whatever is added later: the base class, with ferry's message.
+        _ => Class::Other,
+    }
+}
+
+/// The Python exception for a ferry error.
+pub(crate) fn to_py(error: ferry::Error) -> PyErr {
+    let message = error.to_string();
+    match class_of(&error) {
+        Class::Range => RangeError::new_err(message),
+        Class::Memory => PyMemoryError::new_err(message),
+        Class::Unsupported => UnsupportedMemory::new_err(message),
+        Class::Timeout => TransferTimeout::new_err(message),
+        Class::Authentication => AuthenticationError::new_err(message),
+        Class::Peer => PeerError::new_err(message),
+        Class::Other => FerryError::new_err(message),
     }
 }
 
@@ -71,4 +111,43 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TransferTimeout", py.get_type::<TransferTimeout>())?;
     m.add("AuthenticationError", py.get_type::<AuthenticationError>())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry::{Refusal, RegistrationProblem};
+
+    #[test]
+    fn new_error_kinds_map_to_the_class_a_caller_would_catch() {
+        let out_of_memory = ferry::Error::OutOfMemory {
+            what: "a staging buffer",
+            bytes: 1 << 40,
+        };
+        assert_eq!(class_of(&out_of_memory), Class::Memory);
+        let registration = ferry::Error::Registration {
+            addr: 0,
+            len: 0,
+            problem: RegistrationProblem::Empty,
+        };
+        assert_eq!(class_of(&registration), Class::Range);
+        let internal = ferry::Error::Internal {
+            what: "a state that cannot happen".into(),
+        };
+        assert_eq!(class_of(&internal), Class::Other);
+        let outside = ferry::Error::Rejected {
+            peer: "127.0.0.1:1".into(),
+            reason: Refusal::NotRegistered {
+                entry: Some(0),
+                addr: 0x1000,
+                len: 16,
+            },
+        };
+        assert_eq!(class_of(&outside), Class::Range);
+        let refused = ferry::Error::Rejected {
+            peer: "127.0.0.1:1".into(),
+            reason: Refusal::Other("the inbox is full".into()),
+        };
+        assert_eq!(class_of(&refused), Class::Peer);
+    }
 }

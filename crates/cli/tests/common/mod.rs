@@ -23,15 +23,9 @@ pub(crate) async fn engine() -> Engine {
 
 /// Deterministic bytes that differ for every seed and position.
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    let mut bytes = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut bytes);
+    bytes
 }
 
 /// Fails naming the first differing byte.

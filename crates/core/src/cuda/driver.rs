@@ -110,11 +110,7 @@ impl Driver {
         match &self.status {
             DriverStatus::Ready { .. } => Ok(()),
             DriverStatus::InitFailed(error) => Err(error.clone()),
-            DriverStatus::NoLibrary => Err(CudaError {
-                call: "cuInit",
-                code: 3,
-                name: "CUDA_ERROR_NOT_INITIALIZED: no CUDA driver library (libcuda) found".into(),
-            }),
+            DriverStatus::NoLibrary => Err(CudaError::no_driver("cuInit")),
         }
     }
 }

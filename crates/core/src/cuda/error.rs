@@ -1,15 +1,18 @@
 use cudarc::driver::sys::{self, CUresult};
 use std::ffi::CStr;
+use std::fmt;
 
-/// A CUDA driver call that returned something other than success.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("CUDA call {call} failed with {name} ({code}); see https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html for what it means")]
+/// A CUDA driver call that returned something other than success, or could not be made at all
+/// because no driver library is installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaError {
-    /// The driver function that failed.
+    /// The driver function that failed (or would have been called).
     pub call: &'static str,
-    /// The numeric `CUresult`.
-    pub code: u32,
-    /// The symbolic name of the result, as the driver reports it.
+    /// The numeric `CUresult` the driver returned; `None` when no driver library could be
+    /// loaded, so the call was never made.
+    pub code: Option<u32>,
+    /// The symbolic name of the result, as the driver reports it (`CUDA_ERROR_...`); for a
+    /// missing driver library, a description of that.
     pub name: String,
 }
 
@@ -21,11 +24,32 @@ impl CudaError {
         }
         Err(CudaError {
             call,
-            code: result as u32,
+            code: Some(result as u32),
             name: name_of(result),
         })
     }
+
+    /// `call` could not be made: no CUDA driver library (libcuda) could be loaded.
+    pub(crate) fn no_driver(call: &'static str) -> CudaError {
+        CudaError {
+            call,
+            code: None,
+            name: "no CUDA driver library (libcuda) found".into(),
+        }
+    }
 }
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CudaError { call, code, name } = self;
+        match code {
+            Some(code) => write!(f, "CUDA call {call} failed with {name} ({code}); see https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html for what it means"),
+            None => write!(f, "CUDA is unavailable, so {call} could not be called: {name}; install the NVIDIA driver to use GPU memory, or register host memory only"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
 
 fn name_of(result: CUresult) -> String {
     let mut text: *const std::ffi::c_char = std::ptr::null();
@@ -39,4 +63,33 @@ fn name_of(result: CUresult) -> String {
     unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_driver_has_no_code_and_says_what_to_do() {
+        let error = CudaError::no_driver("cuInit");
+        assert_eq!(error.code, None);
+        let message = error.to_string();
+        assert!(message.contains("CUDA is unavailable"), "{message}");
+        assert!(message.contains("cuInit"), "{message}");
+        assert!(message.contains("install the NVIDIA driver"), "{message}");
+        assert!(!message.contains("failed with"), "{message}");
+    }
+
+    #[test]
+    fn a_driver_result_names_its_call_code_and_name() {
+        let error = CudaError {
+            call: "cuMemMap",
+            code: Some(801),
+            name: "CUDA_ERROR_NOT_SUPPORTED".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "CUDA call cuMemMap failed with CUDA_ERROR_NOT_SUPPORTED (801); see https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html for what it means"
+        );
+    }
 }

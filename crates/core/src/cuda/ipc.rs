@@ -1,5 +1,6 @@
 use super::context::Context;
 use super::error::CudaError;
+use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUipcMemHandle, CUipcMem_flags};
 use std::sync::Arc;
 
@@ -50,7 +51,11 @@ pub struct IpcMapping {
 impl IpcMapping {
     /// Maps the allocation `handle` names, in `context`, with peer access enabled lazily, and
     /// asks the driver how large the mapped allocation really is ([`IpcMapping::len`]).
-    pub fn open(context: Arc<Context>, handle: &IpcHandle) -> Result<IpcMapping, CudaError> {
+    ///
+    /// # Errors
+    /// The driver's error; [`Error::Internal`] when the driver reports an allocation range
+    /// that does not hold the address it just mapped.
+    pub fn open(context: Arc<Context>, handle: &IpcHandle) -> Result<IpcMapping> {
         context.bind()?;
         let raw = CUipcMemHandle {
             reserved: handle.0.map(|byte| byte as _),
@@ -78,13 +83,7 @@ impl IpcMapping {
         CudaError::check("cuMemGetAddressRange_v2", unsafe {
             sys::cuMemGetAddressRange_v2(&mut range_base, &mut range_len, base)
         })?;
-        mapping.len = mapped_from(base, range_base, range_len as u64).ok_or(CudaError {
-            call: "cuMemGetAddressRange_v2",
-            code: 1,
-            name: format!(
-                "CUDA_ERROR_INVALID_VALUE: the reported range {range_base:#x}..+{range_len} does not hold the mapped address {base:#x}"
-            ),
-        })?;
+        mapping.len = mapped_from(base, range_base, range_len as u64)?;
         Ok(mapping)
     }
 
@@ -119,11 +118,18 @@ impl Drop for IpcMapping {
     }
 }
 
-/// Bytes from `base` to the end of the range `range_base..+range_len` that holds it, or
-/// `None` when the range does not hold `base` or wraps.
-fn mapped_from(base: u64, range_base: u64, range_len: u64) -> Option<u64> {
-    let end = range_base.checked_add(range_len)?;
-    (range_base <= base && base < end).then(|| end - base)
+/// Bytes from `base` to the end of the range `range_base..+range_len` that holds it;
+/// [`Error::Internal`] when the range does not hold `base` or wraps.
+fn mapped_from(base: u64, range_base: u64, range_len: u64) -> Result<u64> {
+    range_base
+        .checked_add(range_len)
+        .filter(|&end| range_base <= base && base < end)
+        .map(|end| end - base)
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "cuMemGetAddressRange_v2 reported the range {range_base:#x}..+{range_len}, which does not hold the IPC mapping at {base:#x} it was asked about"
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -132,12 +138,29 @@ mod tests {
 
     #[test]
     fn the_mapped_length_runs_from_the_base_to_the_end_of_the_reported_range() {
-        assert_eq!(mapped_from(0x1000, 0x1000, 0x2000), Some(0x2000));
-        assert_eq!(mapped_from(0x1800, 0x1000, 0x2000), Some(0x1800));
-        assert_eq!(mapped_from(0x3000, 0x1000, 0x2000), None);
-        assert_eq!(mapped_from(0x0fff, 0x1000, 0x2000), None);
-        assert_eq!(mapped_from(0x1000, 0x1000, 0), None);
-        assert_eq!(mapped_from(u64::MAX, u64::MAX - 1, 4), None);
+        assert_eq!(mapped_from(0x1000, 0x1000, 0x2000).unwrap(), 0x2000);
+        assert_eq!(mapped_from(0x1800, 0x1000, 0x2000).unwrap(), 0x1800);
+    }
+
+    #[test]
+    fn a_reported_range_that_misses_the_mapping_is_an_internal_error_naming_both() {
+        for (base, range_base, range_len) in [
+            (0x3000, 0x1000, 0x2000),
+            (0x0fff, 0x1000, 0x2000),
+            (0x1000, 0x1000, 0),
+            (u64::MAX, u64::MAX - 1, 4),
+        ] {
+            match mapped_from(base, range_base, range_len) {
+                Err(Error::Internal { what }) => {
+                    assert!(
+                        what.contains(&format!("{range_base:#x}..+{range_len}")),
+                        "{what}"
+                    );
+                    assert!(what.contains(&format!("{base:#x}")), "{what}");
+                }
+                other => panic!("expected an internal error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -158,7 +158,7 @@ mod tests {
         fn launch(&mut self, index: usize) -> Result<()> {
             self.log.lock().unwrap().push(Did::Launch(index));
             match self.fail_at == Some(index) {
-                true => Err(Error::ApiMisuse(format!("launch {index} failed"))),
+                true => Err(Error::internal(format!("launch {index} failed"))),
                 false => Ok(()),
             }
         }
@@ -166,7 +166,7 @@ mod tests {
         fn fence(&mut self, stream: usize) -> Result<Self::Fence> {
             self.log.lock().unwrap().push(Did::Fence(stream));
             if self.no_fence.contains(&stream) {
-                return Err(Error::ApiMisuse(format!("no fence on stream {stream}")));
+                return Err(Error::internal(format!("no fence on stream {stream}")));
             }
             let (sender, receiver) = oneshot::channel();
             self.fences.lock().unwrap().push((stream, sender));
@@ -212,7 +212,7 @@ mod tests {
         let wait = |fence: oneshot::Receiver<Result<()>>| async move {
             fence
                 .await
-                .unwrap_or_else(|_| Err(Error::ApiMisuse("fence dropped".into())))
+                .unwrap_or_else(|_| Err(Error::internal("fence dropped")))
         };
         let future = Box::pin(launch_all(fake, wait, Guard(Arc::clone(&released))));
         Run {
@@ -248,7 +248,7 @@ mod tests {
 
     fn launch_error(outcome: Poll<Result<()>>) -> String {
         match outcome {
-            Poll::Ready(Err(Error::ApiMisuse(message))) => message,
+            Poll::Ready(Err(Error::Internal { what })) => what,
             other => panic!("expected the launch's error, got {other:?}"),
         }
     }
@@ -302,7 +302,7 @@ mod tests {
             run.log()[3..],
             [Did::Fence(0), Did::Fence(1), Did::Drain(1), Did::Fence(2)]
         );
-        run.fire(2, Err(Error::ApiMisuse("stream 2 failed".into())));
+        run.fire(2, Err(Error::internal("stream 2 failed")));
         assert!(run.poll().is_pending(), "stream 0 still runs");
         assert!(!run.released.load(Ordering::SeqCst));
         run.fire(0, Ok(()));
@@ -314,7 +314,7 @@ mod tests {
     fn a_fence_that_reports_an_error_fails_the_transfer_after_all_fences_ran_out() {
         let mut run = start(&[0, 1], None, &[]);
         assert!(run.poll().is_pending());
-        run.fire(0, Err(Error::ApiMisuse("copy on stream 0 failed".into())));
+        run.fire(0, Err(Error::internal("copy on stream 0 failed")));
         assert!(run.poll().is_pending());
         assert!(!run.released.load(Ordering::SeqCst));
         run.fire(1, Ok(()));

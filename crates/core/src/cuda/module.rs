@@ -1,6 +1,7 @@
 use super::context::Context;
 use super::error::CudaError;
 use super::stream::Stream;
+use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -20,13 +21,17 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads `ptx` into `context`. Fails with the driver's error when the PTX is malformed or
-    /// newer than the driver understands.
-    pub fn load(context: Arc<Context>, ptx: &str) -> Result<Arc<Module>, CudaError> {
-        let text = CString::new(ptx).map_err(|_| CudaError {
-            call: "Module::load",
-            code: 1,
-            name: "CUDA_ERROR_INVALID_VALUE: the PTX text contains a NUL byte".into(),
+    /// Loads `ptx` into `context`.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] when `ptx` holds a NUL byte; the driver's error when the PTX is
+    /// malformed or newer than the driver understands.
+    pub fn load(context: Arc<Context>, ptx: &str) -> Result<Arc<Module>> {
+        let text = CString::new(ptx).map_err(|error| {
+            Error::ApiMisuse(format!(
+                "Module::load: the PTX text holds a NUL byte at {}; pass PTX text without NUL bytes",
+                error.nul_position()
+            ))
         })?;
         context.bind()?;
         let mut raw: CUmodule = std::ptr::null_mut();
@@ -39,11 +44,15 @@ impl Module {
     }
 
     /// The kernel called `name` (an `extern "C"` entry point of the PTX).
-    pub fn kernel(self: &Arc<Module>, name: &str) -> Result<Kernel, CudaError> {
-        let symbol = CString::new(name).map_err(|_| CudaError {
-            call: "Module::kernel",
-            code: 1,
-            name: format!("CUDA_ERROR_INVALID_VALUE: kernel name {name:?} contains a NUL byte"),
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] when `name` holds a NUL byte; the driver's error when the module
+    /// has no such kernel.
+    pub fn kernel(self: &Arc<Module>, name: &str) -> Result<Kernel> {
+        let symbol = CString::new(name).map_err(|_| {
+            Error::ApiMisuse(format!(
+                "Module::kernel: the kernel name {name:?} holds a NUL byte; pass the entry point's name as written in the PTX"
+            ))
         })?;
         self.context.bind()?;
         let mut raw: CUfunction = std::ptr::null_mut();
@@ -96,6 +105,10 @@ unsafe impl Sync for Kernel {}
 impl Kernel {
     /// Queues the kernel on `stream` with `grid` blocks of `block` threads.
     ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] when `stream` belongs to another GPU than the kernel's module;
+    /// else the driver's error.
+    ///
     /// # Safety
     /// 1. `args` must match the kernel's parameters in number, order and width.
     /// 2. Every address the kernel reads or writes with these arguments must stay valid for
@@ -106,13 +119,13 @@ impl Kernel {
         grid: u32,
         block: u32,
         args: &[KernelArg],
-    ) -> Result<(), CudaError> {
+    ) -> Result<()> {
         if !Arc::ptr_eq(stream.context(), &self.module.context) {
-            return Err(CudaError {
-                call: "Kernel::launch",
-                code: 201,
-                name: "CUDA_ERROR_INVALID_CONTEXT: the stream belongs to another GPU than the kernel's module".into(),
-            });
+            return Err(Error::ApiMisuse(format!(
+                "Kernel::launch: the stream belongs to GPU {}, the kernel's module to GPU {}; launch on a stream of the module's GPU",
+                stream.context().ordinal(),
+                self.module.context.ordinal()
+            )));
         }
         self.module.context.bind()?;
         let mut values: Vec<KernelArg> = args.to_vec();
@@ -126,7 +139,7 @@ impl Kernel {
         // SAFETY: the kernel and stream share the current context (checked above); `pointers`
         // holds one pointer per argument into `values`, both alive across the call, which
         // copies the values; the caller vouches for the signature (1) and the memory (2).
-        CudaError::check("cuLaunchKernel", unsafe {
+        Ok(CudaError::check("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
                 self.raw,
                 grid,
@@ -140,6 +153,6 @@ impl Kernel {
                 pointers.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
-        })
+        })?)
     }
 }

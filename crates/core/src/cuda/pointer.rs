@@ -55,7 +55,7 @@ pub(super) fn device_pointer(addr: u64) -> Result<DevicePointer, CudaError> {
     let read = |attr, call| {
         attribute(attr, call, addr)?.ok_or(CudaError {
             call,
-            code: CUresult::CUDA_ERROR_INVALID_VALUE as u32,
+            code: Some(CUresult::CUDA_ERROR_INVALID_VALUE as u32),
             name: "CUDA_ERROR_INVALID_VALUE".into(),
         })
     };

@@ -6,6 +6,7 @@
 
 use super::error::CudaError;
 use super::event::Event;
+use crate::error::Error;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
@@ -125,7 +126,8 @@ fn finish(job: &mut Job, outcome: Result<(), CudaError>) {
     let _ = done.send(outcome);
 }
 
-/// Resolves when the polled work is done; its error when the work failed.
+/// Resolves when the polled work is done; [`Error::Cuda`] when the work failed, and
+/// [`Error::Internal`] when the poller thread is not running (it could not be started).
 ///
 /// # Cancel safety
 /// Dropping it stops nothing on the GPU: the work it watches runs to its end. The poller
@@ -136,18 +138,17 @@ pub struct Completed {
 }
 
 impl Future for Completed {
-    type Output = Result<(), CudaError>;
+    type Output = Result<(), Error>;
 
     fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.receiver).poll(context).map(|outcome| {
-            outcome.unwrap_or_else(|_| {
-                Err(CudaError {
-                    call: "event poller",
-                    code: 999,
-                    name: "the CUDA event poller thread is not running".into(),
-                })
+        Pin::new(&mut self.receiver)
+            .poll(context)
+            .map(|outcome| match outcome {
+                Ok(done) => done.map_err(Error::Cuda),
+                Err(_) => Err(Error::internal(
+                    "the CUDA event poller thread is not running, so GPU work cannot be waited for (see the log for why it did not start)",
+                )),
             })
-        })
     }
 }
 
@@ -168,7 +169,7 @@ mod tests {
                 1 => Ok(true),
                 _ => Err(CudaError {
                     call: "cuEventQuery",
-                    code: 700,
+                    code: Some(700),
                     name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
                 }),
             }
@@ -184,7 +185,7 @@ mod tests {
         }
     }
 
-    fn drive(state: u8) -> (Result<(), CudaError>, usize) {
+    fn drive(state: u8) -> (Result<(), Error>, usize) {
         let poller = Poller::start();
         let flag = Arc::new(AtomicU8::new(0));
         let mut future = poller.wait(FakeEvent(Arc::clone(&flag)));
@@ -215,13 +216,27 @@ mod tests {
     #[test]
     fn a_finished_event_wakes_its_future_once() {
         let (outcome, wakes) = drive(1);
-        assert_eq!(outcome, Ok(()));
+        assert!(outcome.is_ok(), "{outcome:?}");
         assert_eq!(wakes, 1);
     }
 
     #[test]
     fn a_failed_event_is_an_error_not_a_hang() {
         let (outcome, _) = drive(2);
-        assert_eq!(outcome.unwrap_err().code, 700);
+        match outcome {
+            Err(Error::Cuda(error)) => assert_eq!(error.code, Some(700)),
+            other => panic!("expected the event's CUDA error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_poller_that_is_gone_is_an_internal_error_not_a_cuda_code() {
+        let (done, receiver) = oneshot::channel::<Result<(), CudaError>>();
+        drop(done);
+        let outcome = futures::executor::block_on(Completed { receiver });
+        match outcome {
+            Err(Error::Internal { what }) => assert!(what.contains("poller thread"), "{what}"),
+            other => panic!("expected an internal error, got {other:?}"),
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::context::Context;
 use super::error::CudaError;
+use crate::error::{Error, Result};
 use cudarc::driver::sys::{
     self, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationProp_st__bindgen_ty_1,
@@ -131,17 +132,13 @@ impl VmmMapping {
     /// only bytes that are really there.
     ///
     /// # Errors
-    /// `CUDA_ERROR_INVALID_VALUE` for no pieces, a piece of size 0, or sizes whose sum
-    /// overflows, before anything is reserved; else the driver's error.
+    /// [`Error::ApiMisuse`] for no pieces, a piece of size 0, or sizes whose sum overflows,
+    /// before anything is reserved; else the driver's error.
     pub fn map(
         context: Arc<Context>,
         pieces: Vec<(AllocationHandle, usize)>,
-    ) -> Result<VmmMapping, CudaError> {
-        let size = total_size(pieces.iter().map(|(_, size)| *size)).ok_or(CudaError {
-            call: "VmmMapping::map",
-            code: 1,
-            name: "CUDA_ERROR_INVALID_VALUE: no pieces, a piece of size 0, or piece sizes that add up past the address space".into(),
-        })?;
+    ) -> Result<VmmMapping> {
+        let size = total_size(pieces.iter().map(|(_, size)| *size))?;
         context.bind()?;
         let mut base = 0u64;
         // SAFETY: the context is current; `base` is a valid place for the reserved address.
@@ -217,17 +214,28 @@ impl Drop for VmmMapping {
 }
 
 /// The sum of `sizes`, or `None` when there are none, one is 0, or the sum overflows.
-fn total_size(sizes: impl Iterator<Item = usize>) -> Option<usize> {
+fn total_size(sizes: impl Iterator<Item = usize>) -> Result<usize> {
     let mut total = 0usize;
-    let mut any = false;
-    for size in sizes {
+    let mut count = 0usize;
+    for (index, size) in sizes.enumerate() {
         if size == 0 {
-            return None;
+            return Err(Error::ApiMisuse(format!(
+                "VmmMapping::map: piece {index} has size 0; pass each allocation's real size"
+            )));
         }
-        total = total.checked_add(size)?;
-        any = true;
+        total = total.checked_add(size).ok_or_else(|| {
+            Error::ApiMisuse(format!(
+                "VmmMapping::map: the sizes of pieces 0..={index} add up past the address space; pass each allocation's real size"
+            ))
+        })?;
+        count += 1;
     }
-    any.then_some(total)
+    match count {
+        0 => Err(Error::ApiMisuse(
+            "VmmMapping::map: no pieces; pass at least one allocation to map".into(),
+        )),
+        _ => Ok(total),
+    }
 }
 
 /// The properties of a pinned VMM allocation on `context`'s GPU exportable as `handles`, with
@@ -268,11 +276,7 @@ pub(super) fn device_allocation(
 /// Creates `pieces` VMM allocations of `piece_bytes` (rounded up to the GPU's granularity)
 /// with POSIX-fd handles, mapped back to back, as PyTorch's expandable segments are. For tests
 /// and tools; servers register the memory they already have.
-pub fn create_vmm(
-    context: Arc<Context>,
-    piece_bytes: usize,
-    pieces: usize,
-) -> Result<VmmMapping, CudaError> {
+pub fn create_vmm(context: Arc<Context>, piece_bytes: usize, pieces: usize) -> Result<VmmMapping> {
     let (prop, granularity) = device_allocation(
         &context,
         CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -293,16 +297,22 @@ pub fn create_vmm(
 #[cfg(test)]
 mod tests {
     use super::total_size;
+    use crate::error::Error;
+
+    /// The caller-mistake message of `sizes`, or a panic naming what was summed.
+    fn refusal(sizes: &[usize]) -> String {
+        match total_size(sizes.iter().copied()) {
+            Err(Error::ApiMisuse(message)) => message,
+            other => panic!("expected ApiMisuse for {sizes:?}, got {other:?}"),
+        }
+    }
 
     #[test]
     fn piece_sizes_are_summed_only_when_every_piece_is_real_and_the_sum_fits() {
-        assert_eq!(total_size([2 << 20, 2 << 20].into_iter()), Some(4 << 20));
-        assert_eq!(total_size(std::iter::empty()), None);
-        assert_eq!(total_size([2 << 20, 0].into_iter()), None);
-        assert_eq!(total_size([usize::MAX, 1].into_iter()), None);
-        assert_eq!(
-            total_size([usize::MAX / 2, usize::MAX / 2 + 2].into_iter()),
-            None
-        );
+        assert_eq!(total_size([2 << 20, 2 << 20].into_iter()).unwrap(), 4 << 20);
+        assert!(refusal(&[]).contains("no pieces"));
+        assert!(refusal(&[2 << 20, 0]).contains("piece 1 has size 0"));
+        assert!(refusal(&[usize::MAX, 1]).contains("pieces 0..=1 add up past"));
+        assert!(refusal(&[usize::MAX / 2, usize::MAX / 2 + 2]).contains("past the address space"));
     }
 }

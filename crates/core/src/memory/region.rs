@@ -244,14 +244,14 @@ impl Region {
     /// returning once they are there.
     ///
     /// # Errors
-    /// [`RangeError::PastRegionEnd`] when the range runs past the region; [`Error::Cuda`] when
+    /// [`RangeError::OutsideRegion`] when the range runs past the region; [`Error::Cuda`] when
     /// a GPU copy fails.
     pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), Error> {
         let (guard, addr) = self.checked(offset, buf.len() as u64)?;
         match self.entry.info.location {
             Location::Host { .. } => {
                 let mut span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
-                    .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
+                    .ok_or_else(|| self.unspannable(offset, buf.len()))?;
                 span.copy_from(buf);
             }
             Location::Device { ordinal, .. } => {
@@ -273,7 +273,7 @@ impl Region {
         match self.entry.info.location {
             Location::Host { .. } => {
                 let span = HostSpan::new(Arc::new(guard), addr, buf.len() as u64)
-                    .ok_or_else(|| self.past_end(offset, buf.len() as u64))?;
+                    .ok_or_else(|| self.unspannable(offset, buf.len()))?;
                 span.copy_to(buf);
             }
             Location::Device { ordinal, .. } => {
@@ -285,26 +285,34 @@ impl Region {
         Ok(())
     }
 
-    fn past_end(&self, offset: u64, len: u64) -> RangeError {
-        RangeError::PastRegionEnd {
-            index: 0,
-            offset,
-            len,
-            region_len: self.len(),
-        }
+    /// The host span of a range `checked` accepted could not be made.
+    fn unspannable(&self, offset: u64, len: usize) -> Error {
+        Error::internal(format!(
+            "the checked range at offset {offset}, {len} bytes, of the {}-byte host region at {:#x} gave no host span",
+            self.len(),
+            self.addr()
+        ))
     }
 
     /// Checks `offset..+len` against the region and marks it in use.
-    fn checked(&self, offset: u64, len: u64) -> Result<(RegionUse, u64), RangeError> {
+    fn checked(&self, offset: u64, len: u64) -> Result<(RegionUse, u64), Error> {
         let addr = self
             .addr()
             .checked_add(offset)
             .filter(|&addr| self.entry.contains(addr, len))
-            .ok_or_else(|| self.past_end(offset, len))?;
-        let guard = self
-            .entry
-            .acquire()
-            .ok_or_else(|| self.past_end(offset, len))?;
+            .ok_or(RangeError::OutsideRegion {
+                offset,
+                len,
+                region_len: self.len(),
+            })?;
+        // Only dropping the region deregisters it, and `self` is alive.
+        let guard = self.entry.acquire().ok_or_else(|| {
+            Error::internal(format!(
+                "the {}-byte region at {:#x} is being deregistered while its handle is in use",
+                self.len(),
+                self.addr()
+            ))
+        })?;
         Ok((guard, addr))
     }
 }

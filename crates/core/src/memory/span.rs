@@ -7,6 +7,7 @@ use super::host::HostSpan;
 use super::region::{Location, RegionUse};
 use super::staging::Staging;
 use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
+use crate::error::Error;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -51,14 +52,14 @@ impl Span {
 
     /// Makes the regions' current bytes readable through [`Span::as_slice`]: the copies from
     /// the GPU of every staged span are queued together and awaited once.
-    pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), CudaError> {
+    pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), Error> {
         copy_all(spans, CopyWay::FromGpu).await
     }
 
     /// Makes what was written through [`Span::receive_into`] land in the regions: the copies
     /// to the GPU of every staged span are queued together and awaited once. The bytes are
     /// visible in the regions when this returns.
-    pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), CudaError> {
+    pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), Error> {
         copy_all(spans, CopyWay::ToGpu).await
     }
 
@@ -71,7 +72,7 @@ impl Span {
     }
 
     /// Where received bytes go (then [`Span::store_all`] for GPU memory).
-    pub(crate) fn receive_into(&mut self) -> Result<&mut [u8], CudaError> {
+    pub(crate) fn receive_into(&mut self) -> Result<&mut [u8], Error> {
         match self {
             Span::Host(span) => Ok(span.as_mut_slice()),
             Span::Staged(span) => span.staged_mut(),
@@ -107,14 +108,14 @@ impl StagedSpan {
         }
     }
 
-    fn staging(&mut self) -> Result<&mut Staging, CudaError> {
+    fn staging(&mut self) -> Result<&mut Staging, Error> {
         match self.staging {
             Some(ref mut staging) => Ok(staging),
             None => Ok(self.staging.insert(Staging::new(self.ordinal, self.len)?)),
         }
     }
 
-    fn staged_mut(&mut self) -> Result<&mut [u8], CudaError> {
+    fn staged_mut(&mut self) -> Result<&mut [u8], Error> {
         let len = self.len;
         Ok(self.staging()?.bytes_mut(len))
     }
@@ -123,7 +124,7 @@ impl StagedSpan {
     ///
     /// The caller must keep the span (and so its buffer) untouched until an event recorded on
     /// `stream` after this call has fired.
-    fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), CudaError> {
+    fn queue(&mut self, way: CopyWay, stream: &Stream) -> Result<(), Error> {
         let (addr, len) = (self.addr, self.len);
         let staging = self.staging()?.addr();
         self.queued = true;
@@ -136,14 +137,14 @@ impl StagedSpan {
         // bytes that no other span shares and is owned by this span, which `copy_all` keeps
         // borrowed until the event after this copy has fired; GPU memory and pinned host
         // memory never overlap.
-        unsafe { stream.copy(dst, src, len) }
+        Ok(unsafe { stream.copy(dst, src, len) }?)
     }
 }
 
 /// Queues the copies of every staged span (one stream per GPU) and waits for all of them:
 /// also when queueing one failed, every copy queued before it has finished before this returns
 /// and the spans may be dropped.
-async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), CudaError> {
+async fn copy_all(spans: &mut [Span], way: CopyWay) -> Result<(), Error> {
     let mut streams: Vec<(u32, Arc<Stream>)> = Vec::new();
     let mut staged = Vec::new();
     for span in spans.iter_mut() {
@@ -184,7 +185,7 @@ struct StagingCopies<'a> {
 
 impl Launcher for StagingCopies<'_> {
     type Fence = Event;
-    type Error = CudaError;
+    type Error = Error;
 
     fn count(&self) -> usize {
         self.staged.len()
@@ -194,17 +195,17 @@ impl Launcher for StagingCopies<'_> {
         self.staged[index].1
     }
 
-    fn launch(&mut self, index: usize) -> Result<(), CudaError> {
+    fn launch(&mut self, index: usize) -> Result<(), Error> {
         let (span, stream) = &mut self.staged[index];
         span.queue(self.way, &self.streams[*stream].1)
     }
 
-    fn fence(&mut self, stream: usize) -> Result<Event, CudaError> {
-        Event::record(&self.streams[stream].1)
+    fn fence(&mut self, stream: usize) -> Result<Event, Error> {
+        Ok(Event::record(&self.streams[stream].1)?)
     }
 
-    fn drain(&mut self, stream: usize) -> Result<(), CudaError> {
-        self.streams[stream].1.synchronize()
+    fn drain(&mut self, stream: usize) -> Result<(), Error> {
+        Ok(self.streams[stream].1.synchronize()?)
     }
 }
 

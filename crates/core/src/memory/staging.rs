@@ -4,6 +4,7 @@
 //! sizes. Both are reused, never freed and pinned again per transfer.
 
 use crate::cuda::{Context, CudaError, PinnedBuffer, PinnedChunk, PinnedSlice};
+use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -33,9 +34,9 @@ pub(super) enum Staging {
 
 impl Staging {
     /// Pinned memory for a span of `len` bytes of GPU `ordinal`'s memory.
-    pub(super) fn new(ordinal: u32, len: usize) -> Result<Staging, CudaError> {
+    pub(super) fn new(ordinal: u32, len: usize) -> Result<Staging> {
         if len > SLICE_LIMIT {
-            return whole_buffer(ordinal, len).map(Staging::Whole);
+            return Ok(whole_buffer(ordinal, len).map(Staging::Whole)?);
         }
         let mut carver = carver().lock();
         carver
@@ -124,12 +125,13 @@ impl<C: Chunk> Carver<C> {
     /// only when no chunk has room.
     ///
     /// # Errors
-    /// `allocate`'s error; a `len` larger than a new chunk holds is `CUDA_ERROR_INVALID_VALUE`.
+    /// `allocate`'s error; [`Error::Internal`] for a `len` larger than a new chunk holds
+    /// (callers give larger spans a buffer of their own).
     pub(super) fn slice(
         &mut self,
         len: usize,
         allocate: impl FnOnce() -> Result<Arc<C>, CudaError>,
-    ) -> Result<C::Slice, CudaError> {
+    ) -> Result<C::Slice> {
         if let Some(current) = &mut self.current {
             C::rewind(current);
             if let Some(slice) = current.carve(len, SLICE_ALIGN) {
@@ -149,10 +151,10 @@ impl<C: Chunk> Carver<C> {
         self.current
             .as_ref()
             .and_then(|chunk| chunk.carve(len, SLICE_ALIGN))
-            .ok_or_else(|| CudaError {
-                call: "staging slice",
-                code: 1,
-                name: format!("CUDA_ERROR_INVALID_VALUE: {len} bytes do not fit one staging chunk"),
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "a staging slice of {len} bytes does not fit a fresh staging chunk"
+                ))
             })
     }
 }
@@ -354,6 +356,10 @@ mod tests {
                 used: Mutex::new(0),
             }))
         });
-        assert!(matches!(outcome, Err(CudaError { code: 1, .. })));
+        match outcome {
+            Err(Error::Internal { what }) => assert!(what.contains("100 bytes"), "{what}"),
+            Err(other) => panic!("expected an internal error, got {other:?}"),
+            Ok(_) => panic!("a 100-byte slice of a 64-byte chunk was handed out"),
+        }
     }
 }

@@ -1,6 +1,5 @@
 //! What a session asks of its driver, and why it ended.
 
-use crate::cuda::CudaError;
 use crate::error::ProtocolViolation;
 use std::fmt;
 use std::time::Duration;
@@ -38,8 +37,9 @@ pub(crate) enum Closed {
     Idle(Duration),
     /// The peer read none of its answers within the limit.
     NotReading(Duration),
-    /// GPU memory could not be staged, so the rest of the frame had nowhere to go.
-    Staging(CudaError),
+    /// GPU memory could not be staged, so the rest of the frame had nowhere to go: the
+    /// error's message.
+    Staging(String),
 }
 
 impl fmt::Display for Closed {

@@ -1,6 +1,6 @@
 //! What a session needs from the engine it serves, and its limits.
 
-use crate::cuda::CudaError;
+use crate::error::Error;
 use crate::wire::Limits;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ pub(crate) trait Landing {
     /// Length in bytes.
     fn len(&self) -> usize;
     /// Where received bytes go; for GPU memory a staging buffer, taken on the first call.
-    fn receive_into(&mut self) -> Result<&mut [u8], CudaError>;
+    fn receive_into(&mut self) -> Result<&mut [u8], Error>;
     /// The bytes to send, once loaded.
     fn as_slice(&self) -> &[u8];
 }

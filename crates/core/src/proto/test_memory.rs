@@ -2,7 +2,7 @@
 //! session against it entirely in memory: for the session's tests and the fuzz targets.
 
 use super::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
-use crate::cuda::CudaError;
+use crate::error::Error;
 use crate::wire::{Header, Limits, HEADER_LEN};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ impl Landing for TestSpan {
         self.staging.len()
     }
 
-    fn receive_into(&mut self) -> Result<&mut [u8], CudaError> {
+    fn receive_into(&mut self) -> Result<&mut [u8], Error> {
         Ok(&mut self.staging)
     }
 

@@ -224,7 +224,7 @@ async fn write_loop(
         // GPU memory is copied into its staging buffers first; this connection waits for
         // the copy while the others keep their sockets busy.
         if let Err(error) = Span::load_all(&mut data).await {
-            ticket.complete(Err(error.into()));
+            ticket.complete(Err(error));
             continue;
         }
         // Registered before the first byte goes out, so the fastest ack still finds it; refused
@@ -345,9 +345,7 @@ async fn read_response(
                 .await
                 .map_err(timed)??;
             // GPU memory: the bytes count as arrived once they are in the region.
-            let stored = Span::store_all(std::slice::from_mut(&mut span))
-                .await
-                .map_err(Error::from);
+            let stored = Span::store_all(std::slice::from_mut(&mut span)).await;
             ticket.complete(stored);
         }
         other => {

@@ -13,10 +13,10 @@ pub(crate) enum FrameError {
     Protocol(#[from] ProtocolViolation),
 }
 
-impl From<crate::cuda::CudaError> for FrameError {
+impl From<crate::Error> for FrameError {
     /// No staging buffer for GPU memory mid-frame: the rest of the frame cannot be placed, so
     /// the connection ends as after an I/O error.
-    fn from(error: crate::cuda::CudaError) -> Self {
+    fn from(error: crate::Error) -> Self {
         FrameError::Io(std::io::Error::other(error))
     }
 }

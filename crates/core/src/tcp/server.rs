@@ -47,7 +47,7 @@ impl Landing for Span {
         Span::len(self)
     }
 
-    fn receive_into(&mut self) -> Result<&mut [u8], crate::cuda::CudaError> {
+    fn receive_into(&mut self) -> Result<&mut [u8], crate::Error> {
         Span::receive_into(self)
     }
 

@@ -32,9 +32,9 @@ impl Launcher for FailingAt<'_> {
 
     fn launch(&mut self, index: usize) -> Result<()> {
         match index == self.fail_at {
-            true => Err(Error::ApiMisuse(format!(
-                "launch {index} failed on purpose"
-            ))),
+            true => Err(Error::Internal {
+                what: format!("launch {index} failed on purpose"),
+            }),
             false => self.inner.launch(index),
         }
     }
@@ -129,14 +129,14 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
     let wait = |event: Event| {
         let fired = Arc::clone(&fired);
         async move {
-            let outcome = Poller::global().wait(event).await.map_err(Error::from);
+            let outcome = Poller::global().wait(event).await;
             fired.fetch_add(1, Ordering::SeqCst);
             outcome
         }
     };
     let outcome = futures::executor::block_on(launch_all(launches, wait, guard));
     match outcome {
-        Err(Error::ApiMisuse(message)) => assert!(message.contains("launch 5"), "{message}"),
+        Err(Error::Internal { what }) => assert!(what.contains("launch 5"), "{what}"),
         other => panic!("expected the injected failure, got {other:?}"),
     }
     // Launches 0..=5 went to streams 0, 1, 2, 3, 0, 1: four streams, each fenced and waited

@@ -42,7 +42,7 @@ impl NvlinkLink {
                 return Err(error.into());
             }
         }
-        launched.map_err(Error::from)
+        launched
     }
 
     /// Queues one launch of a transfer on `lane`.
@@ -142,8 +142,7 @@ impl NvlinkLink {
             lanes,
             work,
         };
-        let wait =
-            |event: Event| async move { Poller::global().wait(event).await.map_err(Error::from) };
+        let wait = |event: Event| Poller::global().wait(event);
         launch_all(launches, wait, keep).await?;
         self.still_alive()
     }

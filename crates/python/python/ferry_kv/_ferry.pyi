@@ -11,16 +11,18 @@ __version__: str
 # Exceptions -----------------------------------------------------------------------------------
 
 class FerryError(Exception):
-    """Base class of every error ferry raises; the message says what was wrong and what to do."""
+    """Base class of the errors ferry raises (host memory it cannot allocate raises
+    ``MemoryError``); the message says what was wrong and what to do."""
 
 class RangeError(FerryError):
-    """A local or remote range is empty or not inside a registered region."""
+    """A local or remote range is empty or not inside a registered region (the peer's refusal
+    of a range outside its registrations included)."""
 
 class UnsupportedMemory(FerryError):
     """Memory of a kind ferry cannot register (pool or managed memory, for example)."""
 
 class PeerError(FerryError):
-    """A peer could not be reached, went away, rejected a request or broke the protocol."""
+    """A peer could not be reached, went away, refused a request or broke the protocol."""
 
 class TransferTimeout(FerryError):
     """A transfer or a wait did not finish within its time limit."""

@@ -2,7 +2,7 @@
 //! answering what they ask for.
 
 use super::{Part, ServerSession, State};
-use crate::cuda::CudaError;
+use crate::error::Error;
 use crate::error::{ProtocolViolation, Refusal};
 use crate::proto::input::Input;
 use crate::proto::{Closed, Event, Landing, Served};
@@ -42,7 +42,7 @@ impl<M: Served> ServerSession<M> {
                 } => match land(&mut self.input, spans, index, filled) {
                     Ok(progressed) => progressed,
                     Err(error) => {
-                        self.close(Closed::Staging(error));
+                        self.close(Closed::Staging(error.to_string()));
                         false
                     }
                 },
@@ -264,7 +264,7 @@ fn land<S: Landing>(
     spans: &mut [S],
     index: &mut usize,
     filled: &mut usize,
-) -> Result<bool, CudaError> {
+) -> Result<bool, Error> {
     let Some(span) = spans.get_mut(*index) else {
         return Ok(false);
     };
