@@ -202,7 +202,7 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
             Arc::clone(&destinations),
         );
         for (pool, target) in pools.iter().zip(&remote) {
-            copy = copy.pool(pool, 0, target.addr);
+            copy = copy.pool(pool, target);
         }
         let note = format!(
             "tp from={} heads={}+{}",

@@ -96,16 +96,13 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         } else {
-            let layout = ferry::BlockLayout::packed(shape.pool_bytes(), shape.block_bytes);
-            let mut copy = ferry::BlockCopy::new(
+            let mut copy = ferry::BlockCopy::packed(
                 shape.block_bytes,
-                layout,
-                layout,
                 std::sync::Arc::clone(&sources),
                 std::sync::Arc::clone(&destinations),
             );
             for (pool, target) in pools.iter().zip(&remote) {
-                copy = copy.pool(pool, 0, target.addr);
+                copy = copy.pool(pool, target);
             }
             batch = batch.write_blocks(copy);
         }

@@ -566,6 +566,8 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
     source.write_at(0, &bytes).unwrap();
     back.write_at(0, &vec![0u8; area]).unwrap();
     let peer = engine.connect_blocking(&target.name).unwrap();
+    let remote = peer.buffer_at(target.buffer_addr).unwrap();
+    let at = target.buffer_addr - remote.addr;
     let layout = ferry::BlockLayout::packed(POOL, BLOCK);
     let local_ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % 128).collect();
     let remote_ids: Vec<u32> = (0..48).map(|i| (i * 53 + 11) % 128).collect();
@@ -573,7 +575,7 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
         let mut copy =
             ferry::BlockCopy::new(BLOCK, layout, layout, local_ids.clone(), remote_ids.clone());
         for pool in 0..POOLS {
-            copy = copy.pool(region, pool * POOL, target.buffer_addr + pool * POOL);
+            copy = copy.pool_at(region, pool * POOL, &remote, at + pool * POOL);
         }
         copy
     };
@@ -610,7 +612,7 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
         ..layout
     };
     let mut slice = ferry::BlockCopy::new(BLOCK / 2, half, sliced, vec![3u32], vec![remote_ids[0]]);
-    slice = slice.pool(&back, 0, target.buffer_addr);
+    slice = slice.pool_at(&back, 0, &remote, at);
     back.write_at(0, &vec![0u8; area]).unwrap();
     engine
         .batch(&peer)

@@ -91,6 +91,14 @@ impl Peer {
             .cloned()
     }
 
+    /// The peer's buffer holding the byte at `addr` (an address in the peer's process), as
+    /// last fetched: for callers that were given addresses rather than buffer names.
+    pub fn buffer_at(&self, addr: u64) -> Option<BufferDescriptor> {
+        self.view()
+            .covering(addr, 1)
+            .map(|buffer| (**buffer).clone())
+    }
+
     /// False once the control connection to the peer has failed. The next notification or
     /// [`crate::Engine::connect`] opens a new one.
     pub fn is_alive(&self) -> bool {
