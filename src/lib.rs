@@ -44,6 +44,7 @@
 //! [`Batch::submit_blocking`] and [`Transfer::wait`].
 #![forbid(unsafe_code)]
 
+pub mod cuda;
 mod engine;
 pub mod tp;
 
@@ -64,15 +65,6 @@ pub mod auth {
 /// Metadata stores, selected by URL.
 pub mod metadata {
     pub use ferry_metadata::{from_url, Error, MemoryStore, MetadataStore, PeerToPeer};
-}
-
-/// The CUDA helpers a server needs beside the engine: GPUs, contexts, device buffers,
-/// streams and events. Everything here is safe to call; memory is handed to the engine only
-/// through the `unsafe` [`Engine::register`].
-pub mod cuda {
-    pub use ferry_core::cuda::{
-        Context, CudaError, DeviceBuffer, DeviceInfo, Driver, DriverStatus, Event, GpuId, Stream,
-    };
 }
 
 /// For authors of transports and tools: the seam between the engine and the links that move

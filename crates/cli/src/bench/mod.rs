@@ -13,7 +13,7 @@ mod workload;
 pub(crate) use rank::{run as run_rank, RankOptions};
 
 use crate::serve_child::ServeChild;
-use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
+use ferry::cuda::{Context, DeviceBuffer, Stream};
 use ferry::{
     BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Direction, Engine, Notifications,
     NvlinkConfig, Peer, Region,
@@ -276,7 +276,7 @@ fn peer_copy(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
             stream.copy_buffer(target, source, GIB as usize)?;
         }
         for (stream, _, _) in &copies {
-            let event = Event::record(stream)?;
+            let event = stream.record_event()?;
             stream.synchronize()?;
             while !event.query()? {}
         }
