@@ -1,6 +1,6 @@
 //! The CUDA helpers a server needs beside the engine: GPUs, contexts, device buffers, streams
 //! and events. Everything here is safe to call; memory is handed to the engine only through
-//! the `unsafe` [`crate::Engine::register`].
+//! the `unsafe` [`ferry_core::Engine::register`].
 
 use crate::{Error, Region};
 pub use ferry_core::cuda::{

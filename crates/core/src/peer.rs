@@ -65,7 +65,7 @@ impl Peer {
         }
     }
 
-    /// The peer's segment name.
+    /// The peer's name: the engine name it was connected with.
     pub fn name(&self) -> &str {
         &self.inner.name
     }

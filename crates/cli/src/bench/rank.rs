@@ -34,7 +34,7 @@ pub(crate) struct RankOptions {
     /// Decode tensor-parallel ranks.
     #[arg(long)]
     pub(crate) decode_tp: u32,
-    /// Decode ranks' segment names, in rank order.
+    /// Decode ranks' engine names, in rank order.
     #[arg(long, value_delimiter = ',')]
     pub(crate) peers: Vec<String>,
     /// Decode ranks' pool addresses, in rank order.
