@@ -76,7 +76,8 @@ struct Sides {
     prefill: Engine,
     source: Region,
     peer: Peer,
-    remote: u64,
+    /// The decode pool as the prefill side sees it.
+    remote: BufferDescriptor,
 }
 
 fn sides() -> Sides {
@@ -88,7 +89,7 @@ fn sides() -> Sides {
         .expect("prefill engine");
     let source = prefill.allocate((TENSORS * POOL) as usize).expect("source");
     let peer = prefill.connect_blocking(decode.name()).expect("connect");
-    let remote = peer.buffers()[0].addr;
+    let remote = peer.buffers().swap_remove(0);
     Sides {
         _decode: decode,
         _pool: pool,
@@ -127,7 +128,8 @@ fn submit_cost(c: &mut Criterion) {
                     Arc::clone(&remote_ids),
                 );
                 for tensor in 0..TENSORS {
-                    copy = copy.pool(&sides.source, tensor * POOL, sides.remote + tensor * POOL);
+                    let at = tensor * POOL;
+                    copy = copy.pool_at(&sides.source, at, &sides.remote, at);
                 }
                 let transfer = sides
                     .prefill
@@ -152,7 +154,7 @@ fn submit_cost(c: &mut Criterion) {
                         batch = batch.write(
                             &sides.source,
                             tensor * POOL + u64::from(local) * BLOCK,
-                            sides.remote + tensor * POOL + u64::from(remote) * BLOCK,
+                            sides.remote.addr + tensor * POOL + u64::from(remote) * BLOCK,
                             BLOCK,
                         );
                     }

@@ -1,5 +1,5 @@
 //! The decode side of a prefill/decode pair: allocates a paged KV pool (one tensor per layer
-//! for K and for V), prints its segment name, waits for announcements, verifies every block
+//! for K and for V), prints its engine name, waits for announcements, verifies every block
 //! it was told about and answers the prefill engine named by `--reply-to` (never the sender a
 //! notification claims to be from). Exits non-zero on any mismatch.
 //!

@@ -6,7 +6,7 @@
 //!
 //! Run: `cargo run --example embed`.
 
-use ferry::{BlockCopy, BlockLayout, Engine, Error};
+use ferry::{BlockCopy, Engine, Error};
 
 /// Bytes per KV block and blocks per pool.
 const BLOCK: u64 = 16 << 10;
@@ -37,12 +37,8 @@ async fn main() -> Result<(), Error> {
     let remote = peer
         .buffer("kv")
         .ok_or_else(|| Error::ApiMisuse("the decode server published no pool named kv".into()))?;
-    let layout = BlockLayout::packed(BLOCK * BLOCKS, BLOCK);
-    let copy = BlockCopy::new(BLOCK, layout, layout, source.clone(), destination.clone()).pool(
-        &computed,
-        0,
-        remote.addr,
-    );
+    let copy =
+        BlockCopy::packed(BLOCK, source.clone(), destination.clone()).pool(&computed, &remote);
     let ids: Vec<String> = destination.iter().map(u32::to_string).collect();
     let completion = prefill
         .batch(&peer)

@@ -193,7 +193,7 @@ fn orchestrate(
     let segment = decode_lines
         .next()
         .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
-        .ok_or("the decode process did not print its segment name")?;
+        .ok_or("the decode process did not print its engine name")?;
     println!("decode  (pid {}): listening as {segment}", decode.0.id());
 
     let mut prefill_args = shape_args(shape);
@@ -213,7 +213,7 @@ fn orchestrate(
     let prefill_segment = prefill_lines
         .next()
         .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
-        .ok_or("the prefill process did not print its segment name")?;
+        .ok_or("the prefill process did not print its engine name")?;
     let mut decode_input = decode
         .0
         .stdin

@@ -83,10 +83,10 @@ struct RankArgs {
     /// GPU of the pools (host memory when absent).
     #[arg(long)]
     gpu: Option<u32>,
-    /// Decode ranks' segment names, in rank order (prefill ranks only).
+    /// Decode ranks' engine names, in rank order (prefill ranks only).
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
-    /// Prefill ranks' segment names, in rank order, to answer (decode ranks only); without
+    /// Prefill ranks' engine names, in rank order, to answer (decode ranks only); without
     /// them, the line `reply-to NAME,...` is read from stdin when the answers are due.
     #[arg(long, value_delimiter = ',')]
     reply_to: Vec<String>,
@@ -202,7 +202,7 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
             Arc::clone(&destinations),
         );
         for (pool, target) in pools.iter().zip(&remote) {
-            copy = copy.pool(pool, 0, target.addr);
+            copy = copy.pool(pool, target);
         }
         let note = format!(
             "tp from={} heads={}+{}",
@@ -359,7 +359,7 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         let name = lines
             .next()
             .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
-            .ok_or("a decode rank did not print its segment name")?;
+            .ok_or("a decode rank did not print its engine name")?;
         names.push(name);
         decoders.push((process, lines));
     }
@@ -372,7 +372,7 @@ fn orchestrate(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         let name = lines
             .next()
             .and_then(|line| line.strip_prefix("segment: ").map(str::to_owned))
-            .ok_or("a prefill rank did not print its segment name")?;
+            .ok_or("a prefill rank did not print its engine name")?;
         prefill_names.push(name);
         prefills.push((process, lines));
     }

@@ -171,7 +171,7 @@ impl HeadSplit {
 
     /// The block copy for `slice` over pools of `pool_blocks` blocks on both sides, moving
     /// block `local_ids[i]` of the prefill rank to block `remote_ids[i]` of the decode rank;
-    /// add the pools (one per layer and K/V) with [`BlockCopy::pool`].
+    /// add the pools (one per layer and K/V) with [`BlockCopy::pool`] or [`BlockCopy::pool_at`].
     pub fn block_copy(
         &self,
         slice: &HeadSlice,

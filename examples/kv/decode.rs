@@ -25,7 +25,7 @@ pub(crate) struct DecodeArgs {
     /// Requests to receive before exiting.
     #[arg(long, default_value_t = 1)]
     pub(crate) requests: u32,
-    /// Segment name of the prefill engine to answer (its `segment:` line). Without it, the
+    /// Name of the prefill engine to answer (its `segment:` line). Without it, the
     /// line `reply-to NAME` is read from stdin when the first answer is due.
     #[arg(long)]
     pub(crate) reply_to: Option<String>,

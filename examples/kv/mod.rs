@@ -114,7 +114,7 @@ impl SecretFile {
     }
 }
 
-/// The segment names of the engines to answer: `given` (`--reply-to`), or else the line
+/// The names of the engines to answer: `given` (`--reply-to`), or else the line
 /// `reply-to NAME[,NAME...]` the parent writes on stdin once it started them (they start
 /// after this process). Never a notification's `from`: that is the sender's own,
 /// unauthenticated claim, and answering it would let anyone point this process at any address.

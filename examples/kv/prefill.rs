@@ -16,7 +16,7 @@ pub(crate) struct PrefillArgs {
     pub(crate) shape: Shape,
     #[command(flatten)]
     pub(crate) placement: super::Placement,
-    /// Segment name of the decode engine (printed by `decode`).
+    /// Name of the decode engine (printed by `decode`).
     #[arg(long)]
     pub(crate) peer: String,
     /// Control listener address; the decode side answers here (`--reply-to` there).
@@ -42,7 +42,7 @@ pub(crate) const SOURCE_SALT: u64 = 1;
 /// See [`SOURCE_SALT`].
 pub(crate) const DESTINATION_SALT: u64 = 2;
 
-/// Runs the prefill role; prints `segment: NAME` (the name the decode side answers), then
+/// Runs the prefill role; prints `segment: NAME` (its engine name, the one the decode side answers), then
 /// `transport:` and one `request ID: bytes B seconds S gbps G` line per request.
 pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let shape = &args.shape;
@@ -96,16 +96,13 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         } else {
-            let layout = ferry::BlockLayout::packed(shape.pool_bytes(), shape.block_bytes);
-            let mut copy = ferry::BlockCopy::new(
+            let mut copy = ferry::BlockCopy::packed(
                 shape.block_bytes,
-                layout,
-                layout,
                 std::sync::Arc::clone(&sources),
                 std::sync::Arc::clone(&destinations),
             );
             for (pool, target) in pools.iter().zip(&remote) {
-                copy = copy.pool(pool, 0, target.addr);
+                copy = copy.pool(pool, target);
             }
             batch = batch.write_blocks(copy);
         }

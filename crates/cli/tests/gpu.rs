@@ -566,6 +566,8 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
     source.write_at(0, &bytes).unwrap();
     back.write_at(0, &vec![0u8; area]).unwrap();
     let peer = engine.connect_blocking(&target.name).unwrap();
+    let remote = peer.buffer_at(target.buffer_addr).unwrap();
+    let at = target.buffer_addr - remote.addr;
     let layout = ferry::BlockLayout::packed(POOL, BLOCK);
     let local_ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % 128).collect();
     let remote_ids: Vec<u32> = (0..48).map(|i| (i * 53 + 11) % 128).collect();
@@ -573,7 +575,7 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
         let mut copy =
             ferry::BlockCopy::new(BLOCK, layout, layout, local_ids.clone(), remote_ids.clone());
         for pool in 0..POOLS {
-            copy = copy.pool(region, pool * POOL, target.buffer_addr + pool * POOL);
+            copy = copy.pool_at(region, pool * POOL, &remote, at + pool * POOL);
         }
         copy
     };
@@ -610,7 +612,7 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
         ..layout
     };
     let mut slice = ferry::BlockCopy::new(BLOCK / 2, half, sliced, vec![3u32], vec![remote_ids[0]]);
-    slice = slice.pool(&back, 0, target.buffer_addr);
+    slice = slice.pool_at(&back, 0, &remote, at);
     back.write_at(0, &vec![0u8; area]).unwrap();
     engine
         .batch(&peer)
@@ -637,15 +639,32 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
     pool.write_at(0, &vec![0u8; DATA + 4096]).unwrap();
     let flag = pool.addr() + DATA as u64;
     let context = ferry::cuda::Context::get(1).unwrap();
-    let stream = ferry::cuda::Stream::new(context.clone()).unwrap();
+    let stream = ferry_core::cuda::Stream::new(context.clone()).unwrap();
     let copy = ferry::cuda::DeviceBuffer::new(context.clone(), DATA).unwrap();
-    // SAFETY: the flag lies in `pool`, which outlives the stream's work (synchronised below);
-    // the copy reads `pool` and writes `copy`, both alive until then and disjoint.
-    unsafe {
-        stream.wait_value32(flag, 7).unwrap();
-        stream.copy(copy.addr(), pool.addr(), DATA).unwrap();
+    // Words the GPU could not safely wait on are refused before anything is queued.
+    let host = decode.allocate(4096).unwrap();
+    let other_gpu = decode.allocate_device(0, 4096).unwrap();
+    for (region, offset, expected) in [
+        (&pool, 2, "not 4-byte aligned"),
+        (&host, 0, "a stream waits on GPU memory"),
+        (&other_gpu, 0, "the stream is on GPU 1, the region on GPU 0"),
+    ] {
+        match region.wait_value32(&stream, offset, 7) {
+            Err(Error::ApiMisuse(text)) => assert!(text.contains(expected), "{text}"),
+            other => panic!("expected a refusal saying {expected:?}, got {other:?}"),
+        }
     }
-    let after = ferry::cuda::Event::record(&stream).unwrap();
+    match pool.wait_value32(&stream, (DATA + 4096 - 2) as u64, 7) {
+        Err(Error::Range(ferry::RangeError::PastRegionEnd { offset, len: 4, .. })) => {
+            assert_eq!(offset, (DATA + 4096 - 2) as u64)
+        }
+        other => panic!("expected the word past the end to be refused, got {other:?}"),
+    }
+    pool.wait_value32(&stream, DATA as u64, 7).unwrap();
+    // SAFETY: the copy reads `pool` and writes `copy`, both alive until the stream is
+    // synchronised below, and disjoint.
+    unsafe { stream.copy(copy.addr(), pool.addr(), DATA) }.unwrap();
+    let after = ferry_core::cuda::Event::record(&stream).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(
         !after.query().unwrap(),

@@ -8,7 +8,8 @@ use crate::memory::{Region, RegionEntry, RegionUse};
 use crate::transport::{Direction, TransferOp};
 use std::sync::Arc;
 
-/// How one side's pools are laid out: every pool of a [`BlockCopy`] has this layout.
+/// How one side's pools are laid out, for the general form [`BlockCopy::new`]: every pool of
+/// the copy has this layout. [`BlockCopy::packed`] needs none.
 ///
 /// Separate K and V tensors are separate pools; K and V interleaved in one tensor are two pools
 /// of one tensor whose bases differ by the K block's size, each with a stride of both blocks.
@@ -37,9 +38,10 @@ impl BlockLayout {
         self.pool_bytes.checked_div(self.block_stride).unwrap_or(0)
     }
 
-    /// From a pool's base to the end of the last byte a copy of `len` bytes per block can touch.
+    /// From a pool's base to the end of the last byte a copy of `len` bytes per block can
+    /// touch (`len` bytes past the block offset when the pool holds no block).
     fn extent(&self, len: u64) -> u64 {
-        self.pool_bytes - self.block_stride + self.offset + len
+        self.pool_bytes.saturating_sub(self.block_stride) + self.offset + len
     }
 
     fn check(&self, side: Side, len: u64) -> Result<(), String> {
@@ -69,12 +71,44 @@ impl BlockLayout {
     }
 }
 
-/// One pool: where it starts in a local region and at the peer.
+/// Where a pool's size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sizing {
+    /// Every pool is `pool_bytes` of its side's [`BlockLayout`].
+    Layout,
+    /// Each pool holds the whole blocks that fit from its start to the end of its region (here)
+    /// and of its buffer (at the peer).
+    ToTheEnd,
+}
+
+/// One pool: where it starts in a local region and in a peer's buffer.
 #[derive(Clone)]
 struct Pool {
     region: Arc<RegionEntry>,
-    offset: u64,
+    local_offset: u64,
+    /// The peer's buffer, as the caller named it.
     remote_addr: u64,
+    remote_len: u64,
+    remote_offset: u64,
+}
+
+impl Pool {
+    /// One side's memory: its first byte, its length and the pool's offset into it.
+    fn memory(&self, side: Side) -> (u64, u64, u64) {
+        match side {
+            Side::Local => (
+                self.region.info.addr,
+                self.region.info.len,
+                self.local_offset,
+            ),
+            Side::Remote => (self.remote_addr, self.remote_len, self.remote_offset),
+        }
+    }
+
+    /// Address of the remote pool's first byte (saturating: validation refuses an overflow).
+    fn remote_base(&self) -> u64 {
+        self.remote_addr.saturating_add(self.remote_offset)
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -82,30 +116,76 @@ impl std::fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field(
                 "local",
-                &format_args!("{:#x}", self.region.info.addr + self.offset),
+                &format_args!(
+                    "{:#x}",
+                    self.region.info.addr.saturating_add(self.local_offset)
+                ),
             )
-            .field("remote", &format_args!("{:#x}", self.remote_addr))
+            .field("remote", &format_args!("{:#x}", self.remote_base()))
             .finish()
     }
 }
 
 /// A paged copy: `len` bytes of block `local_ids[i]` of every local pool to or from block
-/// `remote_ids[i]` of the matching remote pool, for every `i`. Add pools with
-/// [`BlockCopy::pool`], then hand it to [`crate::Batch::write_blocks`] or
-/// [`crate::Batch::read_blocks`]. Everything is checked when the batch is submitted.
+/// `remote_ids[i]` of the matching remote pool, for every `i`.
+///
+/// Make one with [`BlockCopy::packed`] (whole blocks of one size, back to back on both sides)
+/// or the general [`BlockCopy::new`] (a [`BlockLayout`] per side: strides, sub-ranges of
+/// blocks, fixed pool sizes). Add pools, one per layer and K/V, with [`BlockCopy::pool`] (a
+/// whole local [`Region`] and a whole buffer of the peer, from [`crate::Peer::buffer`]) or
+/// [`BlockCopy::pool_at`] (a pool starting inside them), then hand the copy to
+/// [`crate::Batch::write_blocks`] or [`crate::Batch::read_blocks`].
+///
+/// Everything is checked when the batch is submitted, before a byte moves: lengths, layouts,
+/// every block id against every pool (the error names the offending index and pool), and every
+/// pool against its region here and its buffer at the peer.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(engine: ferry_core::Engine, peer: ferry_core::Peer, k: ferry_core::Region,
+/// #     v: ferry_core::Region) -> Result<(), ferry_core::Error> {
+/// const BLOCK: u64 = 16 << 10;
+/// let missing = || ferry_core::Error::ApiMisuse("the peer has no pool of that name".into());
+/// let copy = ferry_core::BlockCopy::packed(BLOCK, vec![3, 17, 9], vec![40, 0, 63])
+///     .pool(&k, &peer.buffer("k").ok_or_else(missing)?)
+///     .pool(&v, &peer.buffer("v").ok_or_else(missing)?);
+/// engine.batch(&peer).write_blocks(copy).submit()?.await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct BlockCopy {
     len: u64,
     local: BlockLayout,
     remote: BlockLayout,
+    sizing: Sizing,
     local_ids: Arc<[u32]>,
     remote_ids: Arc<[u32]>,
     pools: Vec<Pool>,
 }
 
 impl BlockCopy {
-    /// A copy of `len` bytes per block between pools laid out as `local` and `remote`, moving
-    /// block `local_ids[i]` to or from block `remote_ids[i]`.
+    /// The common copy: whole blocks of `block_bytes`, back to back in every pool on both
+    /// sides, moving block `local_ids[i]` to or from block `remote_ids[i]`.
+    ///
+    /// A pool holds the whole blocks that fit from where it starts to the end of its region
+    /// (here) and of its buffer (at the peer); block ids are checked against each pool.
+    pub fn packed(
+        block_bytes: u64,
+        local_ids: impl Into<Arc<[u32]>>,
+        remote_ids: impl Into<Arc<[u32]>>,
+    ) -> BlockCopy {
+        // The pool sizes are filled in per pool, at validation.
+        let layout = BlockLayout::packed(0, block_bytes);
+        BlockCopy {
+            sizing: Sizing::ToTheEnd,
+            ..BlockCopy::new(block_bytes, layout, layout, local_ids, remote_ids)
+        }
+    }
+
+    /// The general copy: `len` bytes per block between pools laid out as `local` (here) and
+    /// `remote` (at the peer), moving block `local_ids[i]` to or from block `remote_ids[i]`.
+    /// Every pool is `pool_bytes` of its side's layout long.
     pub fn new(
         len: u64,
         local: BlockLayout,
@@ -117,18 +197,34 @@ impl BlockCopy {
             len,
             local,
             remote,
+            sizing: Sizing::Layout,
             local_ids: local_ids.into(),
             remote_ids: remote_ids.into(),
             pools: Vec::new(),
         }
     }
 
-    /// Adds a pool starting `offset` bytes into `region` here and at `remote_addr` at the peer.
-    pub fn pool(mut self, region: &Region, offset: u64, remote_addr: u64) -> BlockCopy {
+    /// Adds a pool that starts at the first byte of `region` here and of `remote` at the peer
+    /// (a buffer from [`crate::Peer::buffer`] or [`crate::Peer::buffers`]).
+    pub fn pool(self, region: &Region, remote: &BufferDescriptor) -> BlockCopy {
+        self.pool_at(region, 0, remote, 0)
+    }
+
+    /// Adds a pool that starts `local_offset` bytes into `region` here and `remote_offset`
+    /// bytes into the peer's buffer `remote`: for several pools in one region or buffer.
+    pub fn pool_at(
+        mut self,
+        region: &Region,
+        local_offset: u64,
+        remote: &BufferDescriptor,
+        remote_offset: u64,
+    ) -> BlockCopy {
         self.pools.push(Pool {
             region: Arc::clone(&region.entry),
-            offset,
-            remote_addr,
+            local_offset,
+            remote_addr: remote.addr,
+            remote_len: remote.len,
+            remote_offset,
         });
         self
     }
@@ -142,8 +238,28 @@ impl BlockCopy {
         self.pools.iter().map(|pool| &pool.region)
     }
 
-    /// Checks everything that does not depend on the peer: lengths, layouts, ids, local pools,
-    /// and (for reads) that no local block is written twice.
+    /// `side`'s layout for `pool`: the copy's own, or sized to the end of the pool's memory.
+    fn layout(&self, side: Side, pool: &Pool) -> BlockLayout {
+        let layout = match side {
+            Side::Local => self.local,
+            Side::Remote => self.remote,
+        };
+        match self.sizing {
+            Sizing::Layout => layout,
+            Sizing::ToTheEnd => {
+                let (_, len, offset) = pool.memory(side);
+                let room = len.saturating_sub(offset);
+                BlockLayout {
+                    pool_bytes: room - room % layout.block_stride.max(1),
+                    ..layout
+                }
+            }
+        }
+    }
+
+    /// Checks everything that can be checked before the peer's current buffers are consulted:
+    /// lengths, layouts, ids against every pool, every pool against its region and the buffer
+    /// the caller named, and (for reads) that no local block is written twice.
     pub(crate) fn validate(&self, copy: usize, direction: Direction) -> Result<(), RangeError> {
         let fail = |problem: String| RangeError::Blocks { copy, problem };
         if self.len == 0 || self.pools.is_empty() || self.local_ids.is_empty() {
@@ -163,42 +279,40 @@ impl BlockCopy {
         }
         self.local.check(Side::Local, self.len).map_err(fail)?;
         self.remote.check(Side::Remote, self.len).map_err(fail)?;
-        for (side, ids, layout) in [
-            (Side::Local, &self.local_ids, &self.local),
-            (Side::Remote, &self.remote_ids, &self.remote),
-        ] {
-            let blocks = layout.blocks();
-            // The maximum is one fast pass; the offending index is looked up only on failure.
-            let highest = ids.iter().copied().max().unwrap_or(0);
-            if u64::from(highest) < blocks {
-                continue;
-            }
-            if let Some(index) = ids.iter().position(|&id| u64::from(id) >= blocks) {
-                return Err(fail(format!(
-                    "{side} block id {} at index {index} is outside the pool's {blocks} blocks",
-                    ids[index]
-                )));
-            }
-        }
-        let extent = self.local.extent(self.len);
+        // The maxima are one fast pass; the offending index is looked up only on failure.
+        let highest = |ids: &[u32]| ids.iter().copied().max().unwrap_or(0);
+        let (local_highest, remote_highest) = (highest(&self.local_ids), highest(&self.remote_ids));
         for (index, pool) in self.pools.iter().enumerate() {
-            let region_len = pool.region.info.len;
-            if pool
-                .offset
-                .checked_add(extent)
-                .is_none_or(|end| end > region_len)
-            {
-                return Err(RangeError::PoolNotRegistered {
-                    copy,
-                    pool: index,
-                    side: Side::Local,
-                    addr: pool.region.info.addr.saturating_add(pool.offset),
-                    len: extent,
-                });
+            for (side, ids, highest) in [
+                (Side::Local, &self.local_ids, local_highest),
+                (Side::Remote, &self.remote_ids, remote_highest),
+            ] {
+                let layout = self.layout(side, pool);
+                let (addr, len, offset) = pool.memory(side);
+                let extent = layout.extent(self.len);
+                if offset.checked_add(extent).is_none_or(|end| end > len) {
+                    return Err(RangeError::PoolNotRegistered {
+                        copy,
+                        pool: index,
+                        side,
+                        addr: addr.saturating_add(offset),
+                        len: extent,
+                    });
+                }
+                let blocks = layout.blocks();
+                if u64::from(highest) < blocks {
+                    continue;
+                }
+                if let Some(at) = ids.iter().position(|&id| u64::from(id) >= blocks) {
+                    return Err(fail(format!(
+                        "{side} block id {} at index {at} is outside the {blocks} blocks of pool {index}",
+                        ids[at]
+                    )));
+                }
             }
         }
         if direction == Direction::Read {
-            let mut seen = vec![false; self.local.blocks() as usize];
+            let mut seen = vec![false; local_highest as usize + 1];
             for (index, &id) in self.local_ids.iter().enumerate() {
                 if std::mem::replace(&mut seen[id as usize], true) {
                     return Err(fail(format!(
@@ -211,29 +325,29 @@ impl BlockCopy {
     }
 
     /// Resolves every pool against its region use (`uses`, in pool order) and the peer's
-    /// buffers (`covering`).
+    /// buffers (`covering`), after [`BlockCopy::validate`].
     pub(crate) fn resolve(
         &self,
         copy: usize,
         uses: &[Arc<RegionUse>],
         covering: impl Fn(u64, u64) -> Option<Arc<BufferDescriptor>>,
     ) -> Result<Vec<BlockPoolOp>, RangeError> {
-        let extent = self.remote.extent(self.len);
         let mut resolved = Vec::with_capacity(self.pools.len());
         for (index, (pool, region)) in self.pools.iter().zip(uses).enumerate() {
-            let remote =
-                covering(pool.remote_addr, extent).ok_or(RangeError::PoolNotRegistered {
-                    copy,
-                    pool: index,
-                    side: Side::Remote,
-                    addr: pool.remote_addr,
-                    len: extent,
-                })?;
+            let extent = self.layout(Side::Remote, pool).extent(self.len);
+            let remote_base = pool.remote_base();
+            let remote = covering(remote_base, extent).ok_or(RangeError::PoolNotRegistered {
+                copy,
+                pool: index,
+                side: Side::Remote,
+                addr: remote_base,
+                len: extent,
+            })?;
             resolved.push(BlockPoolOp {
                 region: Arc::clone(region),
-                local_base: pool.region.info.addr + pool.offset,
+                local_base: pool.region.info.addr + pool.local_offset,
                 remote,
-                remote_base: pool.remote_addr,
+                remote_base,
             });
         }
         Ok(resolved)

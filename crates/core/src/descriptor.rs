@@ -1,4 +1,4 @@
-//! The segment descriptor: what a peer needs to know to reach this engine's memory.
+//! An engine's descriptor: what a peer needs to know to reach the engine's memory.
 
 use crate::error::{Error, Result};
 use crate::identity::InstanceId;
@@ -8,14 +8,15 @@ use serde::{Deserialize, Serialize};
 /// The descriptor format this build writes and reads.
 pub const DESCRIPTOR_VERSION: u32 = 3;
 
-/// Everything a peer needs to reach an engine: its name, host, endpoints and buffers.
+/// An engine's descriptor: everything a peer needs to reach the engine, fetched by the
+/// engine's name: its name, host, endpoints and buffers.
 ///
 /// Serialized as JSON; `version` lets a reader refuse a format it does not know.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDescriptor {
     /// Format version, [`DESCRIPTOR_VERSION`] for this build.
     pub version: u32,
-    /// The segment's name; by default `host:port` of its control listener.
+    /// The engine's name; by default `host:port` of its control listener.
     pub name: String,
     /// Which machine (and which boot of it) the engine runs on.
     pub host: HostIdentity,
@@ -137,7 +138,7 @@ impl SegmentDescriptor {
         let descriptor: SegmentDescriptor =
             serde_json::from_slice(bytes).map_err(|error| Error::Metadata {
                 name: name.to_owned(),
-                reason: format!("not a ferry segment descriptor ({error}); check that the name points at a ferry engine"),
+                reason: format!("not a ferry engine's descriptor ({error}); check that the name points at a ferry engine"),
             })?;
         if descriptor.version != DESCRIPTOR_VERSION {
             return Err(Error::Metadata {

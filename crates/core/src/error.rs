@@ -9,7 +9,7 @@ pub enum Error {
     /// The peer sent something the protocol does not allow; the connection was closed.
     #[error("protocol violation by {peer}: {violation}; the connection was closed, check that both sides run the same ferry version")]
     Protocol {
-        /// The peer's address or segment name.
+        /// The peer's address or name.
         peer: String,
         /// What exactly was wrong.
         violation: ProtocolViolation,
@@ -32,7 +32,7 @@ pub enum Error {
     Unavailable {
         /// The local memory location.
         local: String,
-        /// The peer's segment name.
+        /// The peer's name.
         peer: String,
         /// Why each transport declined.
         reason: String,
@@ -51,7 +51,7 @@ pub enum Error {
     /// The peer went away while work was in flight; nothing further was delivered.
     #[error("peer {peer} went away: {reason}; the transfer failed and may have written part of its destination, so resend it after reconnecting")]
     PeerGone {
-        /// The peer's segment name.
+        /// The peer's name.
         peer: String,
         /// What was observed.
         reason: String,
@@ -73,7 +73,7 @@ pub enum Error {
     /// The peer refused a request after it was sent; nothing of the refused frame was written.
     #[error("peer {peer} refused the request: {reason}")]
     Rejected {
-        /// The peer's segment name.
+        /// The peer's name.
         peer: String,
         /// Why, as the peer answered.
         reason: Refusal,
@@ -81,7 +81,7 @@ pub enum Error {
     /// No live engine has published this name in the metadata store.
     #[error("no live engine is published as {name}: {reason}")]
     NotPublished {
-        /// The segment name asked for.
+        /// The engine name asked for.
         name: String,
         /// Where it was looked up, and what to check.
         reason: String,
@@ -89,7 +89,7 @@ pub enum Error {
     /// Metadata could not be stored, fetched or parsed.
     #[error("metadata for {name}: {reason}")]
     Metadata {
-        /// The segment name involved.
+        /// The engine name involved.
         name: String,
         /// What failed and what to do.
         reason: String,
@@ -107,7 +107,7 @@ pub enum Error {
     /// proof; nothing about registered memory was exchanged.
     #[error("authenticating with {peer} failed: {reason}")]
     Unauthenticated {
-        /// The peer's address or segment name.
+        /// The peer's address or name.
         peer: String,
         /// What went wrong, with what to do.
         reason: AuthFailure,
@@ -410,7 +410,7 @@ pub enum ProtocolViolation {
     /// A response named a request that is not outstanding.
     #[error("response to unknown request {0}")]
     UnknownRequest(u64),
-    /// A field of the peer's segment descriptor or export does not fit what its memory
+    /// A field of the peer's descriptor or export does not fit what its memory
     /// really is (as the CUDA driver reports it once mapped); nothing was copied.
     #[error("its descriptor's {field} {problem}")]
     Descriptor {

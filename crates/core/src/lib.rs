@@ -1,4 +1,4 @@
-//! ferry-core: the engine, memory registration, segment descriptors, the wire protocol, the TCP
+//! ferry-core: the engine, memory registration, engine descriptors, the wire protocol, the TCP
 //! transport and the CUDA layer of ferry.
 //!
 //! Most users want the `ferry` crate, which re-exports this one. The model:

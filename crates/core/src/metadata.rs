@@ -1,6 +1,6 @@
-//! Where segment descriptors live, behind one small trait.
+//! Where engines' descriptors live, behind one small trait.
 //!
-//! The default, [`PeerToPeer`], needs no service: a segment's name is `host:port` of its
+//! The default, [`PeerToPeer`], needs no service: an engine's name is `host:port` of its
 //! engine's control listener, and fetching asks that listener. Stores such as etcd or redis
 //! (crate `ferry-metadata`) implement the same trait.
 
@@ -24,7 +24,7 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// runs its own publishes on tasks it does not drop, except when it shuts down.
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()>;
 
-    /// Fetches the current descriptor of segment `name`.
+    /// Fetches the current descriptor of the engine named `name`.
     ///
     /// # Errors
     /// [`crate::Error::NotPublished`] when no live engine holds the name (with the

@@ -66,7 +66,7 @@ impl Peer {
         }
     }
 
-    /// The peer's segment name.
+    /// The peer's name: the engine name it was connected with.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -95,6 +95,14 @@ impl Peer {
             .iter()
             .find(|buffer| buffer.name.as_deref() == Some(name))
             .cloned()
+    }
+
+    /// The peer's buffer holding the byte at `addr` (an address in the peer's process), as
+    /// last fetched: for callers that were given addresses rather than buffer names.
+    pub fn buffer_at(&self, addr: u64) -> Option<BufferDescriptor> {
+        self.view()
+            .covering(addr, 1)
+            .map(|buffer| (**buffer).clone())
     }
 
     /// False once the control connection to the peer has failed. The next notification or

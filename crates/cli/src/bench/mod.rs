@@ -13,9 +13,10 @@ mod workload;
 pub(crate) use rank::{run as run_rank, RankOptions};
 
 use crate::serve_child::ServeChild;
-use ferry::cuda::{Context, DeviceBuffer, Event, Stream};
+use ferry::cuda::{Context, DeviceBuffer, Stream};
 use ferry::{
-    BlockCopy, BlockLayout, CopyPath, Direction, Engine, Notifications, NvlinkConfig, Peer, Region,
+    BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Direction, Engine, Notifications,
+    NvlinkConfig, Peer, Region,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{quantile, Report, Row};
@@ -275,7 +276,7 @@ fn peer_copy(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
             stream.copy_buffer(target, source, GIB as usize)?;
         }
         for (stream, _, _) in &copies {
-            let event = Event::record(stream)?;
+            let event = stream.record_event()?;
             stream.synchronize()?;
             while !event.query()? {}
         }
@@ -308,7 +309,9 @@ struct Side {
     zeros: Region,
     /// Staging for verification and for filling the peer before reads.
     check: Region,
+    /// The decode process's area, at this address in its buffer `remote_buffer`.
     remote: u64,
+    remote_buffer: BufferDescriptor,
     /// Echoes from the decode process, for `small-write`.
     inbox: std::cell::RefCell<Notifications>,
 }
@@ -341,6 +344,10 @@ impl Side {
         let peer = engine.connect_blocking(&decode.name)?;
         decode.reply_to(engine.name())?;
         let inbox = std::cell::RefCell::new(engine.notifications()?);
+        let remote = decode.buffer_addr;
+        let remote_buffer = peer
+            .buffer_at(remote)
+            .ok_or_else(|| format!("the decode process registered no buffer at {remote:#x}"))?;
         Ok(Side {
             inbox,
             engine,
@@ -348,7 +355,8 @@ impl Side {
             local,
             zeros,
             check,
-            remote: decode.buffer_addr,
+            remote,
+            remote_buffer,
         })
     }
 
@@ -504,9 +512,10 @@ impl Side {
             Arc::clone(&paged.local_ids),
             Arc::clone(&paged.remote_ids),
         );
+        let area = self.remote - self.remote_buffer.addr;
         for pool in 0..paged.pools {
             let offset = pool * paged.pool_bytes();
-            copy = copy.pool(&self.local, offset, self.remote + offset);
+            copy = copy.pool_at(&self.local, offset, &self.remote_buffer, area + offset);
         }
         copy
     }

@@ -11,7 +11,9 @@
 use super::workload::{random_bytes, Paged};
 use super::{now_ns, BoxError};
 use ferry::tp::{HeadSlice, HeadSplit};
-use ferry::{BlockCopy, BlockLayout, CopyPath, Engine, NvlinkConfig, Peer, Region};
+use ferry::{
+    BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Engine, NvlinkConfig, Peer, Region,
+};
 use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -32,7 +34,7 @@ pub(crate) struct RankOptions {
     /// Decode tensor-parallel ranks.
     #[arg(long)]
     pub(crate) decode_tp: u32,
-    /// Decode ranks' segment names, in rank order.
+    /// Decode ranks' engine names, in rank order.
     #[arg(long, value_delimiter = ',')]
     pub(crate) peers: Vec<String>,
     /// Decode ranks' pool addresses, in rank order.
@@ -90,7 +92,10 @@ impl Sharded {
 struct Target {
     slice: HeadSlice,
     peer: Peer,
-    addr: u64,
+    /// The decode rank's buffer that holds its pools.
+    buffer: BufferDescriptor,
+    /// Where the pools start in `buffer`.
+    offset: u64,
     /// The slice's copy from this rank's pools, built once and cloned for every round.
     copy: BlockCopy,
 }
@@ -134,11 +139,24 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
             Arc::clone(&paged.local_ids),
             Arc::clone(&paged.remote_ids),
         );
+        let peer = engine.connect_blocking(name)?;
+        let buffer = peer
+            .buffer_at(addr)
+            .ok_or_else(|| format!("decode rank {rank} registered no buffer at {addr:#x}"))?;
+        let offset = addr - buffer.addr;
         targets.push(Target {
-            copy: with_pools(&sharded, &slice, copy, &pools, local.pool_bytes, addr),
+            copy: with_pools(
+                &sharded,
+                &slice,
+                copy,
+                &pools,
+                local.pool_bytes,
+                (&buffer, offset),
+            ),
             slice,
-            peer: engine.connect_blocking(name)?,
-            addr,
+            peer,
+            buffer,
+            offset,
         });
     }
     let widest = targets
@@ -182,23 +200,24 @@ fn fill(pools: &Region, sharded: &Sharded, seed: u64) -> Result<Vec<u8>, BoxErro
     Ok(sent)
 }
 
-/// `copy` with one pool per tensor: tensor `t` at `t * local_pool_bytes` in `local`, and at
-/// `addr` plus `t` decode pools at the decode rank.
+/// `copy` with one pool per tensor: tensor `t` at `t * local_pool_bytes` in `local`, and `t`
+/// decode pools past `offset` in the decode rank's `buffer`.
 fn with_pools(
     sharded: &Sharded,
     slice: &HeadSlice,
     mut copy: BlockCopy,
     local: &Region,
     local_pool_bytes: u64,
-    addr: u64,
+    (buffer, offset): (&BufferDescriptor, u64),
 ) -> BlockCopy {
     let paged = &sharded.paged;
     let (_, remote) = sharded.split.layouts(slice, paged.pool_blocks);
     for pool in 0..paged.pools {
-        copy = copy.pool(
+        copy = copy.pool_at(
             local,
             pool * local_pool_bytes,
-            addr + pool * remote.pool_bytes,
+            buffer,
+            offset + pool * remote.pool_bytes,
         );
     }
     copy
@@ -283,7 +302,7 @@ fn verify(
             copy,
             check,
             layout.pool_bytes,
-            target.addr,
+            (&target.buffer, target.offset),
         );
         engine
             .batch(&target.peer)

@@ -39,7 +39,7 @@ pub(crate) fn assert_bytes_eq(found: &[u8], expected: &[u8], what: &str) {
     }
 }
 
-/// A `ferry serve` child process with its segment name and buffer.
+/// A `ferry serve` child process with its engine name and buffer.
 pub(crate) struct ServeProcess {
     pub(crate) child: Child,
     pub(crate) name: String,

@@ -63,6 +63,9 @@ pub(crate) struct RegionEntry {
     pub(crate) exports: Vec<Export>,
     /// What the transports keep alive while it is registered; dropped before owned memory.
     _guards: Vec<ExportGuard>,
+    /// One event after each [`Region::wait_value32`] that a stream may not have passed yet;
+    /// dropping the [`Region`] waits for them.
+    stream_waits: parking_lot::Mutex<Vec<crate::cuda::Event>>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
     _owned: Option<OwnedMemory>,
 }
@@ -94,6 +97,7 @@ impl RegionEntry {
             name: parking_lot::Mutex::new(None),
             exports,
             _guards: guards,
+            stream_waits: parking_lot::Mutex::new(Vec::new()),
             _owned: owned,
         }
     }
@@ -236,6 +240,105 @@ impl Drop for Region {
     fn drop(&mut self) {
         self.table.remove(&self.entry);
         self.entry.close();
+        self.entry.await_stream_waits();
+    }
+}
+
+impl RegionEntry {
+    /// Waits until every stream that waited on a word of this region has passed the wait, so
+    /// no GPU reads the memory after the region is dropped. A failed query (a broken context
+    /// runs nothing more) counts as passed.
+    fn await_stream_waits(&self) {
+        let mut waits = std::mem::take(&mut *self.stream_waits.lock());
+        let started = Instant::now();
+        let mut warned = false;
+        loop {
+            waits.retain(|event| match event.query() {
+                Ok(passed) => !passed,
+                Err(error) => {
+                    tracing::warn!(%error, "a stream waiting on a dropped region failed");
+                    false
+                }
+            });
+            if waits.is_empty() {
+                return;
+            }
+            if !warned && started.elapsed() > Duration::from_secs(1) {
+                warned = true;
+                tracing::warn!(
+                    addr = self.info.addr,
+                    len = self.info.len,
+                    "dropping the region waits for a stream that waits on a word in it; write the value it waits for to release it"
+                );
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Region {
+    /// Makes work queued on `stream` from now on wait, on the GPU, until the 32-bit word
+    /// `offset` bytes into this region is at least `value` (compared as unsigned). A peer's
+    /// [`crate::Batch::signal`] sets the word once its data is visible, so a decode stream
+    /// starts on the data without a CPU round trip. From the `ferry` crate, call
+    /// `ferry::cuda::Stream::wait_value32`.
+    ///
+    /// Dropping the region waits until the stream has passed the wait (the memory must stay
+    /// valid while the GPU may read it); write the value yourself ([`Region::write_at`]) to
+    /// release a stream whose signal will not come.
+    ///
+    /// # Errors
+    /// [`Error::ApiMisuse`] when the region is not GPU memory, the stream belongs to another
+    /// GPU, or the word is not 4-byte aligned; [`RangeError::PastRegionEnd`] when the word runs
+    /// past the region; [`Error::Cuda`] when the driver refuses the wait.
+    pub fn wait_value32(
+        &self,
+        stream: &crate::cuda::Stream,
+        offset: u64,
+        value: u32,
+    ) -> Result<(), Error> {
+        let Location::Device { ordinal, .. } = self.location() else {
+            return Err(Error::ApiMisuse(format!(
+                "Region::wait_value32: the region at {:#x} is {}; a stream waits on GPU memory, so register the word on a GPU",
+                self.addr(),
+                self.location()
+            )));
+        };
+        let stream_gpu = stream.context().ordinal();
+        if stream_gpu != ordinal {
+            return Err(Error::ApiMisuse(format!(
+                "Region::wait_value32: the stream is on GPU {stream_gpu}, the region on GPU {ordinal}; wait with a stream of the region's GPU"
+            )));
+        }
+        let (guard, addr) = self.checked(offset, 4)?;
+        if addr % 4 != 0 {
+            return Err(Error::ApiMisuse(format!(
+                "Region::wait_value32: the word at {addr:#x} is not 4-byte aligned; GPUs wait on aligned 32-bit words"
+            )));
+        }
+        // SAFETY: `addr..addr+4` is aligned (checked) and lies inside this region (checked),
+        // which is memory of the stream's GPU (checked) that `guard` keeps registered while the
+        // wait is queued. Registration keeps it allocated until the region is dropped
+        // (`register`'s contract, or the engine's own allocation), and dropping the region
+        // waits for the event recorded below (or, when no event can be recorded, this call
+        // synchronises the stream), so the GPU reads it only while it is valid. The caller
+        // keeps nothing else alive: the stream may be dropped at any time (the driver finishes
+        // its queued work).
+        unsafe { stream.wait_value32(addr, value)? };
+        let passed = match crate::cuda::Event::record(stream) {
+            Ok(event) => event,
+            Err(error) => {
+                // Nothing would tell the region's drop when the wait has passed; a driver that
+                // cannot record an event has usually failed, and then this returns at once.
+                stream.synchronize()?;
+                return Err(error.into());
+            }
+        };
+        let mut waits = self.entry.stream_waits.lock();
+        waits.retain(|event| !matches!(event.query(), Ok(true)));
+        waits.push(passed);
+        drop(guard);
+        Ok(())
     }
 }
 

@@ -62,7 +62,7 @@ pub(crate) struct ServerSession<M: Served> {
     direct: bool,
     output: Output<M::Span>,
     event: Option<Event<M::Span>>,
-    /// The caller's segment name, from its hello.
+    /// The caller's engine name, from its hello.
     peer: Option<String>,
     accepted: Instant,
     /// When the first byte of the current frame arrived.
@@ -98,7 +98,7 @@ impl<M: Served> ServerSession<M> {
         }
     }
 
-    /// The caller's segment name as it introduced itself, once it has.
+    /// The caller's engine name as it introduced itself, once it has.
     pub(crate) fn peer(&self) -> Option<&str> {
         self.peer.as_deref()
     }

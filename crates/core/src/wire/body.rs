@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// Bytes per entry in a write-many table: `addr: u64` + `len: u32`.
 pub const WRITE_MANY_ENTRY_LEN: usize = 12;
 
-/// Longest segment name a hello may carry, in bytes.
+/// Longest engine name a hello may carry, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
 
 /// Longest hello body: a name of [`MAX_NAME_BYTES`] behind its two-byte length prefix. The
@@ -15,7 +15,7 @@ pub const MAX_HELLO_BODY: u32 = MAX_NAME_BYTES as u32 + 2;
 /// The first frame on a connection: who is calling.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
-    /// The caller's segment name; empty for a caller without an engine (a metadata lookup).
+    /// The caller's engine name; empty for a caller without an engine (a metadata lookup).
     pub name: String,
 }
 

@@ -27,7 +27,7 @@ struct RawHeader {
 pub enum Kind {
     /// First frame of every connection: who is calling (postcard [`super::Hello`]).
     Hello = 1,
-    /// Asks for the engine's segment descriptor (empty body).
+    /// Asks for the engine's descriptor (empty body).
     DescriptorRequest = 2,
     /// The descriptor as JSON.
     DescriptorResponse = 3,

@@ -4,7 +4,9 @@
 use super::notify;
 use super::plan::{self, Outside, Span};
 use super::regions::Regions;
-use ferry::{BlockCopy, BlockLayout, Direction, Engine, Notifications, Peer, Transfer};
+use ferry::{
+    BlockCopy, BlockLayout, BufferDescriptor, Direction, Engine, Notifications, Peer, Transfer,
+};
 use futures::FutureExt;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -34,24 +36,26 @@ pub(crate) struct Session {
     inbox: Mutex<Notifications>,
 }
 
-/// A peer opened by session name, with its buffers as sorted spans (computed once per
-/// descriptor, not per transfer).
+/// A peer opened by session name, with its buffers sorted by address and as spans in the
+/// same order (computed once per descriptor, not per transfer).
 #[derive(Clone)]
 pub(crate) struct OpenPeer {
     pub(crate) peer: Peer,
+    buffers: Arc<[BufferDescriptor]>,
     spans: Arc<[Span]>,
 }
 
 impl OpenPeer {
     fn new(peer: Peer) -> OpenPeer {
-        let mut spans: Vec<Span> = peer
-            .buffers()
+        let mut buffers = peer.buffers();
+        buffers.sort_unstable_by_key(|buffer| (buffer.addr, buffer.len));
+        let spans: Vec<Span> = buffers
             .iter()
             .map(|buffer| (buffer.addr, buffer.len))
             .collect();
-        spans.sort_unstable();
         OpenPeer {
             peer,
+            buffers: buffers.into(),
             spans: spans.into(),
         }
     }
@@ -218,7 +222,7 @@ impl Session {
                 remote_ids,
             );
             for (region, buffer) in paged.pools {
-                copy = copy.pool(handles[region], 0, peer.spans[buffer].0);
+                copy = copy.pool(handles[region], &peer.buffers[buffer]);
             }
             batch = match direction {
                 Direction::Write => batch.write_blocks(copy),

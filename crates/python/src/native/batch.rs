@@ -2,7 +2,7 @@
 
 use super::region::Region;
 use super::transfer::Transfer;
-use crate::errors::{to_py, FerryError};
+use crate::errors::{to_py, FerryError, RangeError};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
@@ -13,16 +13,20 @@ type Layout = (u64, u64, u64);
 type Pool<'py> = (PyRef<'py, Region>, u64, u64);
 
 /// Reads and writes with one peer, submitted together and completed as one transfer. Each
-/// method adds to the batch; mistakes are reported by `submit`, before anything moves.
+/// method adds to the batch; mistakes are reported by `submit`, before anything moves (a
+/// block pool at an address where the peer has no buffer, as soon as it is added).
 #[pyclass(module = "ferry_kv._ferry", frozen)]
 pub(crate) struct Batch {
     batch: Mutex<Option<ferry::Batch>>,
+    /// The peer, whose buffers turn pool addresses into buffers.
+    peer: ferry::Peer,
 }
 
 impl Batch {
-    pub(super) fn new(batch: ferry::Batch) -> Self {
+    pub(super) fn new(batch: ferry::Batch, peer: ferry::Peer) -> Self {
         Batch {
             batch: Mutex::new(Some(batch)),
+            peer,
         }
     }
 
@@ -58,8 +62,14 @@ impl Batch {
             local_ids,
             remote_ids,
         );
-        for (region, offset, remote_addr) in &pools {
-            copy = region.with(|region| copy.pool(region, *offset, *remote_addr))?;
+        for (index, (region, offset, remote_addr)) in pools.iter().enumerate() {
+            let buffer = self.peer.buffer_at(*remote_addr).ok_or_else(|| {
+                RangeError::new_err(format!(
+                    "pool {index}: the peer has no buffer at {remote_addr:#x}; pass an address inside one of peer.buffers (connect again to see newer ones)"
+                ))
+            })?;
+            let remote_offset = remote_addr - buffer.addr;
+            copy = region.with(|region| copy.pool_at(region, *offset, &buffer, remote_offset))?;
         }
         self.update(|batch| {
             Ok(match direction {

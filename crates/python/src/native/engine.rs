@@ -123,7 +123,7 @@ impl Engine {
     /// An empty batch of transfers with `peer`.
     fn batch(&self, peer: PyRef<'_, Peer>) -> PyResult<Batch> {
         let engine = self.running()?;
-        Ok(Batch::new(engine.batch(peer.inner())))
+        Ok(Batch::new(engine.batch(peer.inner()), peer.inner().clone()))
     }
 
     /// Sends `payload` (at most 64 KiB) to `peer` on its own, returning once the peer took it.
