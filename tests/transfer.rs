@@ -319,10 +319,43 @@ async fn blocking_calls_on_a_runtime_thread_refuse_instead_of_panicking() {
         .submit()
         .unwrap();
     assert_refused(transfer.wait(), "Transfer::wait", "the Transfer");
+    let spinning = pair.prefill.batch(&pair.peer).submit().unwrap();
+    assert_refused(
+        spinning.wait_spinning(Duration::from_millis(1)),
+        "Transfer::wait_spinning",
+        "the Transfer",
+    );
     // Only the refused wait submitted anything, and its transfer went on without a waiter.
     let note = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(note.payload, b"waited");
+}
+
+#[test]
+fn a_spinning_wait_returns_the_completion_whether_or_not_the_spin_outlasts_the_transfer() {
+    let decode = Engine::builder().build_blocking().unwrap();
+    let pool = decode.allocate(1 << 20).unwrap();
+    let prefill = Engine::builder().build_blocking().unwrap();
+    let source = prefill.allocate(1 << 20).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    for (round, spin) in [Duration::ZERO, Duration::from_millis(50)]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = vec![round as u8 + 1; 1 << 20];
+        source.write_at(0, &bytes).unwrap();
+        let done = prefill
+            .batch(&peer)
+            .write(&source, 0, pool.addr(), 1 << 20)
+            .submit()
+            .unwrap()
+            .wait_spinning(spin)
+            .unwrap();
+        assert_eq!(done.bytes, 1 << 20);
+        let mut landed = vec![0u8; 1 << 20];
+        pool.read_at(0, &mut landed).unwrap();
+        assert!(landed == bytes, "round {round}: the bytes did not land");
+    }
 }

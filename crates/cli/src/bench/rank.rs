@@ -248,7 +248,7 @@ fn round(engine: &Engine, targets: &[Target], at: u64) -> Result<String, BoxErro
             .map(|transfer| {
                 scope.spawn(move || {
                     transfer
-                        .wait()
+                        .wait_spinning(super::WAIT_SPIN)
                         .map(|done| (done.bytes, now_ns()))
                         .map_err(|error| error.to_string())
                 })
