@@ -319,18 +319,28 @@ async fn blocking_calls_on_a_runtime_thread_refuse_instead_of_panicking() {
         .submit()
         .unwrap();
     assert_refused(transfer.wait(), "Transfer::wait", "the Transfer");
-    let spinning = pair.prefill.batch(&pair.peer).submit().unwrap();
+    let spinning = pair
+        .prefill
+        .batch(&pair.peer)
+        .notify("spun")
+        .submit()
+        .unwrap();
     assert_refused(
         spinning.wait_spinning(Duration::from_millis(1)),
         "Transfer::wait_spinning",
         "the Transfer",
     );
-    // Only the refused wait submitted anything, and its transfer went on without a waiter.
+    // Only the refused waits submitted anything, and their transfers went on without a waiter.
     let note = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(note.payload, b"waited");
+    let note = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(note.payload, b"spun");
 }
 
 #[test]
