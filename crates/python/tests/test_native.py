@@ -203,6 +203,16 @@ def test_block_ids_of_the_wrong_shape_are_refused(pair: tuple[Engine, Engine]) -
         sender.batch(peer).write_blocks([(region, 0, 0)], [0], [0])
 
 
+def test_a_block_pool_where_the_peer_has_no_buffer_is_refused_naming_the_pool(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    pool = receiver.allocate(4096)
+    peer = sender.connect(receiver.name)
+    region = sender.allocate(4096)
+    pools = [(region, 0, pool.addr), (region, 0, pool.addr + 4096)]
+    with pytest.raises(RangeError, match="pool 1: the peer has no buffer at"):
+        sender.batch(peer).write_blocks(pools, [0], [0], block_bytes=1024, pool_bytes=4096)
+
+
 def test_notifications_arrive_after_their_data_and_time_out(pair: tuple[Engine, Engine]) -> None:
     sender, receiver = pair
     inbox = receiver.notifications()
