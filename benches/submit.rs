@@ -82,12 +82,12 @@ struct Sides {
 
 fn sides() -> Sides {
     let decode = Engine::builder().build_blocking().expect("decode engine");
-    let pool = decode.allocate((TENSORS * POOL) as usize).expect("pool");
+    let pool = decode.allocate(TENSORS * POOL).expect("pool");
     let prefill = Engine::builder()
         .transport(Arc::new(Counting))
         .build_blocking()
         .expect("prefill engine");
-    let source = prefill.allocate((TENSORS * POOL) as usize).expect("source");
+    let source = prefill.allocate(TENSORS * POOL).expect("source");
     let peer = prefill.connect_blocking(decode.name()).expect("connect");
     let remote = peer.buffers().swap_remove(0);
     Sides {

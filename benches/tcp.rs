@@ -25,9 +25,9 @@ struct FerryPair {
 
 fn ferry_pair() -> FerryPair {
     let decode = Engine::builder().build_blocking().expect("decode engine");
-    let pool = decode.allocate(TOTAL).expect("pool");
+    let pool = decode.allocate(TOTAL as u64).expect("pool");
     let prefill = Engine::builder().build_blocking().expect("prefill engine");
-    let source = prefill.allocate(TOTAL).expect("source");
+    let source = prefill.allocate(TOTAL as u64).expect("source");
     // Touch every page once, so no iteration pays for first-touch page faults.
     let bytes: Vec<u8> = (0..TOTAL).map(|index| (index % 251) as u8).collect();
     source.write_at(0, &bytes).expect("fill source");

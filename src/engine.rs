@@ -109,7 +109,7 @@ impl EngineBuilder {
 
     /// Bytes of unread notifications kept for the reader before senders are refused (64 MiB
     /// by default); see [`ferry_core::EngineBuilder::notification_bytes`].
-    pub fn notification_bytes(self, bytes: usize) -> Self {
+    pub fn notification_bytes(self, bytes: u64) -> Self {
         EngineBuilder {
             core: self.core.notification_bytes(bytes),
             ..self

@@ -47,7 +47,7 @@
 //! let mut kv = vec![42u8; 2 * 16 * 4096]; // its own K and V pools of 16 blocks
 //! // SAFETY: `kv` outlives `region` (dropped first, at the end of scope in reverse order),
 //! // and nothing else reads or writes it while it is registered.
-//! let region = unsafe { prefill.register(kv.as_mut_ptr(), kv.len())? };
+//! let region = unsafe { prefill.register(kv.as_mut_ptr(), kv.len() as u64)? };
 //!
 //! // ... opens the decode engine by name and finds its pools by theirs ...
 //! let peer = prefill.connect(decode.name()).await?;

@@ -68,7 +68,7 @@ async fn memory_deregistered_by_the_target_is_refused_by_the_target_itself() {
     let decode = engine().await;
     let mut backing = vec![0u8; 8192];
     // SAFETY: `backing` outlives the region, which is dropped below before `backing` is read.
-    let region = unsafe { decode.register(backing.as_mut_ptr(), backing.len()) }.unwrap();
+    let region = unsafe { decode.register(backing.as_mut_ptr(), backing.len() as u64) }.unwrap();
     let prefill = engine().await;
     let source = prefill.allocate(8192).unwrap();
     source.write_at(0, &[9u8; 8192]).unwrap();
@@ -278,7 +278,7 @@ async fn empty_null_and_wrapping_registrations_are_refused_as_registrations() {
         "{null:?}"
     );
     // SAFETY: the range wraps past the end of the address space; refused before any use.
-    let wraps = unsafe { engine.register(&mut byte, usize::MAX) }.map(|_| ());
+    let wraps = unsafe { engine.register(&mut byte, u64::MAX) }.map(|_| ());
     assert!(
         matches!(
             wraps,
@@ -289,7 +289,7 @@ async fn empty_null_and_wrapping_registrations_are_refused_as_registrations() {
         ),
         "{wraps:?}"
     );
-    let vmm = engine.allocate_device_vmm(0, usize::MAX, 2).map(|_| ());
+    let vmm = engine.allocate_device_vmm(0, u64::MAX, 2).map(|_| ());
     assert!(
         matches!(
             vmm,

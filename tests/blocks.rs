@@ -239,7 +239,7 @@ async fn named_pools(decode_blocks: u64, prefill_blocks: u64) -> NamedPools {
     let pools: Vec<ferry::Region> = NAMES
         .iter()
         .map(|name| {
-            let pool = decode.allocate((decode_blocks * BLOCK) as usize).unwrap();
+            let pool = decode.allocate(decode_blocks * BLOCK).unwrap();
             pool.set_name(*name).unwrap();
             pool
         })
@@ -247,7 +247,7 @@ async fn named_pools(decode_blocks: u64, prefill_blocks: u64) -> NamedPools {
     let prefill = engine().await;
     let sources: Vec<ferry::Region> = (0..NAMES.len() as u64)
         .map(|seed| {
-            let source = prefill.allocate((prefill_blocks * BLOCK) as usize).unwrap();
+            let source = prefill.allocate(prefill_blocks * BLOCK).unwrap();
             source
                 .write_at(0, &pattern(40 + seed, (prefill_blocks * BLOCK) as usize))
                 .unwrap();

@@ -42,7 +42,7 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
     const INBOX: usize = 256 << 10;
     let decode = Engine::builder()
         .max_connections(CAP)
-        .notification_bytes(INBOX)
+        .notification_bytes(INBOX as u64)
         .idle_timeout(Duration::from_secs(3))
         .transfer_timeout(Duration::from_secs(10))
         .build()

@@ -197,14 +197,14 @@ pub(crate) fn allocate_pools(
                 vmm_pieces: Some(pieces),
             } => engine.allocate_device_vmm(
                 ordinal,
-                (pool_bytes as usize).div_ceil(pieces.max(1)),
+                pool_bytes.div_ceil(pieces.max(1) as u64),
                 pieces.max(1),
             ),
             Placement {
                 gpu: Some(ordinal),
                 vmm_pieces: None,
-            } => engine.allocate_device(ordinal, pool_bytes as usize),
-            Placement { gpu: None, .. } => engine.allocate(pool_bytes as usize),
+            } => engine.allocate_device(ordinal, pool_bytes),
+            Placement { gpu: None, .. } => engine.allocate(pool_bytes),
         })
         .collect()
 }

@@ -37,11 +37,11 @@ impl Pair {
     pub(crate) async fn new(pool_len: usize, source_len: usize) -> Pair {
         let decode = engine().await;
         let pool = decode
-            .allocate(pool_len)
+            .allocate(pool_len as u64)
             .expect("decode allocates its pool");
         let prefill = engine().await;
         let source = prefill
-            .allocate(source_len)
+            .allocate(source_len as u64)
             .expect("prefill allocates its source");
         let peer = prefill
             .connect(decode.name())

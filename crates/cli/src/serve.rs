@@ -65,11 +65,11 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
     }
     let engine = builder.build_blocking()?;
     let buffer = match gpu {
-        Some((ordinal, None)) => engine.allocate_device(ordinal, bytes)?,
+        Some((ordinal, None)) => engine.allocate_device(ordinal, bytes as u64)?,
         Some((ordinal, Some(pieces))) => {
-            engine.allocate_device_vmm(ordinal, bytes.div_ceil(pieces.max(1)), pieces)?
+            engine.allocate_device_vmm(ordinal, bytes.div_ceil(pieces.max(1)) as u64, pieces)?
         }
-        None => engine.allocate(bytes)?,
+        None => engine.allocate(bytes as u64)?,
     };
     if gpu.is_some() {
         // GPU memory starts with whatever was there: clear it a chunk at a time.

@@ -187,8 +187,8 @@ fn many_blocks_land_in_their_slots_on_the_other_gpu() {
     const BLOCKS: usize = 2048;
     let target = ServeProcess::start_with(BLOCK * BLOCKS, &["--gpu", "1"], &[]);
     let engine = engine();
-    let source = engine.allocate_device(0, BLOCK * BLOCKS).unwrap();
-    let back = engine.allocate_device(0, BLOCK * BLOCKS).unwrap();
+    let source = engine.allocate_device(0, (BLOCK * BLOCKS) as u64).unwrap();
+    let back = engine.allocate_device(0, (BLOCK * BLOCKS) as u64).unwrap();
     let bytes = pattern(77, BLOCK * BLOCKS);
     source.write_at(0, &bytes).unwrap();
     let peer = engine.connect_blocking(&target.name).unwrap();
@@ -515,9 +515,9 @@ fn every_copy_path_moves_unaligned_entries_and_touches_nothing_else() {
         ferry::CopyPath::Auto,
     ] {
         let engine = engine_with(path);
-        let source = engine.allocate_device(0, AREA).unwrap();
-        let zeros = engine.allocate_device(0, AREA).unwrap();
-        let back = engine.allocate_device(0, AREA).unwrap();
+        let source = engine.allocate_device(0, AREA as u64).unwrap();
+        let zeros = engine.allocate_device(0, AREA as u64).unwrap();
+        let back = engine.allocate_device(0, AREA as u64).unwrap();
         source.write_at(0, &source_bytes).unwrap();
         zeros.write_at(0, &vec![0u8; AREA]).unwrap();
         back.write_at(0, &vec![0u8; AREA]).unwrap();
@@ -560,8 +560,8 @@ fn paged_blocks_cross_gpus_in_one_kernel_launch_and_come_back() {
     let area = (POOL * POOLS) as usize;
     let target = ServeProcess::start_with(area, &["--gpu", "1"], &[]);
     let engine = engine();
-    let source = engine.allocate_device(0, area).unwrap();
-    let back = engine.allocate_device(0, area).unwrap();
+    let source = engine.allocate_device(0, area as u64).unwrap();
+    let back = engine.allocate_device(0, area as u64).unwrap();
     let bytes = pattern(91, area);
     source.write_at(0, &bytes).unwrap();
     back.write_at(0, &vec![0u8; area]).unwrap();
@@ -635,7 +635,7 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
     const DATA: usize = 4 << 20;
     let decode = engine();
     // The data, then the 32-bit word the decode stream waits on.
-    let pool = decode.allocate_device(1, DATA + 4096).unwrap();
+    let pool = decode.allocate_device(1, (DATA + 4096) as u64).unwrap();
     pool.write_at(0, &vec![0u8; DATA + 4096]).unwrap();
     let flag = pool.addr() + DATA as u64;
     let context = ferry::cuda::Context::get(1).unwrap();
@@ -671,7 +671,7 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
         "the stream ran past the wait before any signal"
     );
     let prefill = engine();
-    let source = prefill.allocate_device(0, DATA).unwrap();
+    let source = prefill.allocate_device(0, DATA as u64).unwrap();
     let bytes = pattern(92, DATA);
     source.write_at(0, &bytes).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
@@ -700,8 +700,8 @@ fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .unwrap();
-    let source = engine.allocate_device(0, AREA).unwrap();
-    let back = engine.allocate_device(0, AREA).unwrap();
+    let source = engine.allocate_device(0, AREA as u64).unwrap();
+    let back = engine.allocate_device(0, AREA as u64).unwrap();
     let bytes = pattern(93, AREA);
     source.write_at(0, &bytes).unwrap();
     back.write_at(0, &vec![0u8; AREA]).unwrap();
@@ -831,7 +831,7 @@ fn ipc_exports_that_overreach_their_allocation_are_refused_and_a_good_transfer_f
     let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
     let store = std::sync::Arc::new(CraftedPeers::default());
     let engine = engine_asking(&store);
-    let source = engine.allocate_device(0, AREA).unwrap();
+    let source = engine.allocate_device(0, AREA as u64).unwrap();
     let real = engine.connect_blocking(&target.name).unwrap().descriptor();
     let buffer = real
         .buffers
@@ -964,8 +964,8 @@ fn thousands_of_tiny_gpu_entries_cross_tcp_through_shared_staging_chunks() {
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .unwrap();
-    let source = engine.allocate_device(0, AREA).unwrap();
-    let back = engine.allocate_device(0, AREA).unwrap();
+    let source = engine.allocate_device(0, AREA as u64).unwrap();
+    let back = engine.allocate_device(0, AREA as u64).unwrap();
     let bytes = pattern(95, AREA);
     source.write_at(0, &bytes).unwrap();
     back.write_at(0, &vec![0u8; AREA]).unwrap();

@@ -13,7 +13,7 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
     const BUFFER: usize = 256 << 20;
     let mut target = ServeProcess::start(BUFFER);
     let prefill = engine().await;
-    let source = prefill.allocate(BUFFER).unwrap();
+    let source = prefill.allocate(BUFFER as u64).unwrap();
     let peer = prefill.connect(&target.name).await.unwrap();
     // 16 passes over the target's buffer: 4 GiB, far more than loopback moves before the kill.
     let mut batch = prefill.batch(&peer);

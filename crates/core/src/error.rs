@@ -121,7 +121,7 @@ pub enum Error {
         /// What the memory was for.
         what: &'static str,
         /// How many bytes were asked for.
-        bytes: usize,
+        bytes: u64,
     },
     /// A registration or allocation size that cannot be registered.
     #[error("cannot register {len} bytes at {addr:#x}: {problem}")]
@@ -193,24 +193,20 @@ impl Error {
     }
 
     /// [`Error::Registration`] for `len` bytes at `addr`.
-    pub(crate) fn registration(addr: u64, len: usize, problem: RegistrationProblem) -> Self {
-        Error::Registration {
-            addr,
-            len: len as u64,
-            problem,
-        }
+    pub(crate) fn registration(addr: u64, len: u64, problem: RegistrationProblem) -> Self {
+        Error::Registration { addr, len, problem }
     }
 
-    /// `Ok` when `len` bytes at `addr` (0 for memory still to be allocated) are not empty and
-    /// do not run past the end of the address space.
-    pub(crate) fn check_registration(addr: u64, len: usize) -> Result<()> {
+    /// `len` as this machine's size type when `len` bytes at `addr` (0 for memory still to be
+    /// allocated) are not empty and do not run past the end of the address space.
+    pub(crate) fn check_registration(addr: u64, len: u64) -> Result<usize> {
         if len == 0 {
             return Err(Error::registration(addr, len, RegistrationProblem::Empty));
         }
-        if addr.checked_add(len as u64).is_none() {
-            return Err(Error::registration(addr, len, RegistrationProblem::Wraps));
+        match (addr.checked_add(len), usize::try_from(len)) {
+            (Some(_), Ok(len)) => Ok(len),
+            _ => Err(Error::registration(addr, len, RegistrationProblem::Wraps)),
         }
-        Ok(())
     }
 
     /// `self`, with a peer's refusal of a range outside its registrations naming the batch

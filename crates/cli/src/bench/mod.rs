@@ -341,9 +341,9 @@ impl Side {
             })
             .build_blocking()?;
         let gpu = options.prefill_gpu;
-        let local = engine.allocate_device(gpu, area as usize)?;
-        let zeros = engine.allocate_device(gpu, GIB.min(area) as usize)?;
-        let check = engine.allocate_device(gpu, check as usize)?;
+        let local = engine.allocate_device(gpu, area)?;
+        let zeros = engine.allocate_device(gpu, GIB.min(area))?;
+        let check = engine.allocate_device(gpu, check)?;
         let peer = engine.connect_blocking(&decode.name)?;
         decode.reply_to(engine.name())?;
         let inbox = std::cell::RefCell::new(engine.notifications()?);

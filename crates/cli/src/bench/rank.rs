@@ -119,7 +119,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
             kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
         })
         .build_blocking()?;
-    let pools = engine.allocate_device(options.gpu, sharded.prefill_area() as usize)?;
+    let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;
     let sent = fill(&pools, &sharded, options.data_seed)?;
     let mut targets = Vec::new();
     for slice in sharded.split.slices() {
@@ -164,7 +164,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         .map(|target| sharded.slice_request_bytes(&target.slice))
         .max()
         .unwrap_or(1);
-    let check = engine.allocate_device(options.gpu, widest as usize)?;
+    let check = engine.allocate_device(options.gpu, widest)?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "ready")?;
     stdout.flush()?;

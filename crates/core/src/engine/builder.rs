@@ -102,8 +102,9 @@ impl EngineBuilder {
     /// senders are refused (64 MiB by default), whatever [`Self::notification_capacity`]
     /// allows: a sender whose notification would pass it gets [`Error::Rejected`] at once,
     /// as with a full inbox. A notification larger than the bound is always refused.
-    pub fn notification_bytes(mut self, bytes: usize) -> Self {
-        self.inbox_bytes = bytes;
+    pub fn notification_bytes(mut self, bytes: u64) -> Self {
+        // More than the address space holds is no limit at all.
+        self.inbox_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         self
     }
 

@@ -144,7 +144,7 @@ impl Engine {
     /// [`Error::Unsupported`] for managed memory and for GPU memory a transport should share
     /// but cannot (a stream-ordered pool allocation, a `cudaMalloc` range over several
     /// allocations), [`Error::Cuda`] when exporting fails.
-    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
+    pub unsafe fn register(&self, ptr: *mut u8, len: u64) -> Result<Region> {
         let addr = ptr as u64;
         if ptr.is_null() {
             return Err(Error::registration(addr, len, RegistrationProblem::Null));
@@ -164,7 +164,7 @@ impl Engine {
         };
         let info = RegionInfo {
             addr,
-            len: len as u64,
+            len,
             location,
         };
         self.inner.insert(info, None)
@@ -176,15 +176,15 @@ impl Engine {
     /// # Errors
     /// [`Error::Registration`] for `len == 0`, [`Error::OutOfMemory`] when the allocation
     /// fails.
-    pub fn allocate(&self, len: usize) -> Result<Region> {
-        Error::check_registration(0, len)?;
-        let buffer = OwnedBuffer::zeroed(len).ok_or(Error::OutOfMemory {
+    pub fn allocate(&self, len: u64) -> Result<Region> {
+        let bytes = Error::check_registration(0, len)?;
+        let buffer = OwnedBuffer::zeroed(bytes).ok_or(Error::OutOfMemory {
             what: "Engine::allocate",
             bytes: len,
         })?;
         let info = RegionInfo {
             addr: buffer.addr(),
-            len: len as u64,
+            len,
             location: Location::Host { pinned: false },
         };
         self.inner
@@ -198,12 +198,12 @@ impl Engine {
     /// # Errors
     /// [`Error::Registration`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
     /// the allocation or export fails.
-    pub fn allocate_device(&self, ordinal: u32, len: usize) -> Result<Region> {
-        Error::check_registration(0, len)?;
-        let buffer = DeviceBuffer::new(Context::get(ordinal)?, len)?;
+    pub fn allocate_device(&self, ordinal: u32, len: u64) -> Result<Region> {
+        let bytes = Error::check_registration(0, len)?;
+        let buffer = DeviceBuffer::new(Context::get(ordinal)?, bytes)?;
         let info = RegionInfo {
             addr: buffer.addr(),
-            len: len as u64,
+            len,
             location: device_location(buffer.addr(), &self.inner.gpus)?,
         };
         self.inner
@@ -222,19 +222,15 @@ impl Engine {
     pub fn allocate_device_vmm(
         &self,
         ordinal: u32,
-        piece_bytes: usize,
+        piece_bytes: u64,
         pieces: usize,
     ) -> Result<Region> {
-        match piece_bytes.checked_mul(pieces) {
-            Some(total) => Error::check_registration(0, total)?,
-            None => {
-                return Err(Error::registration(
-                    0,
-                    usize::MAX,
-                    RegistrationProblem::Wraps,
-                ))
-            }
-        }
+        let total = u64::try_from(pieces)
+            .ok()
+            .and_then(|pieces| piece_bytes.checked_mul(pieces))
+            .ok_or_else(|| Error::registration(0, u64::MAX, RegistrationProblem::Wraps))?;
+        Error::check_registration(0, total)?;
+        let piece_bytes = Error::check_registration(0, piece_bytes)?;
         let mapping = crate::cuda::create_vmm(Context::get(ordinal)?, piece_bytes, pieces)?;
         let len = mapping.len() as u64;
         let info = RegionInfo {

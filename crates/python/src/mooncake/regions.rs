@@ -36,7 +36,7 @@ impl Regions {
             );
         }
         // SAFETY: the caller promises the range stays valid while registered (this fn's contract).
-        let region = unsafe { engine.register(addr as *mut u8, length) }
+        let region = unsafe { engine.register(addr as *mut u8, length as u64) }
             .map_err(|error| error.to_string())?;
         self.by_start.insert(addr, region);
         Ok(true)

@@ -139,7 +139,7 @@ impl Session {
         let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;
         let region = self
             .engine
-            .allocate(length)
+            .allocate(length as u64)
             .map_err(|error| error.to_string())?;
         let addr = region.addr();
         self.regions.write().insert(region);

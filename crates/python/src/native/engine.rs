@@ -99,7 +99,7 @@ impl Engine {
         // stays valid until the region is deregistered, which `Region` does before releasing
         // `owner`. Peers writing it concurrently is the point of registering it.
         let region = py
-            .detach(|| unsafe { engine.register(addr as *mut u8, len) })
+            .detach(|| unsafe { engine.register(addr as *mut u8, len as u64) })
             .map_err(to_py)?;
         Ok(Region::new(region, owner))
     }
@@ -108,7 +108,7 @@ impl Engine {
     fn allocate(&self, py: Python<'_>, nbytes: u64) -> PyResult<Region> {
         let engine = self.running()?;
         let len = byte_count(nbytes)?;
-        let region = py.detach(|| engine.allocate(len)).map_err(to_py)?;
+        let region = py.detach(|| engine.allocate(len as u64)).map_err(to_py)?;
         Ok(Region::new(region, None))
     }
 
