@@ -48,8 +48,13 @@ impl Stream {
         &self,
         dst: &DeviceBuffer,
         src: &DeviceBuffer,
-        len: usize,
+        len: u64,
     ) -> Result<(), Error> {
+        let len = usize::try_from(len).map_err(|_| {
+            Error::ApiMisuse(format!(
+                "a copy of {len} bytes does not fit this machine's address space"
+            ))
+        })?;
         self.inner.copy_buffer(dst, src, len)
     }
 

@@ -690,6 +690,65 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
 }
 
 #[test]
+fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
+    gpus();
+    const DATA: u64 = 1 << 20;
+    let decode = engine();
+    let pool = decode.allocate_device(0, DATA + 4096).unwrap();
+    pool.write_at(0, &vec![0u8; (DATA + 4096) as usize])
+        .unwrap();
+    let stream = ferry::cuda::Stream::new(ferry::cuda::Context::get(0).unwrap()).unwrap();
+    // Words the GPU could not safely wait on are refused before anything is queued.
+    let host = decode.allocate(4096).unwrap();
+    for (region, offset, expected) in [
+        (&pool, 2, "not 4-byte aligned"),
+        (&host, 0, "a stream waits on GPU memory"),
+    ] {
+        match stream.wait_value32(region, offset, 7) {
+            Err(Error::ApiMisuse(text)) => assert!(text.contains(expected), "{text}"),
+            other => panic!("expected a refusal saying {expected:?}, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        stream.wait_value32(&pool, DATA + 4094, 7),
+        Err(Error::Range(ferry::RangeError::PastRegionEnd {
+            len: 4,
+            ..
+        }))
+    ));
+    stream.wait_value32(&pool, DATA, 7).unwrap();
+    let passed = stream.record_event().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !passed.query().unwrap(),
+        "the stream ran past the wait before any signal"
+    );
+    let prefill = engine();
+    let source = prefill.allocate_device(0, DATA).unwrap();
+    let bytes = pattern(94, DATA as usize);
+    source.write_at(0, &bytes).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let done = prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), DATA)
+        .signal(pool.addr() + DATA, 7)
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.transports, vec!["nvlink"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !passed.query().unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the signal did not release the waiting stream"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut landed = vec![0u8; DATA as usize];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &bytes, "the data the signal announced");
+}
+
+#[test]
 fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
     gpus();
     let remote_gpu = if gpus() >= 2 { "1" } else { "0" };

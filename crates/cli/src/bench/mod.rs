@@ -276,7 +276,7 @@ fn peer_copy(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
     for round in 0..iterations.max(10) + 2 {
         let started = Instant::now();
         for (stream, source, target) in &copies {
-            stream.copy_buffer(target, source, GIB as usize)?;
+            stream.copy_buffer(target, source, GIB)?;
         }
         for (stream, _, _) in &copies {
             let event = stream.record_event()?;
