@@ -137,10 +137,12 @@ impl TransferEngine {
                 return Ok(0);
             }
             let transfer = session.submit(target, opcode.direction(), &entries, notify)?;
-            Ok(match session::code_of(transfer.wait()) {
-                session::DONE => 0,
-                _ => -1,
-            })
+            Ok(
+                match session::code_of(transfer.wait_spinning(session::WAIT_SPIN)) {
+                    session::DONE => 0,
+                    _ => -1,
+                },
+            )
         })
     }
 
