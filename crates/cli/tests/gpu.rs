@@ -655,7 +655,7 @@ fn a_signal_releases_a_waiting_stream_on_the_other_gpu_after_the_data() {
         }
     }
     match pool.wait_value32(&stream, (DATA + 4096 - 2) as u64, 7) {
-        Err(Error::Range(ferry::RangeError::PastRegionEnd { offset, len: 4, .. })) => {
+        Err(Error::Range(ferry::RangeError::OutsideRegion { offset, len: 4, .. })) => {
             assert_eq!(offset, (DATA + 4096 - 2) as u64)
         }
         other => panic!("expected the word past the end to be refused, got {other:?}"),
@@ -711,7 +711,7 @@ fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
     }
     assert!(matches!(
         stream.wait_value32(&pool, DATA + 4094, 7),
-        Err(Error::Range(ferry::RangeError::PastRegionEnd {
+        Err(Error::Range(ferry::RangeError::OutsideRegion {
             len: 4,
             ..
         }))

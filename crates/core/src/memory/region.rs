@@ -289,7 +289,7 @@ impl Region {
     ///
     /// # Errors
     /// [`Error::ApiMisuse`] when the region is not GPU memory, the stream belongs to another
-    /// GPU, or the word is not 4-byte aligned; [`RangeError::PastRegionEnd`] when the word runs
+    /// GPU, or the word is not 4-byte aligned; [`RangeError::OutsideRegion`] when the word runs
     /// past the region; [`Error::Cuda`] when the driver refuses the wait.
     pub fn wait_value32(
         &self,
