@@ -28,11 +28,11 @@ pub struct Completion {
 /// A submitted batch; resolves once every byte is visible at its destination.
 ///
 /// Until it resolves with `Ok`, the destination ranges are undefined: a transfer that fails
-/// may have written part of them (see [`Batch`]).
+/// may have written part of them (see [`Batch`](crate::Batch)).
 ///
 /// # Cancel safety
 /// Dropping it does not stop the transfer: the bytes keep moving, and the regions it uses stay
-/// registered (dropping a [`Region`] waits) until it ends or times out.
+/// registered (dropping a [`Region`](crate::Region) waits) until it ends or times out.
 #[must_use = "a transfer reports its errors only when awaited"]
 #[derive(Debug)]
 pub struct Transfer {
