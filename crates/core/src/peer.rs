@@ -143,9 +143,7 @@ impl Peer {
     /// every transport read it.
     pub(crate) async fn refresh(&self, engine: &EngineInner) -> Result<Arc<PeerView>> {
         let descriptor = engine.metadata.fetch(&self.inner.name).await?;
-        for transport in &engine.transports {
-            transport.import(&descriptor).await;
-        }
+        engine.import(&descriptor).await;
         Ok(self.update(descriptor))
     }
 

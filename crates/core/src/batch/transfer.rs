@@ -131,7 +131,7 @@ pub(super) fn start(
 async fn run(
     engine: &EngineInner,
     peer: &Peer,
-    work: Work,
+    mut work: Work,
     notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
@@ -163,11 +163,8 @@ async fn run(
         Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
         None => None,
     };
-    let remote_ranges: Vec<(u64, u64)> = work
-        .entries
-        .iter()
-        .map(|entry| (entry.remote_addr, entry.len))
-        .collect();
+    // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
+    let entries = std::mem::take(&mut work.entries);
     drop(work);
     let mut transports = Vec::with_capacity(groups.len());
     let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
@@ -212,7 +209,13 @@ async fn run(
     outcomes
         .into_iter()
         .collect::<Result<Vec<()>>>()
-        .map_err(|error| error.in_batch(&remote_ranges))?;
+        .map_err(|error| {
+            let ranges: Vec<(u64, u64)> = entries
+                .iter()
+                .map(|entry| (entry.remote_addr, entry.len))
+                .collect();
+            error.in_batch(&ranges)
+        })?;
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         // As for the copies: a signal store that was queued runs to its end before its

@@ -41,10 +41,11 @@ pub(super) async fn watch_peers(engine: std::sync::Weak<EngineInner>, interval: 
                 Ok(descriptor) => {
                     let known = peer.view();
                     if descriptor.instance == known.descriptor.instance {
-                        for transport in &engine.transports {
-                            transport.import(&descriptor).await;
+                        // Only a new generation has buffers the transports have not read.
+                        if descriptor.generation != known.descriptor.generation {
+                            engine.import(&descriptor).await;
+                            peer.update(descriptor);
                         }
-                        peer.update(descriptor);
                         continue;
                     }
                     format!(

@@ -58,6 +58,13 @@ pub(crate) struct EngineInner {
 }
 
 impl EngineInner {
+    /// Lets every transport read a peer's descriptor the engine has just learned.
+    pub(crate) async fn import(&self, descriptor: &SegmentDescriptor) {
+        for transport in &self.transports {
+            transport.import(descriptor).await;
+        }
+    }
+
     /// Registers `info` with what each transport exports for it; `owned` is freed when the
     /// registration ends.
     fn insert(&self, info: RegionInfo, owned: Option<OwnedMemory>) -> Result<Region> {
@@ -383,9 +390,7 @@ impl Engine {
 impl EngineInner {
     async fn connect(&self, name: &str) -> Result<Peer> {
         let descriptor = self.metadata.fetch(name).await?;
-        for transport in &self.transports {
-            transport.import(&descriptor).await;
-        }
+        self.import(&descriptor).await;
         let cached = self.peers.lock().get(name).cloned();
         if let Some(peer) = cached {
             if peer.is_alive() && peer.view().descriptor.instance == descriptor.instance {
