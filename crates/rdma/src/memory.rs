@@ -24,6 +24,11 @@ impl AccessFlags {
         self.0
     }
 
+    /// The flags of `self` and `other` together (`|` in const contexts).
+    pub const fn union(self, other: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | other.0)
+    }
+
     /// Whether every flag of `other` is set in `self`.
     pub fn contains(self, other: AccessFlags) -> bool {
         self.0 & other.0 == other.0
