@@ -1,0 +1,43 @@
+//! ferry-rdma: the RDMA transport of ferry (ibverbs RC queue pairs, one-sided WRITE and READ
+//! between hosts).
+//!
+//! This first part needs no hardware. [`Verbs`] is the seam between the transport and
+//! ibverbs: the handful of calls the transport makes (devices and ports, device context,
+//! protection domain, memory registration, completion queue, RC queue pair and its
+//! RESET -> INIT -> RTR -> RTS transitions, posting one-sided work requests, polling
+//! completions), with typed attributes, work requests and completion statuses named as verbs
+//! names them. The sideway layer (feature `rdma`, not written yet) will implement it over
+//! rdma-core.
+//!
+//! The in-memory model (`model`: this crate's tests, or the `model` feature for other crates'
+//! tests) implements [`Verbs`] for several "hosts" in one process, faithful to the QP state
+//! machine, access flags, rkey and bounds checks and the error completions, with fault
+//! injection (a host that dies). Nothing here has run on RDMA hardware.
+//!
+//! Connecting an RC pair, as the transport will over its control connection:
+//! 1. each side creates a QP and moves it to INIT with its port and remote access flags;
+//! 2. each side sends the other its [`QpEndpoint`] (QPN, first PSN, LID, GID);
+//! 3. each side moves to RTR with the peer's endpoint ([`RtrAttr`]) and then to RTS with its
+//!    own PSN ([`RtsAttr`]);
+//! 4. WRITE/READ requests carry the peer's address and rkey from the peer's export.
+
+mod device;
+mod error;
+mod memory;
+#[cfg(any(test, feature = "model"))]
+pub mod model;
+mod qp;
+mod verbs;
+mod work;
+
+pub use device::{DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState};
+pub use error::VerbsError;
+pub use memory::{AccessFlags, MrKeys};
+pub use qp::{
+    AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
+    RtsAttr,
+};
+pub use verbs::Verbs;
+pub use work::{
+    RecvRequest, RemoteSegment, SendOpcode, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
