@@ -11,6 +11,10 @@ pub struct DeviceInfo {
     pub name: String,
     /// The device's ports, numbered from 1 as in verbs.
     pub ports: Vec<PortInfo>,
+    /// Scatter-gather entries one work request may carry (`max_sge`).
+    pub max_sge: u32,
+    /// Work requests one queue may hold (`max_qp_wr`).
+    pub max_qp_wr: u32,
 }
 
 /// One port of a device (`ibv_query_port` plus its GID table).

@@ -138,4 +138,20 @@ pub enum VerbsError {
         /// What to change.
         remedy: &'static str,
     },
+    /// The device, the kernel or the installed rdma-core cannot do this at all.
+    #[error("{what} is not supported here: {reason}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// Why it cannot be done, and what would make it possible.
+        reason: String,
+    },
+    /// A verbs call failed with an operating-system error the other variants do not name.
+    #[error("{call} failed: {message}; check the device with `ferry probe` and the kernel log")]
+    Failed {
+        /// The verbs call.
+        call: &'static str,
+        /// The error it returned.
+        message: String,
+    },
 }

@@ -5,6 +5,7 @@ use crate::error::VerbsError;
 use crate::memory::{AccessFlags, MrKeys};
 use crate::qp::{QpCaps, QpState, QpTransition};
 use crate::work::{RecvRequest, SendRequest, WorkCompletion};
+use std::os::fd::BorrowedFd;
 
 /// The ibverbs calls the RDMA transport makes, and nothing more.
 ///
@@ -68,6 +69,24 @@ pub trait Verbs: Send + Sync {
         access: AccessFlags,
     ) -> Result<Self::MemoryRegion, VerbsError>;
 
+    /// Registers `len` bytes of the dma-buf `dmabuf` from `offset` (GPU memory a driver
+    /// exported, such as CUDA's `cuMemGetHandleForAddressRange`), addressed by peers and in
+    /// SG entries as the range starting at `iova` (ferry passes the memory's own virtual
+    /// address, so host and GPU regions are addressed alike). The dma-buf may be closed after.
+    ///
+    /// # Errors
+    /// As [`reg_mr`](Self::reg_mr); [`VerbsError::Unsupported`] when the device or the
+    /// installed rdma-core cannot import dma-bufs (rdma-core before v34, no kernel support).
+    fn reg_dmabuf_mr(
+        &self,
+        pd: &Self::ProtectionDomain,
+        dmabuf: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Self::MemoryRegion, VerbsError>;
+
     /// The lkey and rkey of a registered region.
     fn mr_keys(&self, mr: &Self::MemoryRegion) -> MrKeys;
 
@@ -99,6 +118,13 @@ pub trait Verbs: Send + Sync {
         recv_cq: &Self::CompletionQueue,
         caps: QpCaps,
     ) -> Result<Self::QueuePair, VerbsError>;
+
+    /// Destroys a QP: its outstanding work is dropped without completions, and the peer's
+    /// requests to it fail with retries exceeded.
+    ///
+    /// # Errors
+    /// [`VerbsError::StaleHandle`] when it was destroyed already.
+    fn destroy_qp(&self, qp: Self::QueuePair) -> Result<(), VerbsError>;
 
     /// The QP's number, what the peer's `dest_qpn` names.
     fn qp_num(&self, qp: &Self::QueuePair) -> u32;

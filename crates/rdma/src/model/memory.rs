@@ -1,8 +1,28 @@
-//! A host's memory: owned buffers at synthetic virtual addresses.
+//! A host's memory: owned buffers at synthetic virtual addresses, or memory a test supplies.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use crate::error::VerbsError;
+
+/// The memory of one model host, as its NIC sees it: what registration checks and what
+/// one-sided work reads and writes. The model's own is [`AddressSpace`]-like owned buffers;
+/// a test that drives the transport through real engines supplies one that reads and writes
+/// the engines' registered regions ([`Fabric::add_host_with_memory`](super::Fabric::add_host_with_memory)).
+pub trait HostMemory: Send + fmt::Debug {
+    /// Maps `len` zeroed bytes; returns their address.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidSize`] when nothing can be mapped (zero bytes, no room, or memory
+    /// the caller manages itself).
+    fn alloc(&mut self, len: u64) -> Result<u64, VerbsError>;
+    /// Whether all `len` bytes at `addr` are mapped, in one piece.
+    fn is_mapped(&self, addr: u64, len: u64) -> bool;
+    /// A copy of `len` bytes at `addr`, or `None` when they are not mapped.
+    fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>>;
+    /// Writes `bytes` at `addr`; `None` when the range is not mapped (nothing written).
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> Option<()>;
+}
 
 /// Where the first buffer of every host starts (a typical user-space mmap address).
 const FIRST_ADDRESS: u64 = 0x7f00_0000_0000;
@@ -25,8 +45,17 @@ impl AddressSpace {
         }
     }
 
-    /// Maps `len` zeroed bytes; returns their address.
-    pub(super) fn alloc(&mut self, len: u64) -> Result<u64, VerbsError> {
+    /// The buffer's first address and the range's offset in it.
+    fn locate(&self, addr: u64, len: u64) -> Option<(u64, usize, usize)> {
+        let (base, buffer) = self.buffers.range(..=addr).next_back()?;
+        let start = usize::try_from(addr - base).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        (end <= buffer.len()).then_some((*base, start, end))
+    }
+}
+
+impl HostMemory for AddressSpace {
+    fn alloc(&mut self, len: u64) -> Result<u64, VerbsError> {
         let refuse = |remedy| VerbsError::InvalidSize {
             what: "buffer length",
             value: len,
@@ -50,29 +79,18 @@ impl AddressSpace {
         Ok(addr)
     }
 
-    /// Whether `len` bytes at `addr` lie in one buffer.
-    pub(super) fn is_mapped(&self, addr: u64, len: u64) -> bool {
+    fn is_mapped(&self, addr: u64, len: u64) -> bool {
         self.locate(addr, len).is_some()
     }
 
-    /// The buffer's first address and the range's offset in it.
-    fn locate(&self, addr: u64, len: u64) -> Option<(u64, usize, usize)> {
-        let (base, buffer) = self.buffers.range(..=addr).next_back()?;
-        let start = usize::try_from(addr - base).ok()?;
-        let end = start.checked_add(usize::try_from(len).ok()?)?;
-        (end <= buffer.len()).then_some((*base, start, end))
-    }
-
-    /// A copy of `len` bytes at `addr`, or `None` when they are not mapped.
-    pub(super) fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+    fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
         let (base, start, end) = self.locate(addr, len)?;
         self.buffers
             .get(&base)
             .map(|buffer| buffer[start..end].to_vec())
     }
 
-    /// Writes `bytes` at `addr`; `None` when the range is not mapped (nothing written).
-    pub(super) fn write(&mut self, addr: u64, bytes: &[u8]) -> Option<()> {
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> Option<()> {
         let (base, start, end) = self.locate(addr, bytes.len() as u64)?;
         let buffer = self.buffers.get_mut(&base)?;
         buffer[start..end].copy_from_slice(bytes);

@@ -25,10 +25,13 @@
 
 mod exec;
 mod memory;
+use self::memory::AddressSpace;
+pub use self::memory::HostMemory;
 mod state;
 #[cfg(test)]
 mod tests;
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -64,12 +67,23 @@ impl Fabric {
         }
     }
 
-    /// Adds a host; the returned [`ModelVerbs`] is that host's verbs library.
+    /// Adds a host with memory of its own ([`ModelVerbs::alloc`]); the returned
+    /// [`ModelVerbs`] is that host's verbs library.
     pub fn add_host(&self, config: HostConfig) -> ModelVerbs {
+        self.add_host_with_memory(config, Box::new(AddressSpace::new()))
+    }
+
+    /// Adds a host whose NIC reads and writes `memory`, such as the registered regions of a
+    /// real engine in this process.
+    pub fn add_host_with_memory(
+        &self,
+        config: HostConfig,
+        memory: Box<dyn HostMemory>,
+    ) -> ModelVerbs {
         let mut state = self.state.lock();
         state
             .hosts
-            .push(HostState::new(config.name, config.devices));
+            .push(HostState::new(config.name, config.devices, memory));
         ModelVerbs {
             state: Arc::clone(&self.state),
             host: state.hosts.len() - 1,
@@ -162,6 +176,8 @@ impl HostConfig {
             devices: vec![DeviceInfo {
                 name: "mlx5_0".to_owned(),
                 ports: vec![port],
+                max_sge: 30,
+                max_qp_wr: 32768,
             }],
         }
     }
@@ -428,6 +444,33 @@ impl Verbs for ModelVerbs {
         mr.keys
     }
 
+    /// The model has no GPUs: a dma-buf stands for memory of the host at `iova`. The fd must
+    /// be open and at least `offset + len` bytes long (a memfd serves in tests), as a real
+    /// importer checks the range against the dma-buf's size.
+    fn reg_dmabuf_mr(
+        &self,
+        pd: &ModelPd,
+        dmabuf: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<ModelMr, VerbsError> {
+        let size = dmabuf
+            .try_clone_to_owned()
+            .map(std::fs::File::from)
+            .and_then(|file| file.metadata())
+            .map(|metadata| metadata.len())
+            .map_err(|error| VerbsError::Failed {
+                call: "ibv_reg_dmabuf_mr",
+                message: format!("the dma-buf fd cannot be read: {error}"),
+            })?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(VerbsError::BadAddress { addr: iova, len });
+        }
+        self.reg_mr(pd, iova, len, access)
+    }
+
     fn dereg_mr(&self, mr: ModelMr) -> Result<(), VerbsError> {
         self.with_host(mr.host, "memory region", |host| {
             host.regions
@@ -513,6 +556,15 @@ impl Verbs for ModelVerbs {
             Ok(qpn)
         })?;
         Ok(ModelQp { host: pd.host, qpn })
+    }
+
+    fn destroy_qp(&self, qp: ModelQp) -> Result<(), VerbsError> {
+        self.with_host(qp.host, "queue pair", |host| {
+            host.qps
+                .remove(&qp.qpn)
+                .map(|_| ())
+                .ok_or(VerbsError::StaleHandle { kind: "queue pair" })
+        })
     }
 
     fn qp_num(&self, qp: &ModelQp) -> u32 {

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::memory::AddressSpace;
+use super::memory::HostMemory;
 use crate::device::{DeviceInfo, Mtu, PortInfo};
 use crate::error::VerbsError;
 use crate::memory::AccessFlags;
@@ -24,7 +24,7 @@ pub(super) struct HostState {
     pub(super) name: String,
     pub(super) alive: bool,
     pub(super) devices: Vec<DeviceInfo>,
-    pub(super) memory: AddressSpace,
+    pub(super) memory: Box<dyn HostMemory>,
     pub(super) next_pd: u32,
     /// Regions by key index (see `lkey_of` / `rkey_of`).
     pub(super) regions: HashMap<u32, Region>,
@@ -112,12 +112,12 @@ pub(super) struct Qp {
 }
 
 impl HostState {
-    pub(super) fn new(name: String, devices: Vec<DeviceInfo>) -> Self {
+    pub(super) fn new(name: String, devices: Vec<DeviceInfo>, memory: Box<dyn HostMemory>) -> Self {
         HostState {
             name,
             alive: true,
             devices,
-            memory: AddressSpace::new(),
+            memory,
             next_pd: 1,
             regions: HashMap::new(),
             next_region: 1,
