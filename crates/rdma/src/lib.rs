@@ -27,6 +27,7 @@ mod memory;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod qp;
+mod transport;
 mod verbs;
 mod work;
 
@@ -37,6 +38,7 @@ pub use qp::{
     AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
     RtsAttr,
 };
+pub use transport::{DmaBufRange, DmaBufSource, RdmaConfig, RdmaTransport, RDMA};
 pub use verbs::Verbs;
 pub use work::{
     RecvRequest, RemoteSegment, SendOpcode, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,

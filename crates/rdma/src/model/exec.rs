@@ -271,6 +271,7 @@ fn execute(state: &mut State, host: usize, qpn: u32, request: &SendRequest) -> O
     }
     if let Some(qp) = requester.qps.get_mut(&qpn) {
         qp.sq_psn = qp.sq_psn.advance(packets);
+        qp.executed += 1;
     }
     Complete(WcStatus::Success, byte_len)
 }

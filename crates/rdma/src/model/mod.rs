@@ -282,6 +282,23 @@ impl ModelVerbs {
             .ok_or(VerbsError::BadAddress { addr, len })
     }
 
+    /// The send requests each live QP of this host completed successfully, by device name:
+    /// `(device, qpn, requests)`, in QP-number order. Tests read how work was spread.
+    pub fn executed(&self) -> Vec<(String, u32, u64)> {
+        let state = self.state.lock();
+        let host = &state.hosts[self.host];
+        host.qps
+            .iter()
+            .map(|(qpn, qp)| {
+                let device = host
+                    .devices
+                    .get(qp.device)
+                    .map_or_else(String::new, |device| device.name.clone());
+                (device, *qpn, qp.executed)
+            })
+            .collect()
+    }
+
     /// Fault injection: the host dies. Its QPs are gone (peers' requests to them end in
     /// `IBV_WC_RETRY_EXC_ERR`) and its own verbs calls fail with [`VerbsError::DeviceGone`].
     pub fn die(&self) {
@@ -551,6 +568,7 @@ impl Verbs for ModelVerbs {
                 rq: Default::default(),
                 sq_posted: 0,
                 sq_released: 0,
+                executed: 0,
             };
             host.qps.insert(qpn, qp);
             Ok(qpn)

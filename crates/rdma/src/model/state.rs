@@ -109,6 +109,8 @@ pub(super) struct Qp {
     /// Send requests ever posted, and those whose slots were released by a polled completion.
     pub(super) sq_posted: u64,
     pub(super) sq_released: u64,
+    /// Send requests that completed successfully.
+    pub(super) executed: u64,
 }
 
 impl HostState {

@@ -1,0 +1,68 @@
+//! What a failed work completion means for the transfer it belonged to.
+
+use crate::work::WcStatus;
+use ferry_core::{Direction, Error};
+
+/// What a work request moved, to name it when it fails.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Op {
+    pub(crate) direction: Direction,
+    pub(crate) len: u64,
+    pub(crate) local_nic: usize,
+    pub(crate) remote_nic: usize,
+}
+
+impl Op {
+    pub(crate) fn verb(&self) -> &'static str {
+        match self.direction {
+            Direction::Write => "WRITE",
+            Direction::Read => "READ",
+        }
+    }
+}
+
+/// What a status means, and what to do about it.
+fn meaning(status: WcStatus) -> &'static str {
+    match status {
+        WcStatus::RetryExceeded => "the peer did not acknowledge: its host or NIC is down, its queue pair is gone, or the path between the NICs is broken",
+        WcStatus::RnrRetryExceeded => "the peer had no receive posted; the peer's engine may be a different version",
+        WcStatus::WrFlushError => "flushed: an earlier request on the same queue pair failed, or the link was closed (transfer timeout)",
+        WcStatus::RemoteAccessError => "the peer's NIC refused the key or the range: the peer deregistered the buffer or restarted; refresh its descriptor",
+        WcStatus::RemoteInvalidRequestError => "the peer's NIC found the request invalid (a length above its limit, say)",
+        WcStatus::RemoteOperationError => "the peer's NIC could not complete the request",
+        WcStatus::LocalProtectionError => "the local NIC refused the local range: the region was deregistered during the transfer",
+        WcStatus::LocalLengthError => "the request is longer than the port allows: lower the RDMA slice size",
+        _ => "the NIC reported an error; check the device with `ferry probe` and the kernel log",
+    }
+}
+
+/// The error a transfer fails with when one of its work requests completed with `status`.
+/// Statuses that say the peer is unreachable are [`Error::PeerGone`]; the others name the
+/// refusal as an I/O error of the operation.
+pub(crate) fn wc_error(
+    peer: &str,
+    status: WcStatus,
+    op: &Op,
+    local_nics: &[String],
+    remote_nics: &[String],
+) -> Error {
+    let route = format!(
+        "{} -> {}",
+        local_nics.get(op.local_nic).map_or("?", String::as_str),
+        remote_nics.get(op.remote_nic).map_or("?", String::as_str)
+    );
+    let what = format!("RDMA {} of {} bytes through {route}", op.verb(), op.len);
+    let detail = format!("{what} completed with {status}: {}", meaning(status));
+    match status {
+        WcStatus::RetryExceeded | WcStatus::RnrRetryExceeded | WcStatus::WrFlushError => {
+            Error::PeerGone {
+                peer: peer.to_owned(),
+                reason: detail,
+            }
+        }
+        _ => Error::Io {
+            what: format!("{what} with peer {peer}"),
+            source: std::io::Error::other(format!("{status}: {}", meaning(status))),
+        },
+    }
+}

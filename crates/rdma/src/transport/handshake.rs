@@ -1,0 +1,198 @@
+//! The messages of the connection side channel, and their framing: a 4-byte big-endian
+//! length, then JSON. The client offers one QP endpoint per queue pair it wants (its NIC, the
+//! peer NIC it should end at); the server answers with its own endpoint for each, or refuses.
+
+use crate::device::{Gid, Mtu};
+use crate::qp::{Psn, QpEndpoint};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The side channel's protocol version.
+pub(crate) const HANDSHAKE_VERSION: u32 = 1;
+/// No message of this protocol is this long; a longer length is a broken or hostile peer.
+const MAX_MESSAGE: u32 = 1 << 20;
+/// More queue pairs than this for one connection is a broken or hostile peer.
+pub(crate) const MAX_QPS: usize = 1024;
+
+/// One side of a queue pair as the wire carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireEndpoint {
+    pub(crate) qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) lid: u16,
+    pub(crate) gid: [u8; 16],
+    /// The port's active MTU, in bytes.
+    pub(crate) mtu: u32,
+}
+
+impl WireEndpoint {
+    pub(crate) fn new(endpoint: &QpEndpoint, mtu: Mtu) -> Self {
+        WireEndpoint {
+            qpn: endpoint.qpn,
+            psn: endpoint.psn.value(),
+            lid: endpoint.lid,
+            gid: endpoint.gid.0,
+            mtu: mtu.bytes(),
+        }
+    }
+
+    /// The endpoint and MTU, checked.
+    ///
+    /// # Errors
+    /// What is wrong, when the peer sent a PSN wider than 24 bits or an MTU verbs lacks.
+    pub(crate) fn read(&self) -> Result<(QpEndpoint, Mtu), String> {
+        let psn = Psn::new(self.psn).map_err(|error| error.to_string())?;
+        let mtu = match self.mtu {
+            256 => Mtu::Mtu256,
+            512 => Mtu::Mtu512,
+            1024 => Mtu::Mtu1024,
+            2048 => Mtu::Mtu2048,
+            4096 => Mtu::Mtu4096,
+            other => return Err(format!("the peer sent MTU {other}, not one verbs has")),
+        };
+        Ok((
+            QpEndpoint {
+                qpn: self.qpn,
+                psn,
+                lid: self.lid,
+                gid: Gid(self.gid),
+            },
+            mtu,
+        ))
+    }
+}
+
+/// One queue pair the client wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct QpOffer {
+    /// The server's NIC the queue pair should end at.
+    pub(crate) server_nic: String,
+    /// The client's side of it.
+    pub(crate) client: WireEndpoint,
+}
+
+/// What the client sends after authenticating.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ConnectRequest {
+    pub(crate) version: u32,
+    /// The client engine's instance id, for the server's log.
+    pub(crate) client: String,
+    pub(crate) offers: Vec<QpOffer>,
+}
+
+/// The server's answer: its side of each offered queue pair, in order, or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ConnectResponse {
+    Accepted(Vec<WireEndpoint>),
+    Refused(String),
+}
+
+/// Writes one message.
+///
+/// # Errors
+/// The stream's error.
+pub(crate) async fn send<S: AsyncWrite + Unpin, M: Serialize>(
+    stream: &mut S,
+    message: &M,
+) -> std::io::Result<()> {
+    let body = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|len| *len <= MAX_MESSAGE)
+        .ok_or_else(|| std::io::Error::other("handshake message too long"))?;
+    stream.write_all(&len.to_be_bytes()).await?;
+    stream.write_all(&body).await?;
+    stream.flush().await
+}
+
+/// Reads one message.
+///
+/// # Errors
+/// The stream's error, or `InvalidData` naming what is wrong with the message.
+pub(crate) async fn receive<S: AsyncRead + Unpin, M: for<'de> Deserialize<'de>>(
+    stream: &mut S,
+) -> std::io::Result<M> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a handshake message of {len} bytes, more than the {MAX_MESSAGE} allowed"),
+        ));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map_err(|error| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a handshake message that is not valid: {error}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_crosses_a_stream_intact() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let request = ConnectRequest {
+            version: HANDSHAKE_VERSION,
+            client: "abc".into(),
+            offers: vec![QpOffer {
+                server_nic: "mlx5_1".into(),
+                client: WireEndpoint {
+                    qpn: 7,
+                    psn: 9,
+                    lid: 3,
+                    gid: [1; 16],
+                    mtu: 4096,
+                },
+            }],
+        };
+        send(&mut a, &request).await.expect("send");
+        let read: ConnectRequest = receive(&mut b).await.expect("receive");
+        assert_eq!(read, request);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_length_or_junk_is_invalid_data() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        a.write_all(&(MAX_MESSAGE + 1).to_be_bytes())
+            .await
+            .expect("write");
+        let error = receive::<_, ConnectResponse>(&mut b)
+            .await
+            .expect_err("oversized");
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        assert!(error.to_string().contains("bytes"), "{error}");
+
+        a.write_all(&3u32.to_be_bytes()).await.expect("write");
+        a.write_all(b"{{{").await.expect("write");
+        let error = receive::<_, ConnectResponse>(&mut b)
+            .await
+            .expect_err("junk");
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn endpoints_with_a_wide_psn_or_an_unknown_mtu_are_refused() {
+        let good = WireEndpoint {
+            qpn: 1,
+            psn: 5,
+            lid: 0,
+            gid: [0; 16],
+            mtu: 1024,
+        };
+        assert_eq!(good.read().expect("valid").1, Mtu::Mtu1024);
+        let wide = WireEndpoint {
+            psn: 1 << 24,
+            ..good
+        };
+        assert!(wide.read().is_err());
+        let odd = WireEndpoint { mtu: 9000, ..good };
+        assert!(odd.read().expect_err("9000").contains("9000"));
+    }
+}

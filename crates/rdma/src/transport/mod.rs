@@ -1,0 +1,454 @@
+//! The RDMA transport: ferry's [`Transport`] over any [`Verbs`] implementation (rdma-core
+//! through sideway in an engine, the in-memory model in tests).
+//!
+//! - **Memory**: every registered region is registered with each NIC (host memory with
+//!   `ibv_reg_mr`; GPU memory through a dma-buf, or the pointer itself where
+//!   nvidia-peermem is loaded); the rkeys go in the region's export, the registrations end
+//!   with the region.
+//! - **Connections**: a side channel (TCP, authenticated with the engine's secret like every
+//!   other channel) where the initiator offers one RC queue pair per lane and the peer answers
+//!   with its own; both then move their queue pairs INIT -> RTR -> RTS. A peer's queue pairs
+//!   live as long as its side-channel connection.
+//! - **Data**: one-sided WRITE and READ, sliced, packed and striped ([`link`]).
+
+mod completion;
+mod config;
+mod dmabuf;
+mod export;
+mod handshake;
+mod link;
+mod nic;
+mod plan;
+mod queue;
+mod registry;
+mod server;
+
+pub use config::RdmaConfig;
+pub use dmabuf::{DmaBufRange, DmaBufSource};
+pub use export::RDMA;
+
+use self::export::{NicKey, RdmaExport};
+use self::handshake::{ConnectRequest, ConnectResponse, QpOffer, WireEndpoint, HANDSHAKE_VERSION};
+use self::link::{Lane, RdmaLink, Shared};
+use self::nic::Nic;
+use self::queue::QueuePair;
+use self::registry::{Registration, Registry, Standing};
+use self::server::{Service, ANONYMOUS, AUTHENTICATES};
+use crate::memory::AccessFlags;
+use crate::verbs::Verbs;
+use ferry_core::{
+    BufferDescriptor, Endpoint, EngineContext, Error, Exported, Link, Location, Reach, RegionInfo,
+    Result, SegmentDescriptor, Transport,
+};
+use std::sync::{Arc, OnceLock};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// What RDMA costs against the other transports (TCP is 100, NVLink 5-10).
+const COST: u32 = 40;
+
+/// ferry's RDMA transport.
+pub struct RdmaTransport<V: Verbs> {
+    verbs: Arc<V>,
+    config: RdmaConfig,
+    nics: std::result::Result<Vec<Arc<Nic<V>>>, String>,
+    registry: Arc<Registry>,
+    dmabuf: Arc<dyn DmaBufSource>,
+    /// What the engine told the transport, and the side channel's port, once attached.
+    attached: OnceLock<Attached>,
+}
+
+struct Attached {
+    secret: Option<ferry_core::Secret>,
+    instance: ferry_core::InstanceId,
+    port: u16,
+}
+
+impl<V: Verbs + 'static> RdmaTransport<V> {
+    /// A transport over `verbs` that opens the NICs `config` names now; GPU memory is
+    /// exported through `dmabuf`. Without usable NICs it still builds: it then reaches
+    /// nothing and says why ([`RdmaTransport::unavailable`]).
+    pub fn new(verbs: V, config: RdmaConfig, dmabuf: Arc<dyn DmaBufSource>) -> Self {
+        let config = config.sanitized();
+        let nics = nic::open(&verbs, &config).map(|nics| nics.into_iter().map(Arc::new).collect());
+        if let Err(reason) = &nics {
+            tracing::info!(%reason, "RDMA is unavailable; transfers between hosts use TCP");
+        }
+        RdmaTransport {
+            verbs: Arc::new(verbs),
+            config,
+            nics,
+            registry: Arc::default(),
+            dmabuf,
+            attached: OnceLock::new(),
+        }
+    }
+
+    /// Why the transport reaches nothing, or `None` when it has NICs to use.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.nics.as_ref().err().map(String::as_str)
+    }
+
+    /// The names of the NICs in use.
+    pub fn nic_names(&self) -> Vec<String> {
+        self.nics
+            .as_ref()
+            .map(|nics| nics.iter().map(|nic| nic.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn nics(&self) -> Result<&Vec<Arc<Nic<V>>>> {
+        self.nics.as_ref().map_err(|reason| Error::Unavailable {
+            local: "the RDMA transport".into(),
+            peer: "any peer".into(),
+            reason: reason.clone(),
+        })
+    }
+
+    /// Registers `region` with every NIC: the regions registered, by NIC index.
+    fn register(
+        &self,
+        region: &RegionInfo,
+    ) -> std::result::Result<Vec<(usize, V::MemoryRegion)>, String> {
+        let nics = self.nics.as_ref().map_err(Clone::clone)?;
+        let access =
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let dmabuf = match region.location {
+            Location::Device { .. } => Some(self.dmabuf.export(region.addr, region.len)),
+            _ => None,
+        };
+        let mut registered = Vec::with_capacity(nics.len());
+        for (index, nic) in nics.iter().enumerate() {
+            let region = match &dmabuf {
+                None => self
+                    .verbs
+                    .reg_mr(&nic.pd, region.addr, region.len, access)
+                    .map_err(|error| format!("{}: {error}", nic.name))?,
+                Some(Ok(buffer)) => {
+                    use std::os::fd::AsFd;
+                    self.verbs
+                        .reg_dmabuf_mr(&nic.pd, buffer.fd.as_fd(), buffer.offset, region.len, region.addr, access)
+                        .or_else(|dmabuf_error| {
+                            self.verbs
+                                .reg_mr(&nic.pd, region.addr, region.len, access)
+                                .map_err(|error| format!("{}: registering the dma-buf failed ({dmabuf_error}), and so did registering the pointer ({error}), which needs nvidia-peermem", nic.name))
+                        })?
+                }
+                Some(Err(reason)) => self
+                    .verbs
+                    .reg_mr(&nic.pd, region.addr, region.len, access)
+                    .map_err(|error| format!("{}: the GPU memory has no dma-buf ({reason}), and registering the pointer failed ({error}): load nvidia-peermem or use a GPU and driver with dma-buf support", nic.name))?,
+            };
+            registered.push((index, region));
+        }
+        Ok(registered)
+    }
+
+    /// The host peers dial for `peer`'s side channel.
+    fn side_channel(peer: &SegmentDescriptor) -> std::result::Result<String, String> {
+        let endpoint = |transport: &str| {
+            peer.endpoints
+                .iter()
+                .find(|endpoint| endpoint.transport == transport)
+                .map(|endpoint| endpoint.address.clone())
+        };
+        let rdma =
+            endpoint(RDMA).ok_or("the peer runs without RDMA (its `ferry probe` says why)")?;
+        if let Some(port) = rdma.strip_prefix(':') {
+            let control = endpoint(ferry_core::TCP)
+                .ok_or("the peer publishes no TCP endpoint to find its host by")?;
+            let (host, _) = control
+                .rsplit_once(':')
+                .ok_or_else(|| format!("the peer's TCP endpoint {control:?} is not host:port"))?;
+            return Ok(format!("{host}:{port}"));
+        }
+        Ok(rdma)
+    }
+
+    /// The peer's NICs, from its buffers' exports, in first-seen order.
+    fn peer_nics(peer: &SegmentDescriptor) -> Vec<String> {
+        let mut nics: Vec<String> = Vec::new();
+        for buffer in &peer.buffers {
+            let Some(export) = buffer.export(RDMA) else {
+                continue;
+            };
+            let Ok(export) = RdmaExport::from_export(export) else {
+                continue;
+            };
+            for key in export.keys {
+                if !nics.contains(&key.nic) {
+                    nics.push(key.nic);
+                }
+            }
+        }
+        nics
+    }
+
+    async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        let nics = self.nics()?;
+        let name = peer.name.clone();
+        let unreachable = |reason: String| Error::Unreachable {
+            peer: name.clone(),
+            reason: format!("RDMA: {reason}"),
+        };
+        let address = Self::side_channel(peer).map_err(unreachable)?;
+        let remote_nics = Self::peer_nics(peer);
+        if remote_nics.is_empty() {
+            return Err(unreachable(
+                "the peer has registered no buffer with RDMA".into(),
+            ));
+        }
+        let mut stream = TcpStream::connect(&address).await.map_err(|error| {
+            unreachable(format!(
+                "connecting to its side channel at {address}: {error}"
+            ))
+        })?;
+        let attached = self
+            .attached
+            .get()
+            .ok_or_else(|| Error::ApiMisuse("the RDMA transport was not attached to an engine: add it with the engine builder's `transport`".into()))?;
+        let secret = attached.secret.clone();
+        let flag = if secret.is_some() {
+            AUTHENTICATES
+        } else {
+            ANONYMOUS
+        };
+        stream
+            .write_all(&[flag])
+            .await
+            .map_err(|error| unreachable(format!("writing to its side channel: {error}")))?;
+        if let Some(secret) = &secret {
+            ferry_core::auth::client(&mut stream, secret, self.config.connect_timeout)
+                .await
+                .map_err(|reason| Error::Unauthenticated {
+                    peer: name.clone(),
+                    reason,
+                })?;
+        }
+        let pairs = nics.len().max(remote_nics.len());
+        let mut lanes = Vec::with_capacity(pairs * self.config.qps_per_nic_pair);
+        let mut offers = Vec::with_capacity(lanes.capacity());
+        for pair in 0..pairs {
+            let local_nic = pair % nics.len();
+            let remote_nic = pair % remote_nics.len();
+            for _ in 0..self.config.qps_per_nic_pair {
+                let queue = QueuePair::create(&self.verbs, &nics[local_nic], &self.config)
+                    .map_err(|error| unreachable(error.to_string()))?;
+                let endpoint = queue
+                    .endpoint()
+                    .map_err(|error| unreachable(error.to_string()))?;
+                offers.push(QpOffer {
+                    server_nic: remote_nics[remote_nic].clone(),
+                    client: WireEndpoint::new(&endpoint, nics[local_nic].port.active_mtu),
+                });
+                lanes.push(Lane {
+                    queue,
+                    local_nic,
+                    remote_nic,
+                });
+            }
+        }
+        let request = ConnectRequest {
+            version: HANDSHAKE_VERSION,
+            client: format!("{:?}", attached.instance),
+            offers,
+        };
+        handshake::send(&mut stream, &request)
+            .await
+            .map_err(|error| unreachable(format!("sending the queue pairs: {error}")))?;
+        let response: ConnectResponse =
+            tokio::time::timeout(self.config.connect_timeout, handshake::receive(&mut stream))
+                .await
+                .map_err(|_| {
+                    unreachable(format!(
+                        "no answer within {:?}",
+                        self.config.connect_timeout
+                    ))
+                })?
+                .map_err(|error| unreachable(format!("reading the answer: {error}")))?;
+        let endpoints = match response {
+            ConnectResponse::Accepted(endpoints) => endpoints,
+            ConnectResponse::Refused(reason) => {
+                return Err(unreachable(format!("the peer refused: {reason}")))
+            }
+        };
+        if endpoints.len() != lanes.len() {
+            return Err(unreachable(format!(
+                "the peer answered {} queue pairs for the {} offered",
+                endpoints.len(),
+                lanes.len()
+            )));
+        }
+        for (lane, endpoint) in lanes.iter().zip(&endpoints) {
+            let (remote, mtu) = endpoint.read().map_err(unreachable)?;
+            lane.queue
+                .connect(&remote, mtu, &self.config)
+                .map_err(|error| unreachable(error.to_string()))?;
+        }
+        let shared = Arc::new(Shared::new(
+            name.clone(),
+            Arc::clone(&self.verbs),
+            Arc::clone(&self.registry),
+            nics.iter().map(|nic| nic.name.clone()).collect(),
+            remote_nics,
+            lanes,
+            self.config.clone(),
+        ));
+        let watched = Arc::downgrade(&shared);
+        // The peer never writes after its answer: a read that ends means it hung up or died,
+        // and its queue pairs are gone with it.
+        let watcher = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut byte = [0u8; 1];
+            while matches!(stream.read(&mut byte).await, Ok(1..)) {}
+            if let Some(shared) = watched.upgrade() {
+                tracing::info!(peer = %shared.peer, "the RDMA side channel closed; failing the link");
+                shared.close();
+            }
+        });
+        Ok(Arc::new(RdmaLink::new(shared, watcher.abort_handle())))
+    }
+}
+
+#[async_trait::async_trait]
+impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
+    fn name(&self) -> &'static str {
+        RDMA
+    }
+
+    fn attach(&self, engine: &EngineContext) -> Result<()> {
+        let Ok(nics) = &self.nics else { return Ok(()) };
+        let listener =
+            std::net::TcpListener::bind(&self.config.listen).map_err(|source| Error::Io {
+                what: format!("binding the RDMA side channel to {}", self.config.listen),
+                source,
+            })?;
+        let port = listener
+            .local_addr()
+            .map(|address| address.port())
+            .map_err(|source| Error::Io {
+                what: "reading the RDMA side channel's port".into(),
+                source,
+            })?;
+        listener.set_nonblocking(true).map_err(|source| Error::Io {
+            what: "setting up the RDMA side channel".into(),
+            source,
+        })?;
+        let listener = {
+            let _entered = engine.runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(|source| Error::Io {
+                what: "setting up the RDMA side channel".into(),
+                source,
+            })?
+        };
+        let service = Arc::new(Service {
+            verbs: Arc::clone(&self.verbs),
+            nics: nics.clone(),
+            config: self.config.clone(),
+            secret: engine.secret.clone(),
+        });
+        self.attached
+            .set(Attached {
+                secret: engine.secret.clone(),
+                instance: engine.instance,
+                port,
+            })
+            .map_err(|_| {
+                Error::ApiMisuse(
+                    "this RDMA transport serves an engine already: give each engine its own".into(),
+                )
+            })?;
+        engine.runtime.spawn(server::accept_loop(listener, service));
+        Ok(())
+    }
+
+    fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
+        if self.nics.is_err() {
+            return Ok(None);
+        }
+        let registered = match self.register(region) {
+            Ok(registered) => registered,
+            Err(reason) => {
+                tracing::warn!(addr = region.addr, len = region.len, %reason, "the region is not reachable over RDMA");
+                self.registry.refuse(region.addr, reason);
+                return Ok(None);
+            }
+        };
+        let names = self.nic_names();
+        let (registration, keys) = Registration::record(
+            &self.verbs,
+            &self.registry,
+            region.addr,
+            names.len(),
+            registered,
+        );
+        let export = RdmaExport {
+            keys: keys
+                .into_iter()
+                .map(|(nic, key)| NicKey {
+                    nic: names[nic].clone(),
+                    rkey: key.rkey,
+                })
+                .collect(),
+        };
+        Ok(Some(Exported {
+            export: export.to_export(),
+            guard: Some(Box::new(registration)),
+        }))
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        let port = self.attached.get()?.port;
+        let address = match &self.config.advertise {
+            Some(host) => format!("{host}:{port}"),
+            None => format!(":{port}"),
+        };
+        Some(Endpoint {
+            transport: RDMA.to_owned(),
+            address,
+        })
+    }
+
+    fn reach(
+        &self,
+        local: &RegionInfo,
+        peer: &SegmentDescriptor,
+        remote: &BufferDescriptor,
+    ) -> Reach {
+        let no = |reason: String| Reach::No { reason };
+        if let Err(reason) = &self.nics {
+            return no(format!("RDMA is unavailable here: {reason}"));
+        }
+        match self.registry.standing(local.addr) {
+            Some(Standing::Registered(_)) => {}
+            Some(Standing::Refused(reason)) => {
+                return no(format!(
+                    "the local region is not registered with RDMA: {reason}"
+                ))
+            }
+            None => return no("the local region is not registered with RDMA".into()),
+        }
+        if let Err(reason) = Self::side_channel(peer) {
+            return no(reason);
+        }
+        let Some(export) = remote.export(RDMA) else {
+            return no("the peer did not register this buffer with RDMA".into());
+        };
+        match RdmaExport::from_export(export) {
+            Ok(_) => Reach::Yes { cost: COST },
+            Err(reason) => no(reason),
+        }
+    }
+
+    async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        tokio::time::timeout(self.config.connect_timeout, self.connect(peer))
+            .await
+            .map_err(|_| Error::Unreachable {
+                peer: peer.name.clone(),
+                reason: format!(
+                    "RDMA: connecting the queue pairs took longer than {:?}",
+                    self.config.connect_timeout
+                ),
+            })?
+    }
+}

@@ -1,0 +1,159 @@
+//! The connection side channel's server: a TCP listener where peers bring up queue pairs
+//! ending at this engine's NICs. A peer's queue pairs live as long as its connection: when
+//! it closes (the peer's link dropped, or the peer died), they are destroyed.
+
+use super::config::RdmaConfig;
+use super::handshake::{
+    self, ConnectRequest, ConnectResponse, WireEndpoint, HANDSHAKE_VERSION, MAX_QPS,
+};
+use super::nic::Nic;
+use super::queue::QueuePair;
+use crate::verbs::Verbs;
+use ferry_core::auth::Secret;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+/// The first byte a client sends: whether it authenticates.
+pub(crate) const AUTHENTICATES: u8 = 1;
+/// The first byte of a client without a secret.
+pub(crate) const ANONYMOUS: u8 = 0;
+
+/// What serving needs, shared by every connection.
+pub(crate) struct Service<V: Verbs> {
+    pub(crate) verbs: Arc<V>,
+    pub(crate) nics: Vec<Arc<Nic<V>>>,
+    pub(crate) config: RdmaConfig,
+    pub(crate) secret: Option<Secret>,
+}
+
+/// Accepts peers until the listener fails or the runtime shuts down.
+pub(crate) async fn accept_loop<V: Verbs + 'static>(
+    listener: TcpListener,
+    service: Arc<Service<V>>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, from)) => {
+                let service = Arc::clone(&service);
+                tokio::spawn(async move {
+                    if let Err(reason) = serve(stream, &service).await {
+                        tracing::warn!(%from, %reason, "an RDMA connection request failed");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the RDMA side channel stopped accepting");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Serves one peer: authentication, its queue pairs, then holds them until it hangs up.
+async fn serve<V: Verbs>(mut stream: TcpStream, service: &Service<V>) -> Result<(), String> {
+    let timeout = service.config.connect_timeout;
+    let request = tokio::time::timeout(timeout, greet(&mut stream, service))
+        .await
+        .map_err(|_| format!("the peer took longer than {timeout:?} to ask"))??;
+    let queues = match accept(&request, service) {
+        Ok((queues, endpoints)) => {
+            send(&mut stream, &ConnectResponse::Accepted(endpoints)).await?;
+            queues
+        }
+        Err(reason) => {
+            send(&mut stream, &ConnectResponse::Refused(reason.clone())).await?;
+            return Err(reason);
+        }
+    };
+    tracing::debug!(client = %request.client, queue_pairs = queues.len(), "an RDMA peer connected");
+    // The peer sends nothing more; its hang-up (or death) ends the connection's queue pairs.
+    let mut byte = [0u8; 1];
+    while matches!(stream.read(&mut byte).await, Ok(1..)) {}
+    drop(queues);
+    Ok(())
+}
+
+/// Reads the authentication flag, authenticates, and reads the request.
+async fn greet<V: Verbs>(
+    stream: &mut TcpStream,
+    service: &Service<V>,
+) -> Result<ConnectRequest, String> {
+    let mut flag = [0u8; 1];
+    stream
+        .read_exact(&mut flag)
+        .await
+        .map_err(|error| format!("reading the request: {error}"))?;
+    match (flag[0], &service.secret) {
+        (AUTHENTICATES, secret) => {
+            ferry_core::auth::server(stream, secret.as_ref(), service.config.connect_timeout)
+                .await
+                .map_err(|failure| format!("authentication failed: {failure}"))?;
+        }
+        (ANONYMOUS, None) => {}
+        (ANONYMOUS, Some(_)) => {
+            let reason = "this engine requires a shared secret: configure the same secret (FERRY_SECRET) on both engines".to_owned();
+            send(stream, &ConnectResponse::Refused(reason.clone())).await?;
+            return Err(reason);
+        }
+        (other, _) => {
+            return Err(format!(
+                "the request opened with byte {other}, not a ferry RDMA request"
+            ))
+        }
+    }
+    handshake::receive(stream)
+        .await
+        .map_err(|error| format!("reading the request: {error}"))
+}
+
+/// Creates and connects a queue pair for each offer.
+#[allow(clippy::type_complexity)]
+fn accept<V: Verbs>(
+    request: &ConnectRequest,
+    service: &Service<V>,
+) -> Result<(Vec<QueuePair<V>>, Vec<WireEndpoint>), String> {
+    if request.version != HANDSHAKE_VERSION {
+        return Err(format!(
+            "the peer speaks RDMA handshake version {}, this engine version {HANDSHAKE_VERSION}: run the same ferry version on both sides",
+            request.version
+        ));
+    }
+    if request.offers.is_empty() || request.offers.len() > MAX_QPS {
+        return Err(format!(
+            "the peer asked for {} queue pairs, expected 1 to {MAX_QPS}",
+            request.offers.len()
+        ));
+    }
+    let mut queues = Vec::with_capacity(request.offers.len());
+    let mut endpoints = Vec::with_capacity(request.offers.len());
+    for offer in &request.offers {
+        let nic = service
+            .nics
+            .iter()
+            .find(|nic| nic.name == offer.server_nic)
+            .ok_or_else(|| {
+                format!(
+                    "this engine does not use RDMA device {:?}",
+                    offer.server_nic
+                )
+            })?;
+        let (remote, remote_mtu) = offer.client.read()?;
+        let queue = QueuePair::create(&service.verbs, nic, &service.config)
+            .map_err(|error| error.to_string())?;
+        queue
+            .connect(&remote, remote_mtu, &service.config)
+            .map_err(|error| error.to_string())?;
+        let endpoint = queue.endpoint().map_err(|error| error.to_string())?;
+        endpoints.push(WireEndpoint::new(&endpoint, nic.port.active_mtu));
+        queues.push(queue);
+    }
+    Ok((queues, endpoints))
+}
+
+async fn send(stream: &mut TcpStream, response: &ConnectResponse) -> Result<(), String> {
+    handshake::send(stream, response)
+        .await
+        .map_err(|error| format!("answering the peer: {error}"))
+}
