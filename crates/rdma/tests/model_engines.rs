@@ -129,16 +129,24 @@ struct Side {
 
 impl Side {
     async fn new(fabric: &Fabric, host: HostConfig, config: RdmaConfig) -> Side {
+        Side::build(fabric, host, config, |builder| builder).await
+    }
+
+    /// An engine whose builder `tune` adjusts.
+    async fn build(
+        fabric: &Fabric,
+        host: HostConfig,
+        config: RdmaConfig,
+        tune: impl FnOnce(ferry_core::EngineBuilder) -> ferry_core::EngineBuilder,
+    ) -> Side {
         let memory = TestMemory::default();
         let verbs = fabric.add_host_with_memory(host, Box::new(memory.clone()));
         let transport = RdmaTransport::new(verbs.clone(), config, Arc::new(FileDmaBuf));
         assert_eq!(transport.unavailable(), None, "the model host has NICs");
-        let engine = Engine::builder()
+        let builder = Engine::builder()
             .transfer_timeout(Duration::from_secs(10))
-            .transport(Arc::new(transport))
-            .build()
-            .await
-            .expect("engine starts");
+            .transport(Arc::new(transport));
+        let engine = tune(builder).build().await.expect("engine starts");
         Side {
             engine,
             memory,
@@ -453,5 +461,188 @@ async fn gpu_memory_registers_through_a_dma_buf() {
         exported.export.data.contains("mlx5_0"),
         "{}",
         exported.export.data
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transfers_on_one_link_each_complete_with_their_own_bytes() {
+    let pair = Pair::new(
+        1,
+        RdmaConfig {
+            max_outstanding: 8,
+            signal_every: 3,
+            ..config()
+        },
+    )
+    .await;
+    let (_pool, pool_addr) = pair.decode.region(16 << 20, 0);
+    let (source, source_addr) = pair.prefill.region(16 << 20, 0);
+    let peer = pair.connect().await;
+    let chunk = 1usize << 20;
+    let mut transfers = Vec::new();
+    for index in 0..16u64 {
+        let bytes = pattern(200 + index, chunk);
+        pair.prefill
+            .memory
+            .set(source_addr + index * chunk as u64, &bytes);
+        let offset = index * chunk as u64;
+        let transfer = pair
+            .prefill
+            .engine
+            .batch(&peer)
+            .write(&source, offset, pool_addr + offset, chunk as u64)
+            .submit()
+            .expect("submits");
+        transfers.push(tokio::spawn(transfer));
+    }
+    for transfer in transfers {
+        bounded(transfer).await.expect("joins").expect("completes");
+    }
+    for index in 0..16u64 {
+        let landed = pair
+            .decode
+            .memory
+            .bytes(pool_addr + index * chunk as u64, chunk as u64);
+        assert_eq!(landed, pattern(200 + index, chunk), "chunk {index}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_rdma_devices_the_transport_says_why_and_transfers_use_tcp() {
+    let fabric = Fabric::new();
+    let mut bare = roce(2, 1);
+    bare.devices.clear();
+    let memory = TestMemory::default();
+    let verbs = fabric.add_host_with_memory(bare, Box::new(memory.clone()));
+    let transport = RdmaTransport::new(verbs, config(), Arc::new(FileDmaBuf));
+    let reason = transport.unavailable().expect("no device").to_owned();
+    assert!(reason.contains("no RDMA device"), "{reason}");
+    let decode = Engine::builder()
+        .transport(Arc::new(transport))
+        .build()
+        .await
+        .expect("engine starts");
+    assert!(decode
+        .descriptor()
+        .endpoints
+        .iter()
+        .all(|endpoint| endpoint.transport != "rdma"));
+    let pool = decode.allocate(1 << 20).expect("allocates");
+    let prefill = Side::new(&fabric, roce(1, 1), config()).await;
+    let (source, source_addr) = prefill.region(1 << 20, 0);
+    let bytes = pattern(4, 1 << 20);
+    prefill.memory.set(source_addr, &bytes);
+    let peer = prefill
+        .engine
+        .connect(decode.name())
+        .await
+        .expect("connects");
+    let done = bounded(
+        prefill
+            .engine
+            .batch(&peer)
+            .write(&source, 0, peer.buffers()[0].addr, 1 << 20)
+            .submit()
+            .expect("submits"),
+    )
+    .await
+    .expect("completes over TCP");
+    assert_eq!(done.transports, vec!["tcp"]);
+    let mut landed = vec![0u8; 1 << 20];
+    pool.read_at(0, &mut landed).expect("reads");
+    assert_eq!(landed, bytes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_secret_queue_pairs_come_up_after_authenticating_and_anonymous_requests_are_refused()
+{
+    let fabric = Fabric::new();
+    let secret = |builder: ferry_core::EngineBuilder| {
+        builder.secret(b"a shared secret of some length".to_vec())
+    };
+    let decode = Side::build(&fabric, roce(2, 1), config(), secret).await;
+    let prefill = Side::build(&fabric, roce(1, 1), config(), secret).await;
+    let (_pool, pool_addr) = decode.region(1 << 20, 0);
+    let (source, source_addr) = prefill.region(1 << 20, 0);
+    let bytes = pattern(8, 1 << 20);
+    prefill.memory.set(source_addr, &bytes);
+    let peer = prefill
+        .engine
+        .connect(decode.engine.name())
+        .await
+        .expect("connects");
+    let done = bounded(
+        prefill
+            .engine
+            .batch(&peer)
+            .write(&source, 0, pool_addr, 1 << 20)
+            .submit()
+            .expect("submits"),
+    )
+    .await
+    .expect("completes");
+    assert_eq!(done.transports, vec!["rdma"]);
+    assert_eq!(decode.memory.bytes(pool_addr, 1 << 20), bytes);
+
+    // A client that skips authentication learns why it is refused, and gets no queue pair.
+    let port = decode
+        .engine
+        .descriptor()
+        .endpoints
+        .iter()
+        .find(|endpoint| endpoint.transport == "rdma")
+        .and_then(|endpoint| endpoint.address.strip_prefix(':').map(str::to_owned))
+        .expect("an rdma endpoint");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("dials");
+    stream.write_all(&[0]).await.expect("writes");
+    let mut answer = Vec::new();
+    bounded(stream.read_to_end(&mut answer))
+        .await
+        .expect("reads the refusal");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.contains("Refused") && answer.contains("shared secret"),
+        "{answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_stuck_in_the_fabric_times_out_and_its_work_is_flushed() {
+    let fabric = Fabric::new();
+    let short =
+        |builder: ferry_core::EngineBuilder| builder.transfer_timeout(Duration::from_millis(300));
+    let decode = Side::build(&fabric, roce(2, 1), config(), short).await;
+    let prefill = Side::build(&fabric, roce(1, 1), config(), short).await;
+    let (_pool, pool_addr) = decode.region(1 << 20, 0);
+    let (source, _) = prefill.region(1 << 20, 1);
+    let peer = prefill
+        .engine
+        .connect(decode.engine.name())
+        .await
+        .expect("connects");
+    fabric.set_auto_progress(false);
+    let transfer = prefill
+        .engine
+        .batch(&peer)
+        .write(&source, 0, pool_addr, 1 << 20)
+        .submit()
+        .expect("submits");
+    let transfer = tokio::spawn(transfer);
+    // Past the timeout the engine closes the link: its queue pairs move to ERROR. The NIC
+    // flushes their work when it runs again (at once, on hardware).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    fabric.set_auto_progress(true);
+    let error = bounded(transfer)
+        .await
+        .expect("joins")
+        .expect_err("nothing moved before the timeout");
+    assert!(matches!(error, Error::Timeout { .. }), "{error:?}");
+    assert_eq!(
+        decode.memory.bytes(pool_addr, 16),
+        vec![0; 16],
+        "flushed work wrote nothing"
     );
 }

@@ -66,3 +66,53 @@ pub(crate) fn wc_error(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVERY_ERROR: [WcStatus; 15] = [
+        WcStatus::LocalLengthError,
+        WcStatus::LocalQpOperationError,
+        WcStatus::LocalProtectionError,
+        WcStatus::WrFlushError,
+        WcStatus::MemoryWindowBindError,
+        WcStatus::BadResponseError,
+        WcStatus::LocalAccessError,
+        WcStatus::RemoteInvalidRequestError,
+        WcStatus::RemoteAccessError,
+        WcStatus::RemoteOperationError,
+        WcStatus::RetryExceeded,
+        WcStatus::RnrRetryExceeded,
+        WcStatus::RemoteAbortError,
+        WcStatus::FatalError,
+        WcStatus::GeneralError,
+    ];
+
+    #[test]
+    fn every_error_completion_fails_its_transfer_naming_the_status_the_route_and_the_op() {
+        let nics = |name: &str| vec![name.to_owned()];
+        for status in EVERY_ERROR {
+            let op = Op {
+                direction: Direction::Read,
+                len: 4096,
+                local_nic: 0,
+                remote_nic: 0,
+            };
+            let error = wc_error("decode:1", status, &op, &nics("mlx5_0"), &nics("mlx5_3"));
+            let message = error.to_string();
+            assert!(message.contains(status.name()), "{message}");
+            assert!(
+                message.contains("READ of 4096 bytes through mlx5_0 -> mlx5_3"),
+                "{message}"
+            );
+            assert!(message.contains("decode:1"), "{message}");
+            let gone = matches!(error, Error::PeerGone { .. });
+            let expected_gone = matches!(
+                status,
+                WcStatus::RetryExceeded | WcStatus::RnrRetryExceeded | WcStatus::WrFlushError
+            );
+            assert_eq!(gone, expected_gone, "{status}: {error:?}");
+        }
+    }
+}

@@ -109,7 +109,6 @@ async fn greet<V: Verbs>(
 }
 
 /// Creates and connects a queue pair for each offer.
-#[allow(clippy::type_complexity)]
 fn accept<V: Verbs>(
     request: &ConnectRequest,
     service: &Service<V>,
