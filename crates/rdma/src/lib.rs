@@ -6,8 +6,9 @@
 //! protection domain, memory registration, completion queue, RC queue pair and its
 //! RESET -> INIT -> RTR -> RTS transitions, posting one-sided work requests, polling
 //! completions), with typed attributes, work requests and completion statuses named as verbs
-//! names them. The sideway layer (feature `rdma`, not written yet) will implement it over
-//! rdma-core.
+//! names them. `SidewayVerbs` (crate feature `sideway`, which the facade's `rdma` feature
+//! turns on) implements it over rdma-core; where rdma-core, kernel support or a device is
+//! missing it says which.
 //!
 //! The in-memory model (`model`: this crate's tests, or the `model` feature for other crates'
 //! tests) implements [`Verbs`] for several "hosts" in one process, faithful to the QP state
@@ -27,9 +28,13 @@ mod memory;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod qp;
+#[cfg(feature = "sideway")]
+mod sideway;
 mod verbs;
 mod work;
 
+#[cfg(feature = "sideway")]
+pub use self::sideway::{SidewayContext, SidewayCq, SidewayMr, SidewayPd, SidewayQp, SidewayVerbs};
 pub use device::{DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::VerbsError;
 pub use memory::{AccessFlags, MrKeys};
