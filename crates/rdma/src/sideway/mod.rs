@@ -75,6 +75,17 @@ impl SidewayVerbs {
     }
 }
 
+/// The devices, or why RDMA cannot be used here in words for `ferry probe`: the reason of an
+/// unavailable host (what is missing and what provides it), any other error in full.
+pub(crate) fn devices_or_reason() -> Result<Vec<DeviceInfo>, String> {
+    SidewayVerbs::new()
+        .and_then(|verbs| verbs.devices())
+        .map_err(|error| match error {
+            VerbsError::Unsupported { what, reason } if what == failure::RDMA => reason,
+            other => other.to_string(),
+        })
+}
+
 impl Verbs for SidewayVerbs {
     type Context = SidewayContext;
     type ProtectionDomain = SidewayPd;
