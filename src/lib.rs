@@ -135,6 +135,8 @@ pub mod transport {
         fd_socket_name, probe_fabric, FabricSupport, GpuExport, MnnvlTransport, NvlinkTransport,
         BATCHED_FROM, ENGINE_FROM, EXPORT_VERSION, FDS_PER_MESSAGE, MNNVL, NVLINK,
     };
+    // This host's RDMA devices, or why it has none: `ferry probe`'s RDMA section.
+    pub use ferry_rdma::{probe as rdma_probe, RdmaProbe};
 }
 
 #[doc = include_str!("../README.md")]

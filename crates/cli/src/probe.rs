@@ -2,11 +2,12 @@
 //! buffers get from here and why.
 
 use ferry::cuda::{DeviceInfo, Driver};
-use ferry::transport::{probe_fabric, FabricSupport, Reach};
+use ferry::transport::{probe_fabric, rdma_probe, FabricSupport, Reach};
 use ferry::{Location, Region};
 
-/// Prints the machine's CUDA driver, GPUs, peer access, FABRIC support and transports; with
-/// `peer`, the route from here to each of that engine's buffers.
+/// Prints the machine's CUDA driver, GPUs, peer access, FABRIC support, transports and RDMA
+/// devices (or why there are none); with `peer`, the route from here to each of that engine's
+/// buffers.
 pub(crate) fn run(
     peer: Option<&str>,
     metadata: &str,
@@ -66,6 +67,7 @@ pub(crate) fn run(
         (false, false) => println!("  mnnvl: unavailable (no GPU here permits FABRIC-handle allocations)"),
         (false, true) => println!("  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
     }
+    print!("{}", rdma_probe());
     match peer {
         Some(name) => routes(name, metadata, secret, &gpus),
         None => Ok(()),

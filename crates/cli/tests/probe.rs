@@ -1,4 +1,4 @@
-//! `ferry probe` against a running `ferry serve`.
+//! `ferry probe`: against a running `ferry serve`, and its RDMA section.
 
 mod common;
 
@@ -29,4 +29,37 @@ fn probe_says_which_path_each_buffer_of_a_peer_gets_and_why() {
     // Host memory on both sides: TCP carries it, and nvlink says why it does not.
     assert!(buffer_line.contains("): tcp ["), "{buffer_line}");
     assert!(buffer_line.contains("nvlink: "), "{buffer_line}");
+}
+
+/// On a machine without RDMA (CI's), `ferry probe` says so, why, and what carries transfers
+/// between hosts instead; and it always says how far the RDMA path has been tested. The reason
+/// differs by build: without the `rdma` feature it says to rebuild with it, with the feature it
+/// names what rdma-core lacks here. Both name what would provide RDMA, so the assertion holds
+/// for either binary (`FERRY_BIN` may point at one built with other features).
+#[test]
+fn probe_reports_rdma_unavailable_with_the_reason_and_the_tcp_fallback() {
+    let output = std::process::Command::new(ferry_bin())
+        .arg("probe")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("RDMA: unavailable: "))
+        .unwrap_or_else(|| panic!("no RDMA unavailable line in:\n{text}"));
+    let reason = line
+        .strip_prefix("RDMA: unavailable: ")
+        .and_then(|rest| rest.strip_suffix("; transfers between hosts use TCP"))
+        .unwrap_or_else(|| panic!("not `RDMA: unavailable: <reason>; ...TCP`: {line}"));
+    assert!(
+        reason.contains("rebuild with `--features rdma`") || reason.contains("rdma-core"),
+        "the reason names neither the build feature nor rdma-core: {reason}"
+    );
+    assert!(
+        text.lines().any(|line| line
+            .contains("tested only against an in-memory verbs model, not on RDMA hardware")),
+        "no caveat about RDMA testing in:\n{text}"
+    );
 }

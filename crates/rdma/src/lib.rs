@@ -6,8 +6,9 @@
 //! protection domain, memory registration, completion queue, RC queue pair and its
 //! RESET -> INIT -> RTR -> RTS transitions, posting one-sided work requests, polling
 //! completions), with typed attributes, work requests and completion statuses named as verbs
-//! names them. The sideway layer (feature `rdma`, not written yet) will implement it over
-//! rdma-core.
+//! names them. `SidewayVerbs` (crate feature `sideway`, which the facade's `rdma` feature
+//! turns on) implements it over rdma-core; where rdma-core, kernel support or a device is
+//! missing it says which, and [`probe`] reports it for `ferry probe`.
 //!
 //! The in-memory model (`model`: this crate's tests, or the `model` feature for other crates'
 //! tests) implements [`Verbs`] for several "hosts" in one process, faithful to the QP state
@@ -26,14 +27,20 @@ mod error;
 mod memory;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
+mod probe;
 mod qp;
+#[cfg(feature = "sideway")]
+mod sideway;
 mod transport;
 mod verbs;
 mod work;
 
+#[cfg(feature = "sideway")]
+pub use self::sideway::{SidewayContext, SidewayCq, SidewayMr, SidewayPd, SidewayQp, SidewayVerbs};
 pub use device::{DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::VerbsError;
 pub use memory::{AccessFlags, MrKeys};
+pub use probe::{probe, RdmaProbe};
 pub use qp::{
     AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
     RtsAttr,
