@@ -27,6 +27,7 @@ mod memory;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod qp;
+mod topology;
 mod verbs;
 mod work;
 
@@ -37,6 +38,7 @@ pub use qp::{
     AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
     RtsAttr,
 };
+pub use topology::{NicChoice, PathClass, Topology};
 pub use verbs::Verbs;
 pub use work::{
     RecvRequest, RemoteSegment, SendOpcode, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,
