@@ -11,7 +11,8 @@ rm -rf "$out"
 mkdir -p "$out/tests"
 cargo build --release -p ferry-cli --bin ferry
 cargo build --release -p ferry --examples
-# ferry-cli/gpu-tests turns on ferry/gpu-tests too: the CLI's suite starts `ferry serve`.
+# ferry-cli/gpu-tests turns on ferry/gpu-tests too: the CLI's suite starts `ferry serve`, and
+# ferry-rdma/gpu-tests adds its rdma_dmabuf binary (dma-buf export of GPU memory).
 cargo test --release --workspace --features ferry-cli/gpu-tests --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys

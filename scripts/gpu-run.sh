@@ -37,10 +37,11 @@ tests() {
   step nvidia-smi nvidia-smi
   step probe "$here/ferry" probe
   # Each test binary, and each GPU test on its own, under a time limit: a hang is reported as
-  # a failure (exit 124) instead of eating the whole session.
+  # a failure (exit 124) instead of eating the whole session. gpu-* is the CLI's suite,
+  # rdma_dmabuf-* ferry-rdma's dma-buf export of GPU memory.
   for test in "$here"/tests/*; do
     case $(basename "$test") in
-      gpu-*)
+      gpu-* | rdma_dmabuf-*)
         for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
           step "gpu $name" timeout 120 "$test" --exact "$name" --nocapture
         done

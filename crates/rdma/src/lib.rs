@@ -31,6 +31,7 @@ mod probe;
 mod qp;
 #[cfg(feature = "sideway")]
 mod sideway;
+mod topology;
 mod transport;
 mod verbs;
 mod work;
@@ -45,6 +46,7 @@ pub use qp::{
     AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
     RtsAttr,
 };
+pub use topology::{NicChoice, PathClass, Topology};
 pub use transport::{DmaBufRange, DmaBufSource, RdmaConfig, RdmaTransport, RDMA};
 pub use verbs::Verbs;
 pub use work::{

@@ -123,18 +123,28 @@ pub(super) fn info(ordinal: u32) -> Result<DeviceInfo, CudaError> {
     })
 }
 
+/// Reads one attribute of GPU `ordinal`; `call` names the query in errors.
+pub(super) fn attribute(
+    ordinal: u32,
+    attribute: sys::CUdevice_attribute,
+    call: &'static str,
+) -> Result<c_int, CudaError> {
+    let device = handle(ordinal)?;
+    let mut value: c_int = 0;
+    // SAFETY: `device` is valid and `value` is a valid place for the attribute.
+    CudaError::check(call, unsafe {
+        sys::cuDeviceGetAttribute(&mut value, attribute, device)
+    })?;
+    Ok(value)
+}
+
 /// Number of streaming multiprocessors of GPU `ordinal`.
 pub(super) fn multiprocessors(ordinal: u32) -> Result<u32, CudaError> {
-    let device = handle(ordinal)?;
-    let mut count: c_int = 0;
-    // SAFETY: `device` is valid and `count` is a valid place for the attribute.
-    CudaError::check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(
-            &mut count,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            device,
-        )
-    })?;
+    let count = attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "cuDeviceGetAttribute",
+    )?;
     Ok(count.max(1) as u32)
 }
 

@@ -3,11 +3,13 @@
 //!
 //! The ladder is `cudarc::driver::sys` (raw symbols) -> one thin function per driver call here
 //! (returning [`CudaError`]) -> the safe RAII types exported below ([`Context`], [`Stream`],
-//! [`Event`], [`IpcMapping`]) and the [`Poller`] that turns finished events into futures.
+//! [`Event`], [`IpcMapping`], [`DmaBuf`]) and the [`Poller`] that turns finished events into
+//! futures.
 
 mod buffer;
 mod context;
 mod device;
+mod dmabuf;
 mod driver;
 mod error;
 mod event;
@@ -25,6 +27,7 @@ mod vmm;
 pub use buffer::DeviceBuffer;
 pub use context::Context;
 pub use device::{DeviceInfo, GpuId};
+pub use dmabuf::{dmabuf_supported, export_dmabuf, DmaBuf};
 pub use driver::{Driver, DriverStatus};
 pub use error::CudaError;
 pub use event::Event;
