@@ -47,7 +47,7 @@ pub use qp::{
     RtsAttr,
 };
 pub use topology::{NicChoice, PathClass, Topology};
-pub use transport::{DmaBufRange, DmaBufSource, RdmaConfig, RdmaTransport, RDMA};
+pub use transport::{CudaGpus, DmaBufRange, DmaBufSource, RdmaConfig, RdmaTransport, RDMA};
 pub use verbs::Verbs;
 pub use work::{
     RecvRequest, RemoteSegment, SendOpcode, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,

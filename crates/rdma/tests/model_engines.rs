@@ -90,6 +90,10 @@ impl DmaBufSource for FileDmaBuf {
             offset: 4096,
         })
     }
+
+    fn pci_bus_id(&self, ordinal: u32) -> Option<String> {
+        Some(format!("0000:{:02x}:00.0", 0x18 + ordinal))
+    }
 }
 
 /// A RoCE host with `nics` NICs, `mlx5_0`.. on 10.0.`host`.`n`.
@@ -645,4 +649,80 @@ async fn a_transfer_stuck_in_the_fabric_times_out_and_its_work_is_flushed() {
         vec![0; 16],
         "flushed work wrote nothing"
     );
+}
+
+/// A sysfs tree where GPU 0 (`0000:18:00.0`) shares a PCIe switch with `mlx5_1`, and
+/// `mlx5_0` hangs off another root port.
+fn sysfs_with_gpu_next_to_mlx5_1() -> tempfile::TempDir {
+    use std::os::unix::fs::symlink;
+    let root = tempfile::tempdir().expect("a temporary directory");
+    let device = |path: &str| {
+        let dir = root.path().join("sys/devices").join(path);
+        std::fs::create_dir_all(&dir).expect("a PCI device");
+        std::fs::write(dir.join("numa_node"), "0\n").expect("numa_node");
+        dir
+    };
+    let class = root.path().join("sys/class/infiniband");
+    std::fs::create_dir_all(&class).expect("the infiniband class");
+    for (name, path) in [
+        ("mlx5_0", "pci0000:00/0000:00:02.0/0000:03:00.0"),
+        (
+            "mlx5_1",
+            "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:04.0/0000:05:00.0",
+        ),
+    ] {
+        let pci = device(path);
+        let dir = pci.join("infiniband").join(name);
+        std::fs::create_dir_all(dir.join("ports/1")).expect("a port");
+        std::fs::write(dir.join("ports/1/state"), "4: ACTIVE\n").expect("the port state");
+        symlink(&pci, dir.join("device")).expect("the device link");
+        symlink(&dir, class.join(name)).expect("the class link");
+    }
+    let gpu = device("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:18:00.0");
+    let bus = root.path().join("sys/bus/pci/devices");
+    std::fs::create_dir_all(&bus).expect("the PCI bus");
+    symlink(gpu, bus.join("0000:18:00.0")).expect("the GPU link");
+    root
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_memory_registers_only_with_the_nic_nearest_its_gpu_and_host_memory_with_all() {
+    let sysfs = sysfs_with_gpu_next_to_mlx5_1();
+    let fabric = Fabric::new();
+    let memory = TestMemory::default();
+    let verbs = fabric.add_host_with_memory(roce(1, 2), Box::new(memory.clone()));
+    let config = RdmaConfig {
+        sysfs_root: sysfs.path().to_owned(),
+        ..config()
+    };
+    let transport = RdmaTransport::new(verbs, config, Arc::new(FileDmaBuf));
+    let info = |addr, location| RegionInfo {
+        addr,
+        len: 1 << 20,
+        location,
+    };
+    let gpu = Location::Device {
+        gpu: ferry_core::cuda::GpuId([7; 16]),
+        ordinal: 0,
+    };
+    let exported = transport
+        .export(&info(memory.buffer(1 << 20, 0), gpu))
+        .expect("exports")
+        .expect("registered");
+    assert!(
+        exported.export.data.contains("mlx5_1"),
+        "{}",
+        exported.export.data
+    );
+    assert!(
+        !exported.export.data.contains("mlx5_0"),
+        "{}",
+        exported.export.data
+    );
+    let host = Location::Host { pinned: false };
+    let exported = transport
+        .export(&info(memory.buffer(1 << 20, 0), host))
+        .expect("exports")
+        .expect("registered");
+    assert!(exported.export.data.contains("mlx5_0") && exported.export.data.contains("mlx5_1"));
 }

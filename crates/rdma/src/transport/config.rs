@@ -1,5 +1,6 @@
 //! How the RDMA transport uses its NICs and queue pairs.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Settings of the RDMA transport. The defaults suit one 200-400 Gb/s NIC per GPU.
@@ -35,6 +36,9 @@ pub struct RdmaConfig {
     pub advertise: Option<String>,
     /// How long connecting a peer's queue pairs may take.
     pub connect_timeout: Duration,
+    /// Where sysfs is read to place NICs and GPUs on the PCI tree: `/`, unless a container
+    /// mounts the host's sysfs elsewhere.
+    pub sysfs_root: PathBuf,
 }
 
 impl Default for RdmaConfig {
@@ -53,6 +57,7 @@ impl Default for RdmaConfig {
             listen: "0.0.0.0:0".to_owned(),
             advertise: None,
             connect_timeout: Duration::from_secs(5),
+            sysfs_root: PathBuf::from("/"),
         }
     }
 }

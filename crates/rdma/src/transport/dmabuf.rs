@@ -1,5 +1,6 @@
-//! Where the transport gets dma-bufs of GPU memory to register with its NICs (GPUDirect
-//! RDMA without nvidia-peermem): CUDA in an engine, a stand-in in tests.
+//! What the transport asks of the GPUs: dma-bufs of their memory to register with its NICs
+//! (GPUDirect RDMA without nvidia-peermem), and their PCI addresses to pick the nearest NIC.
+//! CUDA in an engine ([`CudaGpus`]), a stand-in in tests.
 
 use std::os::fd::OwnedFd;
 
@@ -20,4 +21,34 @@ pub trait DmaBufSource: Send + Sync + 'static {
     /// Why the memory cannot be exported (the GPU or driver lacks dma-buf support, say); the
     /// transport then tries registering the pointer itself, which needs nvidia-peermem.
     fn export(&self, addr: u64, len: u64) -> Result<DmaBufRange, String>;
+
+    /// The PCI address (`0000:18:00.0`) of GPU `ordinal` of this process, to find the NICs
+    /// nearest it; `None` when it cannot be known, and then every NIC serves the GPU.
+    fn pci_bus_id(&self, ordinal: u32) -> Option<String> {
+        let _ = ordinal;
+        None
+    }
+}
+
+/// The GPUs as CUDA reports them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaGpus;
+
+impl DmaBufSource for CudaGpus {
+    fn export(&self, addr: u64, len: u64) -> Result<DmaBufRange, String> {
+        let buffer =
+            ferry_core::cuda::export_dmabuf(addr, len).map_err(|error| error.to_string())?;
+        Ok(DmaBufRange {
+            offset: addr - buffer.base,
+            fd: buffer.fd,
+        })
+    }
+
+    fn pci_bus_id(&self, ordinal: u32) -> Option<String> {
+        let devices = ferry_core::cuda::Driver::get().devices().ok()?;
+        devices
+            .into_iter()
+            .find(|device| device.ordinal == ordinal)
+            .map(|device| device.pci_bus_id)
+    }
 }

@@ -24,7 +24,7 @@ mod registry;
 mod server;
 
 pub use config::RdmaConfig;
-pub use dmabuf::{DmaBufRange, DmaBufSource};
+pub use dmabuf::{CudaGpus, DmaBufRange, DmaBufSource};
 pub use export::RDMA;
 
 use self::export::{NicKey, RdmaExport};
@@ -35,6 +35,7 @@ use self::queue::QueuePair;
 use self::registry::{Registration, Registry, Standing};
 use self::server::{Service, ANONYMOUS, AUTHENTICATES};
 use crate::memory::AccessFlags;
+use crate::topology::Topology;
 use crate::verbs::Verbs;
 use ferry_core::{
     BufferDescriptor, Endpoint, EngineContext, Error, Exported, Link, Location, Reach, RegionInfo,
@@ -54,6 +55,8 @@ pub struct RdmaTransport<V: Verbs> {
     nics: std::result::Result<Vec<Arc<Nic<V>>>, String>,
     registry: Arc<Registry>,
     dmabuf: Arc<dyn DmaBufSource>,
+    /// Where the NICs sit on the PCI tree, to register GPU memory with the nearest.
+    topology: parking_lot::Mutex<Topology>,
     /// What the engine told the transport, and the side channel's port, once attached.
     attached: OnceLock<Attached>,
 }
@@ -70,16 +73,23 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
     /// nothing and says why ([`RdmaTransport::unavailable`]).
     pub fn new(verbs: V, config: RdmaConfig, dmabuf: Arc<dyn DmaBufSource>) -> Self {
         let config = config.sanitized();
-        let nics = nic::open(&verbs, &config).map(|nics| nics.into_iter().map(Arc::new).collect());
+        let nics: std::result::Result<Vec<Arc<Nic<V>>>, String> =
+            nic::open(&verbs, &config).map(|nics| nics.into_iter().map(Arc::new).collect());
         if let Err(reason) = &nics {
             tracing::info!(%reason, "RDMA is unavailable; transfers between hosts use TCP");
         }
+        let names: Vec<String> = nics
+            .as_ref()
+            .map(|nics| nics.iter().map(|nic| nic.name.clone()).collect())
+            .unwrap_or_default();
+        let topology = Topology::read(&config.sysfs_root, &names);
         RdmaTransport {
             verbs: Arc::new(verbs),
             config,
             nics,
             registry: Arc::default(),
             dmabuf,
+            topology: parking_lot::Mutex::new(topology),
             attached: OnceLock::new(),
         }
     }
@@ -105,20 +115,51 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         })
     }
 
-    /// Registers `region` with every NIC: the regions registered, by NIC index.
+    /// The NICs (by index) to register `region` with: for GPU memory the nearest to the GPU
+    /// on the PCI tree (all that tie), for host memory or an unknown placement every NIC.
+    fn nics_for(&self, region: &RegionInfo, nics: &[Arc<Nic<V>>]) -> Vec<usize> {
+        let every = (0..nics.len()).collect();
+        let Location::Device { ordinal, .. } = region.location else {
+            return every;
+        };
+        let Some(pci) = self.dmabuf.pci_bus_id(ordinal) else {
+            return every;
+        };
+        let mut topology = self.topology.lock();
+        let ranked = topology.rank_gpu(&pci);
+        let Some(best) = ranked.first().and_then(|choice| choice.distance) else {
+            return every;
+        };
+        topology.nics_for_gpu(&pci);
+        let nearest: Vec<usize> = ranked
+            .iter()
+            .filter(|choice| choice.distance == Some(best))
+            .filter_map(|choice| nics.iter().position(|nic| nic.name == choice.name))
+            .collect();
+        if nearest.is_empty() {
+            every
+        } else {
+            nearest
+        }
+    }
+
+    /// Registers `region` with its NICs ([`Self::nics_for`]): the regions registered, by NIC
+    /// index.
     fn register(
         &self,
         region: &RegionInfo,
     ) -> std::result::Result<Vec<(usize, V::MemoryRegion)>, String> {
         let nics = self.nics.as_ref().map_err(Clone::clone)?;
+        let chosen = self.nics_for(region, nics);
         let access =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         let dmabuf = match region.location {
             Location::Device { .. } => Some(self.dmabuf.export(region.addr, region.len)),
             _ => None,
         };
-        let mut registered = Vec::with_capacity(nics.len());
-        for (index, nic) in nics.iter().enumerate() {
+        let mut registered = Vec::with_capacity(chosen.len());
+        for index in chosen {
+            let nic = &nics[index];
             let region = match &dmabuf {
                 None => self
                     .verbs
