@@ -5,7 +5,8 @@ use ferry_nvlink::{MnnvlTransport, NvlinkConfig, NvlinkTransport};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A ferry engine with the TCP, nvlink and mnnvl transports. Everything it does is
+/// A ferry engine with the TCP, nvlink and mnnvl transports, and RDMA with the `rdma`
+/// feature where the host has RDMA devices. Everything it does is
 /// [`ferry_core::Engine`]'s, reached through `Deref`: register memory, connect to peers,
 /// submit batches, receive notifications.
 #[derive(Debug)]
@@ -19,6 +20,8 @@ impl Engine {
             core: ferry_core::Engine::builder(),
             nvlink: NvlinkConfig::default(),
             gpu_links: true,
+            #[cfg(feature = "rdma")]
+            rdma: Some(ferry_rdma::RdmaConfig::default()),
         }
     }
 }
@@ -37,6 +40,8 @@ pub struct EngineBuilder {
     core: ferry_core::EngineBuilder,
     nvlink: NvlinkConfig,
     gpu_links: bool,
+    #[cfg(feature = "rdma")]
+    rdma: Option<ferry_rdma::RdmaConfig>,
 }
 
 impl EngineBuilder {
@@ -167,12 +172,26 @@ impl EngineBuilder {
         }
     }
 
-    fn wired(self) -> ferry_core::EngineBuilder {
-        if !self.gpu_links {
-            return self.core;
+    /// How the RDMA transport uses the host's NICs, or `None` to leave RDMA out. By default
+    /// it uses every NIC with an active port; without rdma-core or devices the engine starts
+    /// without RDMA and logs why (`ferry probe` says it too).
+    #[cfg(feature = "rdma")]
+    pub fn rdma(self, config: Option<ferry_rdma::RdmaConfig>) -> Self {
+        EngineBuilder {
+            rdma: config,
+            ..self
         }
-        self.core
-            .transport(Arc::new(NvlinkTransport::new(self.nvlink)))
+    }
+
+    fn wired(self) -> ferry_core::EngineBuilder {
+        #[cfg(feature = "rdma")]
+        let core = with_rdma(self.core, self.rdma);
+        #[cfg(not(feature = "rdma"))]
+        let core = self.core;
+        if !self.gpu_links {
+            return core;
+        }
+        core.transport(Arc::new(NvlinkTransport::new(self.nvlink)))
             .transport(Arc::new(MnnvlTransport::new(self.nvlink)))
     }
 
@@ -194,5 +213,27 @@ impl EngineBuilder {
     /// As [`ferry_core::EngineBuilder::build`].
     pub fn build_blocking(self) -> ferry_core::Result<Engine> {
         self.wired().build_blocking().map(Engine)
+    }
+}
+
+/// `core` with the RDMA transport over rdma-core when `config` asks for it and the host has
+/// RDMA devices; otherwise `core` as it is, with the reason logged.
+#[cfg(feature = "rdma")]
+fn with_rdma(
+    core: ferry_core::EngineBuilder,
+    config: Option<ferry_rdma::RdmaConfig>,
+) -> ferry_core::EngineBuilder {
+    let Some(config) = config else { return core };
+    match ferry_rdma::SidewayVerbs::new() {
+        Ok(verbs) => {
+            let gpus = Arc::new(ferry_rdma::CudaGpus);
+            core.transport(Arc::new(ferry_rdma::RdmaTransport::new(
+                verbs, config, gpus,
+            )))
+        }
+        Err(error) => {
+            tracing::info!(%error, "RDMA is unavailable; transfers between hosts use TCP");
+            core
+        }
     }
 }

@@ -112,6 +112,8 @@ pub use ferry_core::{
     MAX_NOTIFICATION_BYTES,
 };
 pub use ferry_nvlink::{CopyPath, NvlinkConfig};
+#[cfg(feature = "rdma")]
+pub use ferry_rdma::RdmaConfig;
 
 /// Shared-secret authentication of peers: the secret type and where it is read from.
 pub mod auth {
@@ -137,6 +139,9 @@ pub mod transport {
     };
     // This host's RDMA devices, or why it has none: `ferry probe`'s RDMA section.
     pub use ferry_rdma::{probe as rdma_probe, RdmaProbe};
+    pub use ferry_rdma::{
+        CudaGpus, DmaBufRange, DmaBufSource, RdmaTransport, Topology, Verbs, RDMA,
+    };
 }
 
 #[doc = include_str!("../README.md")]
