@@ -1,26 +1,25 @@
 //! ferry-rdma: the RDMA transport of ferry (ibverbs RC queue pairs, one-sided WRITE and READ
-//! between hosts).
+//! between hosts, GPU memory through dma-buf).
 //!
-//! This first part needs no hardware. [`Verbs`] is the seam between the transport and
-//! ibverbs: the handful of calls the transport makes (devices and ports, device context,
-//! protection domain, memory registration, completion queue, RC queue pair and its
-//! RESET -> INIT -> RTR -> RTS transitions, posting one-sided work requests, polling
-//! completions), with typed attributes, work requests and completion statuses named as verbs
-//! names them. `SidewayVerbs` (crate feature `sideway`, which the facade's `rdma` feature
-//! turns on) implements it over rdma-core; where rdma-core, kernel support or a device is
-//! missing it says which, and [`probe`] reports it for `ferry probe`.
+//! - [`RdmaTransport`] is ferry's [`Transport`](ferry_core::Transport) over any [`Verbs`]:
+//!   it registers each region with its NICs (GPU memory with the NICs nearest its GPU on the
+//!   PCI tree, [`Topology`]), publishes the rkeys in the region's export, brings up RC queue
+//!   pairs with each peer over an authenticated side channel, and moves transfers as sliced,
+//!   packed and striped one-sided WRITE and READ work requests.
+//! - [`Verbs`] is the seam between the transport and ibverbs: devices and ports, device
+//!   context, protection domain, memory registration (plain and dma-buf), completion queue,
+//!   RC queue pair and its RESET -> INIT -> RTR -> RTS transitions, posting one-sided work
+//!   requests, polling completions, with typed attributes and completion statuses named as
+//!   verbs names them. `SidewayVerbs` (crate feature `sideway`, which the facade's `rdma`
+//!   feature turns on) implements it over rdma-core, loaded at run time; where rdma-core,
+//!   kernel support or a device is missing it says which, and [`probe`] reports it for
+//!   `ferry probe`.
+//! - The in-memory model (`model`: this crate's tests, or the `model` feature for other
+//!   crates' tests) implements [`Verbs`] for several "hosts" in one process, faithful to the
+//!   QP state machine, access flags, rkey and bounds checks and the error completions, with
+//!   fault injection (a host that dies, a fabric that stops).
 //!
-//! The in-memory model (`model`: this crate's tests, or the `model` feature for other crates'
-//! tests) implements [`Verbs`] for several "hosts" in one process, faithful to the QP state
-//! machine, access flags, rkey and bounds checks and the error completions, with fault
-//! injection (a host that dies). Nothing here has run on RDMA hardware.
-//!
-//! Connecting an RC pair, as the transport will over its control connection:
-//! 1. each side creates a QP and moves it to INIT with its port and remote access flags;
-//! 2. each side sends the other its [`QpEndpoint`] (QPN, first PSN, LID, GID);
-//! 3. each side moves to RTR with the peer's endpoint ([`RtrAttr`]) and then to RTS with its
-//!    own PSN ([`RtsAttr`]);
-//! 4. WRITE/READ requests carry the peer's address and rkey from the peer's export.
+//! The transport has run only against the model: nothing here has run on RDMA hardware.
 
 mod device;
 mod error;

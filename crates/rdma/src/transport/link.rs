@@ -367,10 +367,10 @@ impl<V: Verbs> Shared<V> {
             let seq = state.next_seq + position as u64;
             let fills = state.posted.len() + position + 1 == queue.depth as usize;
             state.since_signal += 1;
-            let signaled = job.last
-                || fills
-                || position + 1 == count
-                || state.since_signal >= self.config.signal_every;
+            // The end of a lane's queue is always some transfer's last request there, so a post
+            // that does not fill the queue ends signalled, and one that fills it is signalled
+            // by `fills`: the queue never holds only unsignalled requests.
+            let signaled = job.last || fills || state.since_signal >= self.config.signal_every;
             if signaled {
                 state.since_signal = 0;
             }
