@@ -23,6 +23,8 @@
 
 mod device;
 mod error;
+#[cfg(any(fuzzing, test))]
+pub mod fuzzing;
 mod memory;
 #[cfg(any(test, feature = "model"))]
 pub mod model;

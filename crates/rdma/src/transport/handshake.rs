@@ -80,6 +80,32 @@ pub(crate) struct ConnectRequest {
     pub(crate) offers: Vec<QpOffer>,
 }
 
+impl ConnectRequest {
+    /// The client's endpoints, checked: the version, the number of queue pairs, each
+    /// endpoint's PSN and MTU.
+    ///
+    /// # Errors
+    /// What is wrong, to send back as the refusal.
+    pub(crate) fn check(&self) -> Result<Vec<(QpEndpoint, Mtu)>, String> {
+        if self.version != HANDSHAKE_VERSION {
+            return Err(format!(
+                "the peer speaks RDMA handshake version {}, this engine version {HANDSHAKE_VERSION}: run the same ferry version on both sides",
+                self.version
+            ));
+        }
+        if self.offers.is_empty() || self.offers.len() > MAX_QPS {
+            return Err(format!(
+                "the peer asked for {} queue pairs, expected 1 to {MAX_QPS}",
+                self.offers.len()
+            ));
+        }
+        self.offers
+            .iter()
+            .map(|offer| offer.client.read())
+            .collect()
+    }
+}
+
 /// The server's answer: its side of each offered queue pair, in order, or why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum ConnectResponse {
@@ -105,6 +131,19 @@ pub(crate) async fn send<S: AsyncWrite + Unpin, M: Serialize>(
     stream.flush().await
 }
 
+/// Decodes one message's body.
+///
+/// # Errors
+/// `InvalidData` naming what is wrong with it.
+pub(crate) fn decode<M: for<'de> Deserialize<'de>>(body: &[u8]) -> std::io::Result<M> {
+    serde_json::from_slice(body).map_err(|error| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a handshake message that is not valid: {error}"),
+        )
+    })
+}
+
 /// Reads one message.
 ///
 /// # Errors
@@ -123,12 +162,7 @@ pub(crate) async fn receive<S: AsyncRead + Unpin, M: for<'de> Deserialize<'de>>(
     }
     let mut body = vec![0u8; len as usize];
     stream.read_exact(&mut body).await?;
-    serde_json::from_slice(&body).map_err(|error| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a handshake message that is not valid: {error}"),
-        )
-    })
+    decode(&body)
 }
 
 #[cfg(test)]

@@ -45,6 +45,49 @@ use std::sync::{Arc, OnceLock};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+/// Every decoder of peer input, for the fuzz target ([`crate::fuzzing`]): the count of those
+/// that accepted `data`; panics where a decoded value does not encode back to itself.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_peer_input(data: &[u8]) -> usize {
+    let mut accepted = 0;
+    if let Ok(request) = handshake::decode::<ConnectRequest>(data) {
+        accepted += 1;
+        let _ = request.check();
+        let again: ConnectRequest =
+            handshake::decode(&serde_json::to_vec(&request).unwrap_or_default())
+                .expect("re-encoded request");
+        assert_eq!(again, request, "request round trip");
+    }
+    if let Ok(response) = handshake::decode::<ConnectResponse>(data) {
+        accepted += 1;
+        if let ConnectResponse::Accepted(endpoints) = &response {
+            for endpoint in endpoints {
+                if let Ok((checked, mtu)) = endpoint.read() {
+                    assert_eq!(
+                        WireEndpoint::new(&checked, mtu),
+                        *endpoint,
+                        "endpoint round trip"
+                    );
+                }
+            }
+        }
+    }
+    let export = ferry_core::Export {
+        transport: RDMA.to_owned(),
+        version: export::EXPORT_VERSION,
+        data: String::from_utf8_lossy(data).into_owned(),
+    };
+    if let Ok(read) = RdmaExport::from_export(&export) {
+        accepted += 1;
+        assert_eq!(
+            RdmaExport::from_export(&read.to_export()),
+            Ok(read),
+            "export round trip"
+        );
+    }
+    accepted
+}
+
 /// What RDMA costs against the other transports (TCP is 100, NVLink 5-10).
 const COST: u32 = 40;
 

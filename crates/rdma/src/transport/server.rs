@@ -3,9 +3,7 @@
 //! it closes (the peer's link dropped, or the peer died), they are destroyed.
 
 use super::config::RdmaConfig;
-use super::handshake::{
-    self, ConnectRequest, ConnectResponse, WireEndpoint, HANDSHAKE_VERSION, MAX_QPS,
-};
+use super::handshake::{self, ConnectRequest, ConnectResponse, WireEndpoint};
 use super::nic::Nic;
 use super::queue::QueuePair;
 use crate::verbs::Verbs;
@@ -113,21 +111,10 @@ fn accept<V: Verbs>(
     request: &ConnectRequest,
     service: &Service<V>,
 ) -> Result<(Vec<QueuePair<V>>, Vec<WireEndpoint>), String> {
-    if request.version != HANDSHAKE_VERSION {
-        return Err(format!(
-            "the peer speaks RDMA handshake version {}, this engine version {HANDSHAKE_VERSION}: run the same ferry version on both sides",
-            request.version
-        ));
-    }
-    if request.offers.is_empty() || request.offers.len() > MAX_QPS {
-        return Err(format!(
-            "the peer asked for {} queue pairs, expected 1 to {MAX_QPS}",
-            request.offers.len()
-        ));
-    }
+    let remotes = request.check()?;
     let mut queues = Vec::with_capacity(request.offers.len());
     let mut endpoints = Vec::with_capacity(request.offers.len());
-    for offer in &request.offers {
+    for (offer, (remote, remote_mtu)) in request.offers.iter().zip(remotes) {
         let nic = service
             .nics
             .iter()
@@ -138,7 +125,6 @@ fn accept<V: Verbs>(
                     offer.server_nic
                 )
             })?;
-        let (remote, remote_mtu) = offer.client.read()?;
         let queue = QueuePair::create(&service.verbs, nic, &service.config)
             .map_err(|error| error.to_string())?;
         queue
