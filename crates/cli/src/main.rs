@@ -27,7 +27,8 @@ mod serve_child;
 enum Command {
     /// Measure GPU to GPU transfers between two processes (this one and a `ferry serve` it
     /// starts) against the same-run `peer_copy` baseline, verifying every destination byte;
-    /// with --prefill-gpus/--decode-gpus, between tensor-parallel groups of processes.
+    /// with --rdma, over this host's RDMA NIC; with --prefill-gpus/--decode-gpus, between
+    /// tensor-parallel groups of processes.
     Bench(bench::Options),
     /// One prefill rank of `ferry bench`'s multi-pair mode, driven by its parent.
     #[command(hide = true)]

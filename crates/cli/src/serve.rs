@@ -37,6 +37,10 @@ pub(crate) struct Options {
     /// back (as PyTorch's expandable segments are), each rounded up to the granularity.
     #[arg(long, requires = "gpu")]
     pub(crate) vmm_pieces: Option<usize>,
+    /// Leave out the GPU-to-GPU transports (nvlink, mnnvl): peers then reach the buffer over
+    /// RDMA or TCP (`ferry bench --rdma` starts its decode process so).
+    #[arg(long)]
+    pub(crate) no_gpu_links: bool,
     /// Serve the engine's metrics as Prometheus text at `http://HOST:PORT/metrics` (a fixed
     /// port); no metrics are kept when absent.
     #[arg(long, value_name = "HOST:PORT")]
@@ -58,6 +62,7 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = options.secret.apply(
         ferry::Engine::builder()
             .listen(options.listen.clone())
+            .gpu_links(!options.no_gpu_links)
             .metadata(ferry::metadata::from_url(&options.metadata)?),
     )?;
     if let Some(host) = &options.advertise {

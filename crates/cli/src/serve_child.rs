@@ -15,11 +15,13 @@ pub(crate) struct ServeChild {
 impl ServeChild {
     /// Starts `ferry serve` with a `bytes`-byte buffer on GPU `gpu` and reads its address;
     /// with `echo`, it answers every notification with one carrying the time it held it, to
-    /// the engine named with [`Self::reply_to`].
+    /// the engine named with [`Self::reply_to`]; without `gpu_links`, its engine leaves out
+    /// the GPU-to-GPU transports.
     pub(crate) fn start(
         bytes: u64,
         gpu: u32,
         echo: bool,
+        gpu_links: bool,
         metadata: &str,
         secret: &crate::secret_file::SecretFile,
     ) -> Result<ServeChild, Box<dyn std::error::Error>> {
@@ -35,6 +37,9 @@ impl ServeChild {
         ]);
         if echo {
             command.arg("--echo");
+        }
+        if !gpu_links {
+            command.arg("--no-gpu-links");
         }
         command.args(secret.args());
         let mut child = command

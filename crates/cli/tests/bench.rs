@@ -41,3 +41,87 @@ fn the_multi_pair_bench_checks_every_gpu_it_lists() {
         "{stderr}"
     );
 }
+
+/// What `ferry probe` says about RDMA with this binary: whether it was built with RDMA, and
+/// why there is none here (`None` when it lists devices).
+fn probed_rdma() -> (bool, Option<String>) {
+    let output = std::process::Command::new(ferry_bin())
+        .arg("probe")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("ferry probe runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let Some(reason) = text.lines().find_map(|line| {
+        line.strip_prefix("RDMA: unavailable: ")?
+            .strip_suffix("; transfers between hosts use TCP")
+    }) else {
+        return (true, None);
+    };
+    let built = !reason.contains("rebuild with `--features rdma`");
+    (built, Some(reason.to_owned()))
+}
+
+/// `ferry bench --rdma` refuses before it starts anything where it cannot run over RDMA: a
+/// build without the `rdma` feature says how to get it, a host without RDMA gives the probe's
+/// reason. Which of the two applies is read from `ferry probe` (`FERRY_BIN` may be another
+/// build than these tests'), and where the probe lists devices the bench must get past the
+/// RDMA check to the GPU check, so the test holds on every machine.
+#[test]
+fn a_bench_over_rdma_refuses_where_this_build_or_host_has_no_rdma() {
+    let (built, unavailable) = probed_rdma();
+    if std::env::var_os("FERRY_BIN").is_none() {
+        assert_eq!(
+            built,
+            cfg!(feature = "rdma"),
+            "ferry probe: {unavailable:?}"
+        );
+    }
+    let started = Instant::now();
+    let output = std::process::Command::new(ferry_bin())
+        .args([
+            "bench",
+            "--rdma",
+            "--decode-gpu",
+            ABSENT_GPU,
+            "--iterations",
+            "1",
+        ])
+        .output()
+        .expect("ferry bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    match (built, unavailable) {
+        (false, _) => assert!(
+            stderr.contains(
+                "error: this ferry was built without RDMA: rebuild with `--features rdma`"
+            ),
+            "{stderr}"
+        ),
+        (true, Some(reason)) => {
+            assert!(
+                stderr
+                    .contains("error: ferry bench --rdma needs RDMA, which is unavailable here: "),
+                "{stderr}"
+            );
+            assert!(
+                stderr.contains(&reason),
+                "not the probe's reason {reason:?}: {stderr}"
+            );
+        }
+        (true, None) => assert!(stderr.contains("ferry bench needs CUDA GPUs"), "{stderr}"),
+    }
+    assert!(!stderr.contains("serve process"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn rdma_and_tcp_are_one_transport_each_and_do_not_combine() {
+    let output = std::process::Command::new(ferry_bin())
+        .args(["bench", "--rdma", "--tcp"])
+        .output()
+        .expect("ferry bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}

@@ -1,9 +1,11 @@
-//! What this host offers for RDMA, as `ferry probe` prints it: each device's ports, or why
-//! there is no RDMA here and what would provide it.
+//! What this host offers for RDMA, as `ferry probe` prints it: each device's ports and the NIC
+//! chosen for each GPU, or why there is no RDMA here and what would provide it.
 
 use std::fmt;
+use std::path::Path;
 
 use crate::device::{DeviceInfo, LinkLayer, PortInfo, PortState};
+use crate::topology::Topology;
 
 /// The caveat every probe states, whatever it found.
 const UNTESTED: &str = "RDMA: note: ferry's RDMA data path has been tested only against an \
@@ -14,15 +16,20 @@ const UNTESTED: &str = "RDMA: note: ferry's RDMA data path has been tested only 
 const NOT_BUILT: &str = "this build has no RDMA support: rebuild with `--features rdma`";
 
 /// What [`probe`] found. Its `Display` is the RDMA section of `ferry probe`: a table of devices
-/// and ports, or one line `RDMA: unavailable: <reason>; transfers between hosts use TCP`; in
-/// both cases followed by a line saying that ferry's RDMA data path has been tested only
-/// against an in-memory verbs model, not on RDMA hardware.
+/// and ports, then the NIC chosen for each GPU when there are GPUs; or one line
+/// `RDMA: unavailable: <reason>; transfers between hosts use TCP`. In both cases a line
+/// follows saying that ferry's RDMA data path has been tested only against an in-memory verbs
+/// model, not on RDMA hardware.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaProbe {
     /// The devices rdma-core lists, with their ports and GID tables; or why RDMA cannot be used
     /// here, saying what is missing (a build without RDMA support, rdma-core, the kernel
     /// module, access to `/dev/infiniband`, a device) and what would provide it.
     pub devices: Result<Vec<DeviceInfo>, String>,
+    /// The devices' places on the PCI tree and the NIC chosen for each GPU this process sees,
+    /// in CUDA's order, as the transport chooses them (from sysfs under `/`); `None` when no
+    /// device is listed or no GPU is seen.
+    pub placement: Option<Topology>,
 }
 
 /// Asks rdma-core (through `SidewayVerbs`, in a build with the `sideway` feature) which RDMA
@@ -32,8 +39,35 @@ pub fn probe() -> RdmaProbe {
     #[cfg(feature = "sideway")]
     let devices = crate::sideway::devices_or_reason();
     #[cfg(not(feature = "sideway"))]
-    let devices = Err(NOT_BUILT.to_owned());
-    RdmaProbe { devices }
+    let devices: Result<Vec<DeviceInfo>, String> = Err(NOT_BUILT.to_owned());
+    let placement = match &devices {
+        Ok(listed) if !listed.is_empty() => place(Path::new("/"), listed, &cuda_gpus()),
+        _ => None,
+    };
+    RdmaProbe { devices, placement }
+}
+
+/// The PCI bus ids of the GPUs this process sees, in CUDA's order; none where CUDA lists none
+/// or cannot list them.
+fn cuda_gpus() -> Vec<String> {
+    ferry_core::cuda::Driver::get()
+        .devices()
+        .map(|gpus| gpus.into_iter().map(|gpu| gpu.pci_bus_id).collect())
+        .unwrap_or_default()
+}
+
+/// `devices` placed from sysfs under `root`, with a NIC chosen for each GPU of `gpus` (PCI bus
+/// ids) in turn; `None` when either list is empty.
+fn place(root: &Path, devices: &[DeviceInfo], gpus: &[String]) -> Option<Topology> {
+    if devices.is_empty() || gpus.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = devices.iter().map(|device| device.name.clone()).collect();
+    let mut topology = Topology::read(root, &names);
+    for gpu in gpus {
+        topology.nics_for_gpu(gpu);
+    }
+    Some(topology)
 }
 
 impl fmt::Display for RdmaProbe {
@@ -44,6 +78,12 @@ impl fmt::Display for RdmaProbe {
                 let plural = if count == 1 { "" } else { "s" };
                 writeln!(formatter, "RDMA: {count} device{plural}")?;
                 write_table(formatter, devices)?;
+                if let Some(topology) = &self.placement {
+                    writeln!(formatter, "RDMA: NIC per GPU (PCI placement from sysfs):")?;
+                    for line in topology.to_string().lines() {
+                        writeln!(formatter, "  {line}")?;
+                    }
+                }
             }
             Ok(_) => writeln!(
                 formatter,
@@ -146,6 +186,7 @@ mod tests {
     fn unavailable_is_one_line_with_the_reason_and_the_fallback_then_the_caveat() {
         let probe = RdmaProbe {
             devices: Err("rdma-core's libibverbs is not installed".to_owned()),
+            placement: None,
         };
         assert_eq!(
             lines(&probe),
@@ -163,6 +204,7 @@ mod tests {
     fn an_empty_list_is_unavailable_too() {
         let probe = RdmaProbe {
             devices: Ok(Vec::new()),
+            placement: None,
         };
         let text = probe.to_string();
         assert!(text.starts_with("RDMA: unavailable: "), "{text}");
@@ -184,7 +226,10 @@ mod tests {
             max_sge: 6,
             max_qp_wr: 1024,
         });
-        let probe = RdmaProbe { devices: Ok(roce) };
+        let probe = RdmaProbe {
+            devices: Ok(roce),
+            placement: None,
+        };
         assert_eq!(
             lines(&probe),
             [
@@ -196,6 +241,50 @@ mod tests {
                 UNTESTED,
             ]
         );
+    }
+
+    #[test]
+    fn each_gpu_is_shown_with_the_nic_chosen_for_it() {
+        let sysfs = crate::topology::tests::switch_and_root_port();
+        let gpu = crate::topology::tests::GPU;
+        let mut devices = HostConfig::roce("a", [192, 168, 1, 10]).devices;
+        let mut second = devices[0].clone();
+        second.name = "mlx5_1".to_owned();
+        devices.push(second);
+        let placement = place(sysfs.root(), &devices, &[gpu.to_owned()]);
+        assert!(placement.is_some());
+        let probe = RdmaProbe {
+            devices: Ok(devices),
+            placement,
+        };
+        let lines = lines(&probe);
+        let at = lines
+            .iter()
+            .position(|line| line == "RDMA: NIC per GPU (PCI placement from sysfs):")
+            .unwrap_or_else(|| panic!("no placement heading in {lines:#?}"));
+        assert_eq!(
+            lines[at + 1..],
+            [
+                "  mlx5_0: PCI 0000:05:00.0, NUMA node 0, port active".to_owned(),
+                "  mlx5_1: PCI 0000:06:00.0, NUMA node 0, port active".to_owned(),
+                format!("  GPU {gpu} -> mlx5_0 (PIX, distance 4)"),
+                UNTESTED.to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_gpus_or_devices_nothing_is_placed() {
+        let sysfs = crate::topology::tests::switch_and_root_port();
+        let gpu = crate::topology::tests::GPU.to_owned();
+        let devices = HostConfig::roce("a", [192, 168, 1, 10]).devices;
+        assert_eq!(place(sysfs.root(), &devices, &[]), None);
+        assert_eq!(place(sysfs.root(), &[], &[gpu]), None);
+        let probe = RdmaProbe {
+            devices: Ok(devices),
+            placement: None,
+        };
+        assert!(!probe.to_string().contains("NIC per GPU"), "{probe}");
     }
 
     #[cfg(not(feature = "sideway"))]

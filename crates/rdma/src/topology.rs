@@ -21,7 +21,7 @@
 mod pci;
 mod sysfs;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use pci::PathClass;
 use std::fmt;
@@ -58,7 +58,7 @@ impl fmt::Display for NicChoice {
 /// The RDMA devices of this host with their PCI places, and the NIC each GPU asked about was
 /// given. Built by [`Topology::read`]; its [`Display`](fmt::Display) is what `ferry probe`
 /// prints.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     /// Where sysfs is read from: `/`, or a fake tree in tests.
     root: PathBuf,

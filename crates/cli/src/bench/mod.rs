@@ -1,12 +1,14 @@
 //! `ferry bench`: every workload of `workload::ALL` GPU -> GPU between two processes through
 //! ferry (this one and a `ferry serve` child it starts), against the same-run `peer_copy`
 //! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
-//! checked after each row.
+//! checked after each row. With `--tcp` or `--rdma` the same rows go over that transport alone,
+//! and a transfer that another transport carried fails the run.
 
 mod gpus;
 mod pairs;
 mod plot;
 mod rank;
+mod rdma;
 mod report;
 mod workload;
 
@@ -14,9 +16,10 @@ pub(crate) use rank::{run as run_rank, RankOptions};
 
 use crate::serve_child::ServeChild;
 use ferry::cuda::{Context, DeviceBuffer, Stream};
+use ferry::transport::{Reach, RDMA, TCP};
 use ferry::{
-    BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Direction, Engine, Notifications,
-    NvlinkConfig, Peer, Region,
+    BlockCopy, BlockLayout, BufferDescriptor, Completion, CopyPath, Direction, Engine,
+    Notifications, NvlinkConfig, Peer, Region,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{quantile, Report, Row};
@@ -55,7 +58,7 @@ pub(crate) struct Options {
     /// side's tensor-parallel ranks in order. `kv-llama70b-4k` is split by KV heads over
     /// these ranks and `--decode-gpus`'s, and every rank writes at once.
     #[arg(long, value_delimiter = ',', requires = "decode_gpus",
-          conflicts_with_all = ["workloads", "block_bytes", "plot", "tcp", "direction", "prefill_gpu", "decode_gpu"])]
+          conflicts_with_all = ["workloads", "block_bytes", "plot", "tcp", "rdma", "direction", "prefill_gpu", "decode_gpu"])]
     pub(crate) prefill_gpus: Vec<u32>,
     /// Multi-pair mode: one decode process per GPU listed, the decode side's ranks in order.
     #[arg(long, value_delimiter = ',', requires = "prefill_gpus")]
@@ -79,6 +82,15 @@ pub(crate) struct Options {
     /// (the path GPUs of different hosts take without RDMA).
     #[arg(long)]
     pub(crate) tcp: bool,
+    /// Move the GPU memory over RDMA instead of NVLink: both processes' engines leave the GPU
+    /// links out, and every transfer takes the RDMA transport (one-sided WRITE/READ,
+    /// GPUDirect). Both processes run on this host, so the bytes go through the NIC's
+    /// loopback. A transfer that any other transport carried fails the run. There is no
+    /// copy-engine baseline over RDMA; the baseline is the port's line rate when known, and
+    /// ferry does not read it yet, so the peer_copy and ratio columns show `-`. Needs a build
+    /// with `--features rdma` and a host where `ferry probe` lists an RDMA device.
+    #[arg(long, conflicts_with_all = ["tcp", "paths", "plot"])]
+    pub(crate) rdma: bool,
     /// `write` (prefill pushes) or `read` (prefill pulls).
     #[arg(long, default_value = "write", value_parser = parse_direction)]
     pub(crate) direction: Direction,
@@ -113,6 +125,15 @@ impl Options {
         self.iterations as usize
     }
 
+    /// The one transport every transfer must take, when one other than NVLink was asked for.
+    fn only_transport(&self) -> Option<&'static str> {
+        match (self.rdma, self.tcp) {
+            (true, _) => Some(RDMA),
+            (false, true) => Some(TCP),
+            (false, false) => None,
+        }
+    }
+
     /// The workloads to run: the custom blocks when given, else the named ones.
     fn workloads(&self) -> Vec<Workload> {
         match self.block_bytes.zip(self.blocks) {
@@ -127,6 +148,9 @@ type BoxError = Box<dyn std::error::Error>;
 /// Runs every row, prints the table, writes the JSON and the plot; `Ok(false)` when some
 /// bytes did not verify.
 pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
+    if options.rdma {
+        rdma::check()?;
+    }
     if !options.prefill_gpus.is_empty() {
         gpus::check(&[&options.prefill_gpus[..], &options.decode_gpus[..]].concat())?;
         return pairs::run(options);
@@ -173,14 +197,21 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         area,
         options.decode_gpu,
         true,
+        !options.rdma,
         &options.metadata,
         &options.secret,
     )?;
-    progress.set_message("peer_copy baseline");
-    let baseline = peer_copy(
-        &[(options.prefill_gpu, options.decode_gpu)],
-        options.rounds(),
-    )?;
+    // Over RDMA there is no copy to compare with: the baseline would be the port's line rate.
+    let baseline = match options.rdma {
+        true => None,
+        false => {
+            progress.set_message("peer_copy baseline");
+            Some(peer_copy(
+                &[(options.prefill_gpu, options.decode_gpu)],
+                options.rounds(),
+            )?)
+        }
+    };
     progress.inc(1);
     let mut report = Report {
         prefill_gpu: options.prefill_gpu,
@@ -317,6 +348,9 @@ struct Side {
     remote_buffer: BufferDescriptor,
     /// Echoes from the decode process, for `small-write`.
     inbox: std::cell::RefCell<Notifications>,
+    /// The one transport every transfer must take (`--rdma`, `--tcp`); any transport when
+    /// `None`.
+    only: Option<&'static str>,
 }
 
 impl Side {
@@ -327,19 +361,23 @@ impl Side {
         check: u64,
         decode: &mut ServeChild,
     ) -> Result<Side, BoxError> {
-        let engine = options
+        let only = options.only_transport();
+        let builder = options
             .secret
             .apply(Engine::builder())?
             .metadata(ferry::metadata::from_url(&options.metadata)?)
-            .gpu_links(!options.tcp)
+            .gpu_links(only.is_none())
             .transfer_timeout(Duration::from_secs(60))
             .nvlink(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
-            })
-            .build_blocking()?;
+            });
+        // `--tcp` measures TCP: RDMA, which would win over it, stays out.
+        #[cfg(feature = "rdma")]
+        let builder = builder.rdma((!options.tcp).then(ferry::RdmaConfig::default));
+        let engine = builder.build_blocking()?;
         let gpu = options.prefill_gpu;
         let local = engine.allocate_device(gpu, area)?;
         let zeros = engine.allocate_device(gpu, GIB.min(area))?;
@@ -351,6 +389,9 @@ impl Side {
         let remote_buffer = peer
             .buffer_at(remote)
             .ok_or_else(|| format!("the decode process registered no buffer at {remote:#x}"))?;
+        if let Some(wanted) = only {
+            routed_over(&engine, &local, &peer, &remote_buffer, wanted)?;
+        }
         Ok(Side {
             inbox,
             engine,
@@ -360,7 +401,22 @@ impl Side {
             check,
             remote,
             remote_buffer,
+            only,
         })
+    }
+
+    /// `done`, when the transport the run asked for carried all of it.
+    fn carried(&self, done: Completion) -> Result<Completion, BoxError> {
+        match self.only {
+            Some(wanted) if done.transports != [wanted] => Err(format!(
+                "a transfer of {} bytes went over {} where the run asked for {wanted} alone; \
+                 stopping rather than report another transport's figures",
+                done.bytes,
+                done.transports.join("+")
+            )
+            .into()),
+            _ => Ok(done),
+        }
     }
 
     fn row(
@@ -369,7 +425,7 @@ impl Side {
         shape: &Shape,
         path: CopyPath,
         options: &Options,
-        baseline: f64,
+        baseline: Option<f64>,
         base: &[u8],
     ) -> Result<Row, BoxError> {
         let blocks = shape.blocks();
@@ -395,10 +451,7 @@ impl Side {
         let verified = self.verify(&blocks, direction, base)?;
         Ok(Row {
             workload: workload.to_string(),
-            path: match options.tcp {
-                true => "tcp".into(),
-                false => path.to_string(),
-            },
+            path: self.only.map_or_else(|| path.to_string(), str::to_owned),
             direction: match direction {
                 Direction::Write => "write".into(),
                 Direction::Read => "read".into(),
@@ -406,7 +459,7 @@ impl Side {
             block_bytes: blocks.iter().map(|block| block.2).max().unwrap_or(0),
             bytes: shape.bytes(),
             gbps,
-            ratio: gbps.map(|gbps| gbps / baseline),
+            ratio: gbps.zip(baseline).map(|(gbps, baseline)| gbps / baseline),
             p50_us: quantile(&timing.latencies, 0.5),
             p99_us: quantile(&timing.latencies, 0.99),
             submit_us: median(&timing.submits),
@@ -431,7 +484,7 @@ impl Side {
                 for &(_, remote, len) in blocks {
                     clear = clear.write(&self.zeros, 0, self.remote + remote, len);
                 }
-                clear.submit_blocking()?;
+                self.carried(clear.submit_blocking()?)?;
             }
             Direction::Read => {
                 let mut fill = self.engine.batch(&self.peer);
@@ -441,7 +494,7 @@ impl Side {
                     fill = fill.write(&self.check, at, self.remote + remote, len);
                     at += len;
                 }
-                fill.submit_blocking()?;
+                self.carried(fill.submit_blocking()?)?;
                 let zeros = vec![0u8; blocks.iter().map(|b| b.2).max().unwrap_or(0) as usize];
                 for &(local, _, len) in blocks {
                     self.local.write_at(local, &zeros[..len as usize])?;
@@ -469,6 +522,7 @@ impl Side {
             // server thread would, so the figures are the transfer's and not a wake-up's.
             let done = transfer.wait_spinning(WAIT_SPIN)?;
             let elapsed = started.elapsed();
+            let done = self.carried(done)?;
             if round >= 2 {
                 gbps.push(bytes / elapsed.as_secs_f64() / 1e9);
                 timing.latencies.push(elapsed.as_secs_f64() * 1e6);
@@ -533,11 +587,13 @@ impl Side {
         let mut latencies = Vec::with_capacity(rounds);
         for round in 0..rounds + 20 {
             let sent = now_ns();
-            self.engine
-                .batch(&self.peer)
-                .write(&self.local, 0, self.remote, len)
-                .notify(format!("ping {sent}").into_bytes())
-                .submit_blocking()?;
+            self.carried(
+                self.engine
+                    .batch(&self.peer)
+                    .write(&self.local, 0, self.remote, len)
+                    .notify(format!("ping {sent}").into_bytes())
+                    .submit_blocking()?,
+            )?;
             let echo = inbox
                 .recv_timeout_blocking(Duration::from_secs(10))?
                 .ok_or("the decode process did not echo a notification within 10 s")?;
@@ -569,7 +625,7 @@ impl Side {
                     gather = gather.read(&self.check, at, self.remote + remote, len);
                     at += len;
                 }
-                gather.submit_blocking()?;
+                self.carried(gather.submit_blocking()?)?;
                 let mut landed = vec![0u8; at as usize];
                 self.check.read_at(0, &mut landed)?;
                 let mut at = 0usize;
@@ -595,6 +651,41 @@ impl Side {
             }
         }
     }
+}
+
+/// Fails unless a batch between `local` and the peer's buffer `remote` takes the transport
+/// `wanted`, saying why `wanted` declined; so that a run asked to measure one transport stops
+/// before it measures another.
+fn routed_over(
+    engine: &Engine,
+    local: &Region,
+    peer: &Peer,
+    remote: &BufferDescriptor,
+    wanted: &'static str,
+) -> Result<(), BoxError> {
+    let routes = engine.routes(local, peer);
+    let Some(route) = routes.iter().find(|route| route.remote.addr == remote.addr) else {
+        return Err(format!("the decode process has no buffer at {:#x}", remote.addr).into());
+    };
+    if route.chosen == Some(wanted) {
+        return Ok(());
+    }
+    let why = route
+        .answers
+        .iter()
+        .find(|(name, _)| *name == wanted)
+        .map_or_else(
+            || format!("this engine has no {wanted} transport"),
+            |(_, reach)| match reach {
+                Reach::No { reason } => reason.clone(),
+                Reach::Yes { .. } => "another transport is cheaper".to_owned(),
+            },
+        );
+    Err(format!(
+        "transfers to the decode process would go over {} instead of {wanted}: {why}",
+        route.chosen.unwrap_or("no transport")
+    )
+    .into())
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, shared by every process of the host.

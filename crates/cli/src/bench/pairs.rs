@@ -149,6 +149,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
                 sharded.decode_area(),
                 gpu,
                 false,
+                true,
                 &options.metadata,
                 &options.secret,
             )
@@ -565,6 +566,7 @@ mod tests {
         assert_eq!(cli.options.decode_gpus, [4, 5]);
         for extra in [
             &["--tcp"][..],
+            &["--rdma"],
             &["--direction", "read"],
             &["--workloads", "blocks-4k"],
             &["--plot", "x.svg"],

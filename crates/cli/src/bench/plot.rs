@@ -61,7 +61,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
     let top = points
         .iter()
         .filter_map(|row| row.gbps)
-        .fold(report.peer_copy_gbps, f64::max)
+        .fold(report.peer_copy_gbps.unwrap_or(0.0), f64::max)
         * 1.1;
     let top = if top > 0.0 { top } else { 1.0 };
     let x = (low..high).log_scale().base(2.0);
@@ -109,16 +109,17 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
             .label(*path)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], style));
     }
-    let baseline = [(low, report.peer_copy_gbps), (high, report.peer_copy_gbps)];
-    chart
-        .draw_series(DashedLineSeries::new(
-            baseline,
-            6,
-            4,
-            BASELINE.stroke_width(1),
-        ))?
-        .label(format!("peer_copy {:.0} GB/s", report.peer_copy_gbps))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 24, y)], BASELINE.stroke_width(1)));
+    if let Some(gbps) = report.peer_copy_gbps {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(low, gbps), (high, gbps)],
+                6,
+                4,
+                BASELINE.stroke_width(1),
+            ))?
+            .label(format!("peer_copy {gbps:.0} GB/s"))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 24, y)], BASELINE.stroke_width(1)));
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)

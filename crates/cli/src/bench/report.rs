@@ -16,7 +16,7 @@ pub(crate) struct Row {
     pub(crate) bytes: u64,
     /// Median bandwidth in GB/s (decimal); absent for latency-only workloads.
     pub(crate) gbps: Option<f64>,
-    /// `gbps` over the same-run `peer_copy`.
+    /// `gbps` over the same-run `peer_copy`; absent where there is no baseline.
     pub(crate) ratio: Option<f64>,
     /// Latency of one round, microseconds.
     pub(crate) p50_us: f64,
@@ -35,8 +35,9 @@ pub(crate) struct Row {
 pub(crate) struct Report {
     pub(crate) prefill_gpu: u32,
     pub(crate) decode_gpu: u32,
-    /// Same-run baseline: one in-process copy of a contiguous 1 GiB buffer, GB/s.
-    pub(crate) peer_copy_gbps: f64,
+    /// Same-run baseline: one in-process copy of a contiguous 1 GiB buffer, GB/s; absent over
+    /// RDMA, which has no copy to compare with.
+    pub(crate) peer_copy_gbps: Option<f64>,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.
     pub(crate) sweep: Vec<Row>,
@@ -46,11 +47,22 @@ impl Report {
     /// The human-readable table.
     pub(crate) fn table(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "peer_copy (GPU{} -> GPU{}, 1 GiB, one process, same run): {:.1} GB/s",
-            self.prefill_gpu, self.decode_gpu, self.peer_copy_gbps
-        );
+        let _ = match self.peer_copy_gbps {
+            Some(gbps) => writeln!(
+                out,
+                "peer_copy (GPU{} -> GPU{}, 1 GiB, one process, same run): {gbps:.1} GB/s",
+                self.prefill_gpu, self.decode_gpu
+            ),
+            None => writeln!(
+                out,
+                "GPU{} -> GPU{} over RDMA: no copy-engine baseline, and the port's line rate \
+                 is not read yet, so peer_copy and ratio show -",
+                self.prefill_gpu, self.decode_gpu
+            ),
+        };
+        let baseline = self
+            .peer_copy_gbps
+            .map_or_else(|| "-".to_owned(), |gbps| format!("{gbps:.1}"));
         let _ = writeln!(
             out,
             "{:<24} {:<11} {:<5} {:>8} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9}  verified",
@@ -66,18 +78,20 @@ impl Report {
             "engine us"
         );
         for row in self.rows.iter().chain(&self.sweep) {
-            let (gbps, ratio) = match (row.gbps, row.ratio) {
-                (Some(gbps), Some(ratio)) => (format!("{gbps:.1}"), format!("{ratio:.3}")),
-                _ => ("-".into(), "-".into()),
-            };
+            let gbps = row
+                .gbps
+                .map_or_else(|| "-".to_owned(), |gbps| format!("{gbps:.1}"));
+            let ratio = row
+                .ratio
+                .map_or_else(|| "-".to_owned(), |ratio| format!("{ratio:.3}"));
             let _ = writeln!(
                 out,
-                "{:<24} {:<11} {:<5} {:>8} {:>9.1} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}",
+                "{:<24} {:<11} {:<5} {:>8} {:>9} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}",
                 row.workload,
                 row.path,
                 row.direction,
                 gbps,
-                self.peer_copy_gbps,
+                baseline,
                 ratio,
                 row.p50_us,
                 row.p99_us,
@@ -128,7 +142,7 @@ pub(crate) mod tests {
         Report {
             prefill_gpu: 0,
             decode_gpu: 1,
-            peer_copy_gbps: 400.0,
+            peer_copy_gbps: Some(400.0),
             rows: vec![
                 row("auto", 4096, Some(360.0), true),
                 row("auto", 4096, None, false),
@@ -150,6 +164,32 @@ pub(crate) mod tests {
         assert!(table.contains("0.900"), "{table}");
         assert_eq!(table.matches("  NO").count(), 1, "{table}");
         assert_eq!(table.lines().count(), 2 + 2 + 4);
+    }
+
+    #[test]
+    fn without_a_baseline_the_table_shows_rates_and_dashes_for_the_ratio() {
+        let mut report = report();
+        report.peer_copy_gbps = None;
+        report.sweep.clear();
+        for row in &mut report.rows {
+            row.path = "rdma".into();
+            row.ratio = None;
+        }
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].contains("over RDMA: no copy-engine baseline"),
+            "{table}"
+        );
+        assert!(lines[0].contains("line rate is not read yet"), "{table}");
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cells[..6],
+            ["blocks-4K", "rdma", "write", "360.0", "-", "-"]
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["peer_copy_gbps"], serde_json::Value::Null);
+        assert_eq!(json["rows"][0]["ratio"], serde_json::Value::Null);
     }
 
     #[test]

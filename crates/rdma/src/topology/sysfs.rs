@@ -17,7 +17,7 @@ pub(super) enum PortState {
 }
 
 /// One RDMA device as sysfs describes it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct NicInfo {
     /// The verbs device name (`mlx5_0`).
     pub(super) name: String,

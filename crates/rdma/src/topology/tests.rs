@@ -1,6 +1,7 @@
 //! Topology over fake sysfs trees, laid out as the kernel lays out the real one: PCI devices
 //! under `sys/devices`, RDMA devices reached through `sys/class/infiniband/<name>` and their
-//! `device` link, GPUs through `sys/bus/pci/devices/<bdf>`.
+//! `device` link, GPUs through `sys/bus/pci/devices/<bdf>`. The probe's tests build on the
+//! same trees.
 
 use super::{NicChoice, PathClass, Topology};
 use std::fs;
@@ -10,10 +11,10 @@ use std::path::{Path, PathBuf};
 /// A PCIe switch below root port 0000:00:01.0 of the NUMA-0 root complex.
 const SWITCH: &str = "pci0000:00/0000:00:01.0/0000:01:00.0";
 /// The GPU on the switch's first downstream port.
-const GPU: &str = "0000:18:00.0";
+pub(crate) const GPU: &str = "0000:18:00.0";
 
 /// A fake sysfs tree in a temporary directory, removed on drop.
-struct Sysfs {
+pub(crate) struct Sysfs {
     dir: tempfile::TempDir,
 }
 
@@ -24,7 +25,7 @@ impl Sysfs {
         }
     }
 
-    fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         self.dir.path()
     }
 
@@ -63,7 +64,7 @@ impl Sysfs {
 }
 
 /// The GPU and mlx5_0 on one switch; mlx5_1 on another root port of the same root complex.
-fn switch_and_root_port() -> Sysfs {
+pub(crate) fn switch_and_root_port() -> Sysfs {
     let sysfs = Sysfs::new();
     sysfs.gpu(GPU, &format!("{SWITCH}/0000:02:00.0/{GPU}"), 0);
     sysfs.nic(

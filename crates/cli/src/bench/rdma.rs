@@ -1,0 +1,72 @@
+//! The check `ferry bench --rdma` makes before it starts anything: this build has the RDMA
+//! transport and rdma-core lists a device here. A machine without RDMA gets one clear message
+//! instead of a run whose transfers would fall back to TCP.
+
+use ferry::transport::rdma_probe;
+
+/// `ferry bench --rdma` cannot run with this build or on this host.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoRdma {
+    /// The binary was built without the `rdma` feature.
+    #[error("this ferry was built without RDMA: rebuild with `--features rdma`")]
+    NotBuilt,
+    /// rdma-core, its kernel support or a device is missing: what `ferry probe` says.
+    #[error(
+        "ferry bench --rdma needs RDMA, which is unavailable here: {0}; run it on a host where \
+         `ferry probe` lists an RDMA device, or leave out --rdma"
+    )]
+    Unavailable(String),
+}
+
+/// Succeeds when this build has RDMA and rdma-core lists at least one device.
+pub(crate) fn check() -> Result<(), NoRdma> {
+    if !cfg!(feature = "rdma") {
+        return Err(NoRdma::NotBuilt);
+    }
+    refusal(&rdma_probe().devices).map_or(Ok(()), Err)
+}
+
+/// Why the probe's device list rules RDMA out: its reason, or an empty list.
+fn refusal<Device>(devices: &Result<Vec<Device>, String>) -> Option<NoRdma> {
+    match devices {
+        Ok(devices) if !devices.is_empty() => None,
+        Ok(_) => Some(NoRdma::Unavailable("rdma-core lists no device".to_owned())),
+        Err(reason) => Some(NoRdma::Unavailable(reason.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check, refusal, NoRdma};
+
+    #[test]
+    fn the_probes_reason_is_the_refusal() {
+        let refused = refusal::<()>(&Err("rdma-core's libibverbs is not installed".into()))
+            .expect("no devices")
+            .to_string();
+        assert!(
+            refused.starts_with(
+                "ferry bench --rdma needs RDMA, which is unavailable here: rdma-core's \
+                 libibverbs is not installed; "
+            ),
+            "{refused}"
+        );
+        let empty = refusal::<()>(&Ok(Vec::new()))
+            .expect("an empty list")
+            .to_string();
+        assert!(empty.contains("rdma-core lists no device"), "{empty}");
+        assert!(refusal(&Ok(vec![()])).is_none());
+    }
+
+    #[test]
+    fn a_build_without_the_feature_says_how_to_get_it() {
+        if cfg!(feature = "rdma") {
+            assert!(!matches!(check(), Err(NoRdma::NotBuilt)));
+        } else {
+            assert_eq!(
+                check().expect_err("no RDMA in this build").to_string(),
+                "this ferry was built without RDMA: rebuild with `--features rdma`"
+            );
+        }
+    }
+}
