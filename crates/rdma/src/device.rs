@@ -15,6 +15,9 @@ pub struct DeviceInfo {
     pub max_sge: u32,
     /// Work requests one queue may hold (`max_qp_wr`).
     pub max_qp_wr: u32,
+    /// RDMA READs one queue pair may have in flight, as initiator and as responder: the
+    /// smaller of `max_qp_init_rd_atom` and `max_qp_rd_atom`.
+    pub max_rd_atomic: u8,
 }
 
 /// One port of a device (`ibv_query_port` plus its GID table).
@@ -43,8 +46,8 @@ impl PortInfo {
     }
 
     /// The index to address peers with: on Ethernet the first RoCE v2 entry whose GID is an
-    /// IPv4-mapped address (routable, as rdma-core's tools pick), else the first RoCE v2 entry,
-    /// else index 0; on InfiniBand index 0.
+    /// IPv4-mapped address (routable, as rdma-core's tools pick), else the first RoCE v2 entry
+    /// that is not link-local, else index 0; on InfiniBand index 0.
     pub fn preferred_gid_index(&self) -> u8 {
         if self.link_layer == LinkLayer::InfiniBand {
             return 0;
@@ -55,7 +58,7 @@ impl PortInfo {
                 .filter(|entry| entry.kind == GidType::RoceV2)
         };
         v2().find(|entry| entry.gid.is_ipv4_mapped())
-            .or_else(|| v2().next())
+            .or_else(|| v2().find(|entry| !entry.gid.is_link_local()))
             .map_or(0, |entry| entry.index)
     }
 }
@@ -158,7 +161,13 @@ impl Gid {
         Gid(raw)
     }
 
-    /// Whether this GID carries an IPv4 address (`::ffff:a.b.c.d`).
+    /// Whether the GID is an IPv6 link-local address (`fe80::/10`), which routers do not
+    /// forward.
+    pub fn is_link_local(&self) -> bool {
+        self.0[0] == 0xfe && self.0[1] & 0xc0 == 0x80
+    }
+
+    /// Whether the GID is an IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`).
     pub fn is_ipv4_mapped(&self) -> bool {
         self.0[..10].iter().all(|byte| *byte == 0) && self.0[10] == 0xff && self.0[11] == 0xff
     }

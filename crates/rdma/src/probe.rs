@@ -225,6 +225,7 @@ mod tests {
             ports: Vec::new(),
             max_sge: 6,
             max_qp_wr: 1024,
+            max_rd_atomic: 8,
         });
         let probe = RdmaProbe {
             devices: Ok(roce),

@@ -286,13 +286,13 @@ async fn large_entries_are_sliced_and_striped_over_every_nic_and_queue_pair() {
     .await
     .expect("write completes");
     assert_eq!(pair.decode.memory.bytes(pool_addr, 4 << 20), bytes);
-    // 4 MiB in 64 KiB slices is 64 requests over 2 NIC pairs x 2 queue pairs.
+    // 4 MiB in 64 KiB slices is 64 requests over 2 x 2 NIC pairs x 2 queue pairs.
     let executed = pair.prefill.verbs.executed();
     let busy: Vec<_> = executed
         .iter()
         .filter(|(_, _, requests)| *requests > 0)
         .collect();
-    assert_eq!(busy.len(), 4, "every queue pair carried work: {executed:?}");
+    assert_eq!(busy.len(), 8, "every queue pair carried work: {executed:?}");
     assert!(
         busy.iter().any(|(nic, ..)| nic == "mlx5_0")
             && busy.iter().any(|(nic, ..)| nic == "mlx5_1")
@@ -725,4 +725,30 @@ async fn gpu_memory_registers_only_with_the_nic_nearest_its_gpu_and_host_memory_
         .expect("exports")
         .expect("registered");
     assert!(exported.export.data.contains("mlx5_0") && exported.export.data.contains("mlx5_1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_nic_that_dies_mid_transfer_fails_it_instead_of_hanging() {
+    let pair = Pair::new(1, config()).await;
+    let (_pool, pool_addr) = pair.decode.region(1 << 20, 0);
+    let (source, _) = pair.prefill.region(1 << 20, 3);
+    let peer = pair.connect().await;
+    pair.fabric.set_auto_progress(false);
+    let transfer = pair
+        .prefill
+        .engine
+        .batch(&peer)
+        .write(&source, 0, pool_addr, 1 << 20)
+        .submit()
+        .expect("submits");
+    let transfer = tokio::spawn(transfer);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The NIC under the posted work goes away: no completion will ever come for it.
+    pair.prefill.verbs.die();
+    let error = bounded(transfer)
+        .await
+        .expect("joins")
+        .expect_err("the NIC died");
+    assert!(error.to_string().contains("mlx5_0"), "{error}");
+    assert_eq!(pair.decode.memory.bytes(pool_addr, 16), vec![0; 16]);
 }

@@ -178,6 +178,7 @@ impl HostConfig {
                 ports: vec![port],
                 max_sge: 30,
                 max_qp_wr: 32768,
+                max_rd_atomic: 16,
             }],
         }
     }

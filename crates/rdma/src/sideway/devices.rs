@@ -109,6 +109,8 @@ fn describe(name: &str, context: &DeviceContext) -> Result<DeviceInfo, VerbsErro
         // Negative limits would be a driver bug; they read as "none".
         max_sge: u32::try_from(attr.max_sge()).unwrap_or(0),
         max_qp_wr: u32::try_from(attr.max_qp_wr()).unwrap_or(0),
+        max_rd_atomic: u8::try_from(attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()))
+            .unwrap_or(0),
     })
 }
 

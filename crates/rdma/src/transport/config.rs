@@ -12,6 +12,10 @@ pub struct RdmaConfig {
     /// The GID index to address peers with on Ethernet (RoCE); `None` picks the first RoCE v2
     /// entry holding an IPv4 address.
     pub gid_index: Option<u8>,
+    /// The IP traffic class (DSCP << 2 | ECN) of RoCE v2 packets. Lossless fabrics map one
+    /// DSCP to the priority with PFC: set it to that class (106 for DSCP 26, a common
+    /// choice), or the traffic lands in a lossy queue and retransmits under incast.
+    pub traffic_class: u8,
     /// Reliable-connected queue pairs per pair of NICs (local, peer); work is striped over them.
     pub qps_per_nic_pair: usize,
     /// Entries longer than this are sliced into work requests of this size.
@@ -46,6 +50,7 @@ impl Default for RdmaConfig {
         RdmaConfig {
             devices: None,
             gid_index: None,
+            traffic_class: 0,
             qps_per_nic_pair: 2,
             slice_bytes: 256 * 1024,
             max_outstanding: 128,

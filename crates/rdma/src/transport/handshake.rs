@@ -23,24 +23,40 @@ pub(crate) struct WireEndpoint {
     pub(crate) gid: [u8; 16],
     /// The port's active MTU, in bytes.
     pub(crate) mtu: u32,
+    /// RDMA READs this side's queue pair answers at once: the peer's initiator depth may
+    /// not exceed it.
+    pub(crate) rd_atomic: u8,
+}
+
+/// A peer's side of a queue pair, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RemoteQp {
+    pub(crate) endpoint: QpEndpoint,
+    pub(crate) mtu: Mtu,
+    pub(crate) rd_atomic: u8,
 }
 
 impl WireEndpoint {
-    pub(crate) fn new(endpoint: &QpEndpoint, mtu: Mtu) -> Self {
+    pub(crate) fn new(endpoint: &QpEndpoint, mtu: Mtu, rd_atomic: u8) -> Self {
         WireEndpoint {
             qpn: endpoint.qpn,
             psn: endpoint.psn.value(),
             lid: endpoint.lid,
             gid: endpoint.gid.0,
             mtu: mtu.bytes(),
+            rd_atomic,
         }
     }
 
-    /// The endpoint and MTU, checked.
+    /// The endpoint, checked.
     ///
     /// # Errors
-    /// What is wrong, when the peer sent a PSN wider than 24 bits or an MTU verbs lacks.
-    pub(crate) fn read(&self) -> Result<(QpEndpoint, Mtu), String> {
+    /// What is wrong, when the peer sent a PSN wider than 24 bits, an MTU verbs lacks or no
+    /// READ depth.
+    pub(crate) fn read(&self) -> Result<RemoteQp, String> {
+        if self.rd_atomic == 0 {
+            return Err("the peer answers no RDMA READ at all (READ depth 0)".to_owned());
+        }
         let psn = Psn::new(self.psn).map_err(|error| error.to_string())?;
         let mtu = match self.mtu {
             256 => Mtu::Mtu256,
@@ -50,15 +66,16 @@ impl WireEndpoint {
             4096 => Mtu::Mtu4096,
             other => return Err(format!("the peer sent MTU {other}, not one verbs has")),
         };
-        Ok((
-            QpEndpoint {
+        Ok(RemoteQp {
+            endpoint: QpEndpoint {
                 qpn: self.qpn,
                 psn,
                 lid: self.lid,
                 gid: Gid(self.gid),
             },
             mtu,
-        ))
+            rd_atomic: self.rd_atomic,
+        })
     }
 }
 
@@ -86,7 +103,7 @@ impl ConnectRequest {
     ///
     /// # Errors
     /// What is wrong, to send back as the refusal.
-    pub(crate) fn check(&self) -> Result<Vec<(QpEndpoint, Mtu)>, String> {
+    pub(crate) fn check(&self) -> Result<Vec<RemoteQp>, String> {
         if self.version != HANDSHAKE_VERSION {
             return Err(format!(
                 "the peer speaks RDMA handshake version {}, this engine version {HANDSHAKE_VERSION}: run the same ferry version on both sides",
@@ -111,6 +128,19 @@ impl ConnectRequest {
 pub(crate) enum ConnectResponse {
     Accepted(Vec<WireEndpoint>),
     Refused(String),
+}
+
+/// Makes the kernel probe an idle side channel, so a peer whose host died (no FIN, no RST)
+/// ends the connection in about 25 s, and with it the queue pairs it held.
+pub(crate) fn keep_alive(stream: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let set = sockopt::set_socket_keepalive(stream, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(stream, std::time::Duration::from_secs(10)))
+        .and_then(|()| sockopt::set_tcp_keepintvl(stream, std::time::Duration::from_secs(5)))
+        .and_then(|()| sockopt::set_tcp_keepcnt(stream, 3));
+    if let Err(error) = set {
+        tracing::debug!(%error, "TCP keepalive on the RDMA side channel is off");
+    }
 }
 
 /// Writes one message.
@@ -183,6 +213,7 @@ mod tests {
                     lid: 3,
                     gid: [1; 16],
                     mtu: 4096,
+                    rd_atomic: 16,
                 },
             }],
         };
@@ -212,15 +243,17 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_with_a_wide_psn_or_an_unknown_mtu_are_refused() {
+    fn endpoints_with_a_wide_psn_an_unknown_mtu_or_no_read_depth_are_refused() {
         let good = WireEndpoint {
             qpn: 1,
             psn: 5,
             lid: 0,
             gid: [0; 16],
             mtu: 1024,
+            rd_atomic: 4,
         };
-        assert_eq!(good.read().expect("valid").1, Mtu::Mtu1024);
+        let read = good.read().expect("valid");
+        assert_eq!((read.mtu, read.rd_atomic), (Mtu::Mtu1024, 4));
         let wide = WireEndpoint {
             psn: 1 << 24,
             ..good
@@ -228,5 +261,13 @@ mod tests {
         assert!(wide.read().is_err());
         let odd = WireEndpoint { mtu: 9000, ..good };
         assert!(odd.read().expect_err("9000").contains("9000"));
+        let no_reads = WireEndpoint {
+            rd_atomic: 0,
+            ..good
+        };
+        assert!(no_reads
+            .read()
+            .expect_err("depth 0")
+            .contains("READ depth 0"));
     }
 }

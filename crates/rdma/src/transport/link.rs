@@ -140,8 +140,25 @@ impl<V: Verbs> Shared<V> {
     /// flushed, and the link is dead for later transfers.
     pub(crate) fn close(&self) {
         self.alive.store(false, Ordering::SeqCst);
-        for lane in &self.lanes {
-            lane.queue.fail();
+        for (index, lane) in self.lanes.iter().enumerate() {
+            if let Err(error) = lane.queue.fail() {
+                let mut progress = self.progress.lock();
+                self.abandon(&mut progress, index, &error.to_string());
+            }
+        }
+    }
+
+    /// Settles everything the lane has posted as failed: its NIC refused to flush it (a
+    /// device that died or was reset), so no completion will ever come for it.
+    fn abandon(&self, progress: &mut Progress, lane: usize, reason: &str) {
+        let posted: Vec<Posted> = progress.lanes[lane].posted.drain(..).collect();
+        for posted in posted {
+            let error = self.lane_error(
+                lane,
+                posted.op,
+                &format!("abandoned: the NIC could not flush its queue pair ({reason})"),
+            );
+            progress.settle(posted.transfer, Some(error));
         }
     }
 }
@@ -447,7 +464,9 @@ impl<V: Verbs> Shared<V> {
         if progress.lanes[lane].broken.is_none() {
             tracing::warn!(peer = %self.peer, lane, %reason, "an RDMA queue pair failed; later transfers use a new connection");
             progress.lanes[lane].broken = Some(reason);
-            self.lanes[lane].queue.fail();
+            if let Err(error) = self.lanes[lane].queue.fail() {
+                self.abandon(progress, lane, &error.to_string());
+            }
         }
     }
 

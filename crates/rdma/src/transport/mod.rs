@@ -62,9 +62,9 @@ pub(crate) fn fuzz_peer_input(data: &[u8]) -> usize {
         accepted += 1;
         if let ConnectResponse::Accepted(endpoints) = &response {
             for endpoint in endpoints {
-                if let Ok((checked, mtu)) = endpoint.read() {
+                if let Ok(remote) = endpoint.read() {
                     assert_eq!(
-                        WireEndpoint::new(&checked, mtu),
+                        WireEndpoint::new(&remote.endpoint, remote.mtu, remote.rd_atomic),
                         *endpoint,
                         "endpoint round trip"
                     );
@@ -291,6 +291,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             .attached
             .get()
             .ok_or_else(|| Error::ApiMisuse("the RDMA transport was not attached to an engine: add it with the engine builder's `transport`".into()))?;
+        handshake::keep_alive(&stream);
         let secret = attached.secret.clone();
         let flag = if secret.is_some() {
             AUTHENTICATES
@@ -309,12 +310,23 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
                     reason,
                 })?;
         }
-        let pairs = nics.len().max(remote_nics.len());
-        let mut lanes = Vec::with_capacity(pairs * self.config.qps_per_nic_pair);
-        let mut offers = Vec::with_capacity(lanes.capacity());
-        for pair in 0..pairs {
-            let local_nic = pair % nics.len();
-            let remote_nic = pair % remote_nics.len();
+        // Every local NIC with every peer NIC: GPU memory is registered only with the NICs
+        // nearest its GPU, on both sides, so a transfer between two GPUs may need any pair.
+        let pairs = (0..nics.len())
+            .flat_map(|local| (0..remote_nics.len()).map(move |remote| (local, remote)));
+        let count = nics.len() * remote_nics.len() * self.config.qps_per_nic_pair;
+        if count > handshake::MAX_QPS {
+            return Err(unreachable(format!(
+                "{} local NICs x {} peer NICs x {} queue pairs each is {count} queue pairs, more than the {} one connection may have: lower qps_per_nic_pair or list fewer devices",
+                nics.len(),
+                remote_nics.len(),
+                self.config.qps_per_nic_pair,
+                handshake::MAX_QPS
+            )));
+        }
+        let mut lanes = Vec::with_capacity(count);
+        let mut offers = Vec::with_capacity(count);
+        for (local_nic, remote_nic) in pairs {
             for _ in 0..self.config.qps_per_nic_pair {
                 let queue = QueuePair::create(&self.verbs, &nics[local_nic], &self.config)
                     .map_err(|error| unreachable(error.to_string()))?;
@@ -323,7 +335,11 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
                     .map_err(|error| unreachable(error.to_string()))?;
                 offers.push(QpOffer {
                     server_nic: remote_nics[remote_nic].clone(),
-                    client: WireEndpoint::new(&endpoint, nics[local_nic].port.active_mtu),
+                    client: WireEndpoint::new(
+                        &endpoint,
+                        nics[local_nic].port.active_mtu,
+                        queue.rd_atomic(),
+                    ),
                 });
                 lanes.push(Lane {
                     queue,
@@ -364,9 +380,9 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             )));
         }
         for (lane, endpoint) in lanes.iter().zip(&endpoints) {
-            let (remote, mtu) = endpoint.read().map_err(unreachable)?;
+            let remote = endpoint.read().map_err(unreachable)?;
             lane.queue
-                .connect(&remote, mtu, &self.config)
+                .connect(&remote, &self.config)
                 .map_err(|error| unreachable(error.to_string()))?;
         }
         let shared = Arc::new(Shared::new(

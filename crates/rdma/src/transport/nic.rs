@@ -14,6 +14,8 @@ pub(crate) struct Nic<V: Verbs> {
     pub(crate) gid_index: u8,
     pub(crate) max_sge: u32,
     pub(crate) max_qp_wr: u32,
+    /// RDMA READs a queue pair on this NIC may have in flight each way (at least 1).
+    pub(crate) max_rd_atomic: u8,
     pub(crate) context: V::Context,
     pub(crate) pd: V::ProtectionDomain,
 }
@@ -36,14 +38,14 @@ impl<V: Verbs> Nic<V> {
 
     /// How to address the peer's `remote` endpoint from this NIC: by LID on InfiniBand, by
     /// GID with a global route on Ethernet (RoCE cannot route without one).
-    pub(crate) fn address(&self, remote: &QpEndpoint) -> AddressVector {
+    pub(crate) fn address(&self, remote: &QpEndpoint, traffic_class: u8) -> AddressVector {
         let global = match self.port.link_layer {
             LinkLayer::InfiniBand => None,
             LinkLayer::Ethernet => Some(GlobalRoute {
                 dest_gid: remote.gid,
                 sgid_index: self.gid_index,
                 hop_limit: 255,
-                traffic_class: 0,
+                traffic_class,
             }),
         };
         AddressVector {
@@ -139,6 +141,7 @@ pub(crate) fn open<V: Verbs>(verbs: &V, config: &RdmaConfig) -> Result<Vec<Nic<V
                 gid_index,
                 max_sge: device.max_sge,
                 max_qp_wr: device.max_qp_wr,
+                max_rd_atomic: device.max_rd_atomic.max(1),
                 context,
                 pd,
             })

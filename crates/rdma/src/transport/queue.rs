@@ -2,15 +2,15 @@
 //! RTS, and destroyed when dropped.
 
 use super::config::RdmaConfig;
+use super::handshake::RemoteQp;
 use super::nic::Nic;
 use crate::error::VerbsError;
 use crate::memory::AccessFlags;
 use crate::qp::{InitAttr, Psn, QpCaps, QpEndpoint, QpTransition, RtrAttr, RtsAttr};
 use crate::verbs::Verbs;
-use crate::Mtu;
 use std::sync::Arc;
 
-/// RDMA READs a queue pair may have in flight, each way; devices allow at least 16.
+/// RDMA READs a queue pair has in flight at most, each way, whatever the device allows.
 const RD_ATOMIC: u8 = 16;
 /// The RNR NAK timer code (about 0.64 ms); ferry posts no receives, so it never waits.
 const MIN_RNR_TIMER: u8 = 12;
@@ -77,22 +77,24 @@ impl<V: Verbs> QueuePair<V> {
         Ok(self.nic.endpoint(self.verbs.qp_num(self.qp()?), self.psn))
     }
 
-    /// Connects to the peer's `remote` endpoint, whose port runs `remote_mtu`: RTR, then RTS.
+    /// READs this queue pair answers at once: what the peer's initiator depth may reach.
+    pub(crate) fn rd_atomic(&self) -> u8 {
+        self.nic.max_rd_atomic.min(RD_ATOMIC)
+    }
+
+    /// Connects to the peer's queue pair `remote`: RTR, then RTS, with as many READs in
+    /// flight as both sides allow.
     ///
     /// # Errors
     /// The transition verbs refused.
-    pub(crate) fn connect(
-        &self,
-        remote: &QpEndpoint,
-        remote_mtu: Mtu,
-        config: &RdmaConfig,
-    ) -> Result<(), VerbsError> {
+    pub(crate) fn connect(&self, remote: &RemoteQp, config: &RdmaConfig) -> Result<(), VerbsError> {
+        let endpoint = &remote.endpoint;
         self.modify(&QpTransition::ReadyToReceive(RtrAttr {
-            path_mtu: self.nic.path_mtu(remote_mtu),
-            dest_qpn: remote.qpn,
-            rq_psn: remote.psn,
-            address: self.nic.address(remote),
-            max_dest_rd_atomic: RD_ATOMIC,
+            path_mtu: self.nic.path_mtu(remote.mtu),
+            dest_qpn: endpoint.qpn,
+            rq_psn: endpoint.psn,
+            address: self.nic.address(endpoint, config.traffic_class),
+            max_dest_rd_atomic: self.rd_atomic(),
             min_rnr_timer: MIN_RNR_TIMER,
         }))?;
         self.modify(&QpTransition::ReadyToSend(RtsAttr {
@@ -100,17 +102,17 @@ impl<V: Verbs> QueuePair<V> {
             timeout: config.ack_timeout,
             retry_count: config.retry_count,
             rnr_retry: 7,
-            max_rd_atomic: RD_ATOMIC,
+            max_rd_atomic: self.rd_atomic().min(remote.rd_atomic).max(1),
         }))
     }
 
     /// Moves the queue pair to ERROR: whatever is outstanding completes flushed.
-    pub(crate) fn fail(&self) {
-        if let Ok(qp) = self.qp() {
-            if let Err(error) = self.verbs.modify_qp(qp, &QpTransition::Error) {
-                tracing::debug!(%error, nic = %self.nic.name, "moving a queue pair to ERROR failed");
-            }
-        }
+    ///
+    /// # Errors
+    /// When the NIC refused (a device that died or was reset): then no flush completion
+    /// will come, and the caller must give up on what is outstanding itself.
+    pub(crate) fn fail(&self) -> Result<(), VerbsError> {
+        self.modify(&QpTransition::Error)
     }
 
     fn modify(&self, transition: &QpTransition) -> Result<(), VerbsError> {

@@ -51,6 +51,7 @@ pub(crate) async fn accept_loop<V: Verbs + 'static>(
 
 /// Serves one peer: authentication, its queue pairs, then holds them until it hangs up.
 async fn serve<V: Verbs>(mut stream: TcpStream, service: &Service<V>) -> Result<(), String> {
+    handshake::keep_alive(&stream);
     let timeout = service.config.connect_timeout;
     let request = tokio::time::timeout(timeout, greet(&mut stream, service))
         .await
@@ -114,7 +115,7 @@ fn accept<V: Verbs>(
     let remotes = request.check()?;
     let mut queues = Vec::with_capacity(request.offers.len());
     let mut endpoints = Vec::with_capacity(request.offers.len());
-    for (offer, (remote, remote_mtu)) in request.offers.iter().zip(remotes) {
+    for (offer, remote) in request.offers.iter().zip(remotes) {
         let nic = service
             .nics
             .iter()
@@ -128,10 +129,14 @@ fn accept<V: Verbs>(
         let queue = QueuePair::create(&service.verbs, nic, &service.config)
             .map_err(|error| error.to_string())?;
         queue
-            .connect(&remote, remote_mtu, &service.config)
+            .connect(&remote, &service.config)
             .map_err(|error| error.to_string())?;
         let endpoint = queue.endpoint().map_err(|error| error.to_string())?;
-        endpoints.push(WireEndpoint::new(&endpoint, nic.port.active_mtu));
+        endpoints.push(WireEndpoint::new(
+            &endpoint,
+            nic.port.active_mtu,
+            queue.rd_atomic(),
+        ));
         queues.push(queue);
     }
     Ok((queues, endpoints))
