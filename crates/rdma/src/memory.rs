@@ -18,6 +18,11 @@ impl AccessFlags {
     pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
     /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ from the region.
     pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
+    /// `IBV_ACCESS_RELAXED_ORDERING`: the NIC may reorder its PCIe writes to the region,
+    /// which GPU memory behind a PCIe switch needs for full bandwidth. Optional: a device
+    /// that cannot relax ordering ignores it. The completion of a request still means all
+    /// its bytes are in place.
+    pub const RELAXED_ORDERING: AccessFlags = AccessFlags(1 << 20);
 
     /// The raw `ibv_access_flags` bits.
     pub fn bits(self) -> u32 {
@@ -49,6 +54,7 @@ impl fmt::Debug for AccessFlags {
             (AccessFlags::LOCAL_WRITE, "LOCAL_WRITE"),
             (AccessFlags::REMOTE_WRITE, "REMOTE_WRITE"),
             (AccessFlags::REMOTE_READ, "REMOTE_READ"),
+            (AccessFlags::RELAXED_ORDERING, "RELAXED_ORDERING"),
         ];
         let set: Vec<&str> = names
             .iter()

@@ -207,6 +207,9 @@ pub(super) fn sideway_access(access: AccessFlags) -> SidewayAccess {
     if access.contains(AccessFlags::REMOTE_READ) {
         flags |= SidewayAccess::RemoteRead;
     }
+    if access.contains(AccessFlags::RELAXED_ORDERING) {
+        flags |= SidewayAccess::RelaxedOrdering;
+    }
     flags
 }
 
@@ -432,6 +435,7 @@ mod tests {
             AccessFlags::REMOTE_READ,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::RELAXED_ORDERING,
         ] {
             assert_eq!(
                 sideway_access(access).bits() as u32,

@@ -194,8 +194,10 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
     ) -> std::result::Result<Vec<(usize, V::MemoryRegion)>, String> {
         let nics = self.nics.as_ref().map_err(Clone::clone)?;
         let chosen = self.nics_for(region, nics);
-        let access =
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::RELAXED_ORDERING;
         let dmabuf = match region.location {
             Location::Device { .. } => Some(self.dmabuf.export(region.addr, region.len)),
             _ => None,
