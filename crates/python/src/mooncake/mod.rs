@@ -13,7 +13,7 @@ mod session;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use session::{Entry, Session};
+use session::{Entry, RdmaChoice, Session};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -212,10 +212,11 @@ impl TransferEngine {
         tracing::debug!(
             protocol,
             device_name,
-            "ferry picks the transport for each pair of buffers itself"
+            "ferry picks the transport for each pair of buffers itself; `tcp` leaves RDMA out, device_name lists the RDMA devices"
         );
         let listen = host::listen_address(&host);
-        let started = py.detach(|| Session::start(&listen, &host, store, timeout));
+        let rdma = RdmaChoice::new(protocol, device_name);
+        let started = py.detach(|| Session::start(&listen, &host, store, timeout, rdma));
         match started {
             Ok(session) => {
                 if self.session.set(session).is_err() {

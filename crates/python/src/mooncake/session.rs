@@ -31,6 +31,34 @@ pub(crate) const TIMED_OUT: i32 = -2;
 /// on) costs a 1.25 GiB request about a quarter of its rate on an H200.
 pub(crate) const WAIT_SPIN: Duration = Duration::from_millis(20);
 
+/// Whether the engine uses RDMA, and with which devices, as `initialize` was asked.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RdmaChoice {
+    /// `None`: no RDMA (protocol `tcp`); `Some(None)`: every device with an active port;
+    /// `Some(Some(names))`: those devices, in that order (Mooncake's `device_name`).
+    pub(crate) devices: Option<Option<Vec<String>>>,
+}
+
+impl RdmaChoice {
+    /// From `initialize`'s `protocol` and `device_name`: RDMA unless the protocol is `tcp`;
+    /// the comma-separated device names, or every device when there are none.
+    pub(crate) fn new(protocol: Option<&str>, device_name: Option<&str>) -> RdmaChoice {
+        if protocol.is_some_and(|protocol| protocol.eq_ignore_ascii_case("tcp")) {
+            return RdmaChoice { devices: None };
+        }
+        let names: Vec<String> = device_name
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect();
+        RdmaChoice {
+            devices: Some((!names.is_empty()).then_some(names)),
+        }
+    }
+}
+
 /// The state behind an initialized `TransferEngine`.
 pub(crate) struct Session {
     engine: Engine,
@@ -73,12 +101,23 @@ impl Session {
         host: &str,
         store: Arc<dyn ferry::metadata::MetadataStore>,
         timeout: Duration,
+        rdma: RdmaChoice,
     ) -> Result<Session, String> {
-        let engine = Engine::builder()
+        let builder = Engine::builder()
             .listen(listen)
             .advertise(host)
             .metadata(store)
-            .transfer_timeout(timeout)
+            .transfer_timeout(timeout);
+        #[cfg(feature = "rdma")]
+        let builder = builder.rdma(rdma.devices.map(|devices| ferry::RdmaConfig {
+            devices,
+            ..ferry::RdmaConfig::default()
+        }));
+        #[cfg(not(feature = "rdma"))]
+        if rdma.devices.is_some_and(|devices| devices.is_some()) {
+            tracing::warn!("this ferry_kv was built without RDMA, so device_name is ignored: build the wheel with `--features rdma`");
+        }
+        let engine = builder
             .build_blocking()
             .map_err(|error| error.to_string())?;
         let inbox = engine.notifications().map_err(|error| error.to_string())?;
@@ -311,5 +350,21 @@ pub(crate) fn code_of(outcome: ferry::Result<ferry::Completion>) -> i32 {
             tracing::error!("transfer failed: {error}");
             FAILED
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RdmaChoice;
+
+    #[test]
+    fn tcp_leaves_rdma_out_and_device_names_are_split_on_commas() {
+        assert_eq!(RdmaChoice::new(Some("tcp"), Some("mlx5_0")).devices, None);
+        assert_eq!(RdmaChoice::new(Some("rdma"), None).devices, Some(None));
+        assert_eq!(RdmaChoice::new(None, Some(" , ")).devices, Some(None));
+        assert_eq!(
+            RdmaChoice::new(Some("rdma"), Some("mlx5_0, mlx5_3")).devices,
+            Some(Some(vec!["mlx5_0".to_owned(), "mlx5_3".to_owned()]))
+        );
     }
 }
