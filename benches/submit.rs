@@ -1,7 +1,9 @@
 //! Host cost of handing ferry the kv-llama70b-4k request: 40,960 blocks (160 tensors x 256
-//! blocks), as one paged block copy and as 40,960 separate entries. Measures what the
-//! submitting thread pays, from building the batch until `submit` returns: checking every
-//! range against both sides' registrations, choosing the transport and handing it the ops.
+//! blocks), as one paged block copy and as 40,960 separate entries (reported per entry); and
+//! of a token-granularity request: 250,000 block ids of one pool as one paged block copy.
+//! Measures what the submitting thread pays, from building the batch until `submit` returns:
+//! checking every range against both sides' registrations, choosing the transport and handing
+//! it the ops.
 //!
 //! Host memory with 256-byte blocks; the transport is a stand-in that takes the ops and moves
 //! nothing, so the figure is the
@@ -48,12 +50,12 @@ impl Transport for Counting {
 impl Link for Counting {
     async fn transfer(&self, ops: Vec<TransferOp>) -> ferry::Result<()> {
         let bytes: u64 = ops.iter().map(|op| op.len).sum();
-        assert_eq!(bytes, TENSORS * REQUEST_BLOCKS * BLOCK);
+        assert!(bytes > 0);
         Ok(())
     }
 
     async fn transfer_blocks(&self, blocks: BlockOps) -> ferry::Result<()> {
-        assert_eq!(blocks.bytes(), TENSORS * REQUEST_BLOCKS * BLOCK);
+        assert!(blocks.bytes() > 0);
         Ok(())
     }
 
@@ -69,6 +71,11 @@ const POOL_BLOCKS: u64 = 4096;
 const REQUEST_BLOCKS: u64 = 256;
 const BLOCK: u64 = 256;
 const POOL: u64 = POOL_BLOCKS * BLOCK;
+/// Entries of the flat form: one per block of every tensor.
+const ENTRIES: u64 = TENSORS * REQUEST_BLOCKS;
+/// Block ids of the token-granularity request, and the blocks of its one pool.
+const TOKEN_IDS: u64 = 250_000;
+const TOKEN_POOL_BLOCKS: u64 = 1 << 18;
 
 struct Sides {
     _decode: Engine,
@@ -78,6 +85,40 @@ struct Sides {
     peer: Peer,
     /// The decode pool as the prefill side sees it.
     remote: BufferDescriptor,
+}
+
+/// The pool of the token-granularity request on both sides.
+struct TokenSides {
+    _decode: Engine,
+    _pool: Region,
+    prefill: Engine,
+    source: Region,
+    peer: Peer,
+    remote: BufferDescriptor,
+}
+
+fn token_sides() -> TokenSides {
+    let decode = Engine::builder().build_blocking().expect("decode engine");
+    let pool = decode
+        .allocate(TOKEN_POOL_BLOCKS * BLOCK)
+        .expect("token pool");
+    let prefill = Engine::builder()
+        .transport(Arc::new(Counting))
+        .build_blocking()
+        .expect("prefill engine");
+    let source = prefill
+        .allocate(TOKEN_POOL_BLOCKS * BLOCK)
+        .expect("token source");
+    let peer = prefill.connect_blocking(decode.name()).expect("connect");
+    let remote = peer.buffers().swap_remove(0);
+    TokenSides {
+        _decode: decode,
+        _pool: pool,
+        prefill,
+        source,
+        peer,
+        remote,
+    }
 }
 
 fn sides() -> Sides {
@@ -100,17 +141,21 @@ fn sides() -> Sides {
     }
 }
 
-/// Distinct, scattered ids: a fixed stride through the pool, different on each side.
-fn ids(stride: u64, start: u64) -> Vec<u32> {
-    (0..REQUEST_BLOCKS)
-        .map(|index| ((start + index * stride) % POOL_BLOCKS) as u32)
+/// `count` distinct, scattered ids of a pool of `pool` blocks (a power of two): an odd stride
+/// through the pool, different on each side.
+fn ids(count: u64, pool: u64, stride: u64, start: u64) -> Vec<u32> {
+    (0..count)
+        .map(|index| ((start + index * stride) % pool) as u32)
         .collect()
 }
 
 fn submit_cost(c: &mut Criterion) {
     let sides = sides();
     // Shared, as a server keeps a request's ids, so the timed loop copies none.
-    let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (ids(17, 3).into(), ids(29, 11).into());
+    let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
+        ids(REQUEST_BLOCKS, POOL_BLOCKS, 17, 3).into(),
+        ids(REQUEST_BLOCKS, POOL_BLOCKS, 29, 11).into(),
+    );
     let mut group = c.benchmark_group("submit the 40,960-block request");
     group.measurement_time(Duration::from_secs(3));
     group.sample_size(20);
@@ -143,7 +188,12 @@ fn submit_cost(c: &mut Criterion) {
             spent
         })
     });
-    group.bench_function("40,960 entries", |b| {
+    group.finish();
+    // The whole submit divided by its entries, so the figure is the cost of one entry.
+    let mut group = c.benchmark_group("one entry of the 40,960-entry request");
+    group.measurement_time(Duration::from_secs(3));
+    group.sample_size(20);
+    group.bench_function("flat entries", |b| {
         b.iter_custom(|iterations| {
             let mut spent = Duration::ZERO;
             for _ in 0..iterations {
@@ -160,6 +210,37 @@ fn submit_cost(c: &mut Criterion) {
                     }
                 }
                 let transfer = batch.submit().expect("submit");
+                spent += started.elapsed();
+                transfer.wait().expect("transfer");
+            }
+            spent / ENTRIES as u32
+        })
+    });
+    group.finish();
+    drop(sides);
+
+    let sides = token_sides();
+    let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
+        ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 7919, 5).into(),
+        ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 104_729, 13).into(),
+    );
+    let mut group = c.benchmark_group("submit 250,000 block ids");
+    group.measurement_time(Duration::from_secs(3));
+    group.sample_size(20);
+    group.bench_function("paged block copy", |b| {
+        b.iter_custom(|iterations| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iterations {
+                let started = Instant::now();
+                let copy =
+                    BlockCopy::packed(BLOCK, Arc::clone(&local_ids), Arc::clone(&remote_ids))
+                        .pool(&sides.source, &sides.remote);
+                let transfer = sides
+                    .prefill
+                    .batch(&sides.peer)
+                    .write_blocks(copy)
+                    .submit()
+                    .expect("submit");
                 spent += started.elapsed();
                 transfer.wait().expect("transfer");
             }

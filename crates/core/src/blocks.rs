@@ -5,7 +5,7 @@
 use crate::descriptor::BufferDescriptor;
 use crate::error::{RangeError, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
-use crate::transport::{Direction, TransferOp};
+use crate::transport::{Direction, OpParts, TransferOp};
 use std::sync::Arc;
 
 /// How one side's pools are laid out, for the general form [`BlockCopy::new`]: every pool of
@@ -279,8 +279,25 @@ impl BlockCopy {
         }
         self.local.check(Side::Local, self.len).map_err(fail)?;
         self.remote.check(Side::Remote, self.len).map_err(fail)?;
-        // The maxima are one fast pass; the offending index is looked up only on failure.
-        let highest = |ids: &[u32]| ids.iter().copied().max().unwrap_or(0);
+        // One pass per side against the smallest pool's block count: when every id is below
+        // it, no pool can refuse an id and only the pools' extents are left to check. Else the
+        // exact walk below finds the first offending pool and index.
+        let fewest = |side: Side| {
+            self.pools
+                .iter()
+                .map(|pool| self.layout(side, pool).blocks())
+                .min()
+                .unwrap_or(0)
+        };
+        let ids_fit = all_below(&self.local_ids, fewest(Side::Local))
+            && all_below(&self.remote_ids, fewest(Side::Remote));
+        let highest = |ids: &[u32]| {
+            if ids_fit {
+                0
+            } else {
+                ids.iter().copied().max().unwrap_or(0)
+            }
+        };
         let (local_highest, remote_highest) = (highest(&self.local_ids), highest(&self.remote_ids));
         for (index, pool) in self.pools.iter().enumerate() {
             for (side, ids, highest) in [
@@ -300,7 +317,7 @@ impl BlockCopy {
                     });
                 }
                 let blocks = layout.blocks();
-                if u64::from(highest) < blocks {
+                if ids_fit || u64::from(highest) < blocks {
                     continue;
                 }
                 if let Some(at) = ids.iter().position(|&id| u64::from(id) >= blocks) {
@@ -312,6 +329,11 @@ impl BlockCopy {
             }
         }
         if direction == Direction::Read {
+            let local_highest = if ids_fit {
+                self.local_ids.iter().copied().max().unwrap_or(0)
+            } else {
+                local_highest
+            };
             let mut seen = vec![false; local_highest as usize + 1];
             for (index, &id) in self.local_ids.iter().enumerate() {
                 if std::mem::replace(&mut seen[id as usize], true) {
@@ -367,6 +389,22 @@ impl BlockCopy {
             remote_ids: Arc::clone(&self.remote_ids),
         }
     }
+}
+
+/// Whether every id is below `limit`: a branch-free pass over chunks that the compiler turns
+/// into vector compares, leaving early only between chunks.
+fn all_below(ids: &[u32], limit: u64) -> bool {
+    let Ok(limit) = u32::try_from(limit) else {
+        // Every u32 is below a limit past u32::MAX.
+        return true;
+    };
+    let mut chunks = ids.chunks_exact(64);
+    for chunk in &mut chunks {
+        if chunk.iter().fold(false, |above, &id| above | (id >= limit)) {
+            return false;
+        }
+    }
+    chunks.remainder().iter().all(|&id| id < limit)
 }
 
 /// One checked pool of [`BlockOps`].
@@ -433,17 +471,37 @@ impl BlockOps {
                     pool.remote_base + u64::from(remote) * self.remote_stride + self.remote_offset;
                 TransferOp::push_merged(
                     &mut ops,
-                    TransferOp {
+                    OpParts {
                         direction: self.direction,
-                        region: Arc::clone(&pool.region),
+                        region: &pool.region,
                         local_addr,
                         remote_addr,
-                        remote: Arc::clone(&pool.remote),
+                        remote: &pool.remote,
                         len: self.len,
                     },
                 );
             }
         }
         ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_below;
+
+    #[test]
+    fn all_below_finds_an_id_at_the_limit_in_a_chunk_and_in_the_remainder() {
+        let mut ids = vec![3u32; 64 * 3 + 5];
+        assert!(all_below(&ids, 4));
+        assert!(!all_below(&ids, 3));
+        ids[64 + 17] = 4;
+        assert!(!all_below(&ids, 4));
+        assert!(all_below(&ids, 5));
+        ids[64 + 17] = 0;
+        ids[64 * 3 + 4] = u32::MAX;
+        assert!(!all_below(&ids, 4));
+        assert!(all_below(&ids, u64::from(u32::MAX) + 1));
+        assert!(all_below(&[], 0));
     }
 }

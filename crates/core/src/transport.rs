@@ -89,11 +89,11 @@ pub struct TransferOp {
 impl TransferOp {
     /// Appends `op` to `ops`, or lengthens the last op instead when `op` continues it on both
     /// sides (same direction, local registration and peer buffer), so the two move as one.
-    pub(crate) fn push_merged(ops: &mut Vec<TransferOp>, op: TransferOp) {
+    pub(crate) fn push_merged(ops: &mut Vec<TransferOp>, op: OpParts<'_>) {
         if let Some(last) = ops.last_mut() {
             if last.direction == op.direction
-                && Arc::ptr_eq(&last.region, &op.region)
-                && Arc::ptr_eq(&last.remote, &op.remote)
+                && Arc::ptr_eq(&last.region, op.region)
+                && Arc::ptr_eq(&last.remote, op.remote)
                 && last.local_addr + last.len == op.local_addr
                 && last.remote_addr + last.len == op.remote_addr
             {
@@ -101,8 +101,26 @@ impl TransferOp {
                 return;
             }
         }
-        ops.push(op);
+        // Only an op that starts a new piece pays for holding its registrations.
+        ops.push(TransferOp {
+            direction: op.direction,
+            region: Arc::clone(op.region),
+            local_addr: op.local_addr,
+            remote_addr: op.remote_addr,
+            remote: Arc::clone(op.remote),
+            len: op.len,
+        });
     }
+}
+
+/// A [`TransferOp`] whose registrations are borrowed, for [`TransferOp::push_merged`].
+pub(crate) struct OpParts<'a> {
+    pub(crate) direction: Direction,
+    pub(crate) region: &'a Arc<RegionUse>,
+    pub(crate) local_addr: u64,
+    pub(crate) remote_addr: u64,
+    pub(crate) remote: &'a Arc<BufferDescriptor>,
+    pub(crate) len: u64,
 }
 
 impl std::fmt::Debug for TransferOp {

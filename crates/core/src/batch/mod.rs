@@ -39,6 +39,12 @@ struct Entry {
 /// do not read a write's destination (or a read's local region) before the transfer is `Ok`.
 #[must_use = "a batch does nothing until it is submitted"]
 pub struct Batch {
+    /// Boxed, so chaining `write` after `write` moves a pointer, not the whole builder.
+    state: Box<State>,
+}
+
+/// What a [`Batch`] holds.
+struct State {
     engine: Arc<EngineInner>,
     peer: Peer,
     regions: Vec<Arc<RegionEntry>>,
@@ -50,28 +56,7 @@ pub struct Batch {
     foreign_region: Option<usize>,
 }
 
-/// A block copy of a batch, with the batch's index of each pool's region.
-struct Blocks {
-    direction: Direction,
-    copy: BlockCopy,
-    regions: Vec<u32>,
-}
-
-impl Batch {
-    pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
-        Batch {
-            engine,
-            peer: peer.clone(),
-            regions: Vec::new(),
-            region_index: HashMap::new(),
-            entries: Vec::new(),
-            blocks: Vec::new(),
-            signal: None,
-            notification: None,
-            foreign_region: None,
-        }
-    }
-
+impl State {
     /// The batch's index of `region`, added on first use.
     fn region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
         // Consecutive entries mostly use one region: skip the map for a repeat.
@@ -109,16 +94,45 @@ impl Batch {
             len,
         });
     }
+}
+
+/// A block copy of a batch, with the batch's index of each pool's region.
+struct Blocks {
+    direction: Direction,
+    copy: BlockCopy,
+    regions: Vec<u32>,
+}
+
+impl Batch {
+    pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
+        Batch {
+            state: Box::new(State {
+                engine,
+                peer: peer.clone(),
+                regions: Vec::new(),
+                region_index: HashMap::new(),
+                entries: Vec::new(),
+                blocks: Vec::new(),
+                signal: None,
+                notification: None,
+                foreign_region: None,
+            }),
+        }
+    }
 
     /// Adds a write of `len` bytes from `region` at `offset` to the peer's `remote_addr`.
+    #[inline]
     pub fn write(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
-        self.push(Direction::Write, region, offset, remote_addr, len);
+        self.state
+            .push(Direction::Write, region, offset, remote_addr, len);
         self
     }
 
     /// Adds a read of `len` bytes from the peer's `remote_addr` into `region` at `offset`.
+    #[inline]
     pub fn read(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
-        self.push(Direction::Read, region, offset, remote_addr, len);
+        self.state
+            .push(Direction::Read, region, offset, remote_addr, len);
         self
     }
 
@@ -133,12 +147,13 @@ impl Batch {
     }
 
     fn push_blocks(mut self, direction: Direction, copy: BlockCopy) -> Self {
-        let position = self.entries.len() + self.blocks.len();
+        let state = &mut self.state;
+        let position = state.entries.len() + state.blocks.len();
         let regions = copy
             .regions()
-            .map(|region| self.region_index(region, position))
+            .map(|region| state.region_index(region, position))
             .collect::<Vec<_>>();
-        self.blocks.push(Blocks {
+        state.blocks.push(Blocks {
             direction,
             copy,
             regions,
@@ -155,24 +170,24 @@ impl Batch {
     /// batch must carry data from GPU memory over nvlink; the notification, if any, follows
     /// the signal.
     pub fn signal(mut self, remote_addr: u64, value: u32) -> Self {
-        self.signal = Some((remote_addr, value));
+        self.state.signal = Some((remote_addr, value));
         self
     }
 
     /// Sends `payload` to the peer once every entry's data is visible there (at most 64 KiB).
     pub fn notify(mut self, payload: impl Into<Vec<u8>>) -> Self {
-        self.notification = Some(payload.into());
+        self.state.notification = Some(payload.into());
         self
     }
 
     /// Number of entries and block copies added so far.
     pub fn len(&self) -> usize {
-        self.entries.len() + self.blocks.len()
+        self.state.entries.len() + self.state.blocks.len()
     }
 
     /// True before any entry or block copy was added.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.blocks.is_empty()
+        self.state.entries.is_empty() && self.state.blocks.is_empty()
     }
 
     /// Checks every entry and starts the transfer.
@@ -185,15 +200,17 @@ impl Batch {
     /// region's end, or a region of another engine; [`Error::ApiMisuse`] for a batch with
     /// nothing in it or an oversized notification. Remote ranges are checked by the transfer.
     pub fn submit(self) -> Result<Transfer> {
-        if let Some(index) = self.foreign_region {
+        let empty = self.is_empty();
+        let state = *self.state;
+        if let Some(index) = state.foreign_region {
             return Err(RangeError::ForeignRegion { index }.into());
         }
-        if self.is_empty() && self.notification.is_none() {
+        if empty && state.notification.is_none() {
             return Err(Error::ApiMisuse(
                 "the batch has no entries and no notification; add at least one".into(),
             ));
         }
-        if let Some(payload) = &self.notification {
+        if let Some(payload) = &state.notification {
             if payload.len() > MAX_NOTIFICATION_BYTES {
                 return Err(Error::ApiMisuse(format!(
                     "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit; send the data in the batch and a short id in the notification",
@@ -201,36 +218,36 @@ impl Batch {
                 )));
             }
         }
-        check_ranges(&self.entries, &self.regions)?;
-        for (index, blocks) in self.blocks.iter().enumerate() {
+        check_ranges(&state.entries, &state.regions)?;
+        for (index, blocks) in state.blocks.iter().enumerate() {
             blocks.copy.validate(index, blocks.direction)?;
         }
-        if let Some((addr, _)) = self.signal {
+        if let Some((addr, _)) = state.signal {
             if addr % 4 != 0 {
                 return Err(Error::ApiMisuse(format!(
                     "the signal word {addr:#x} is not 4-byte aligned; GPUs wait on aligned 32-bit words"
                 )));
             }
-            if self.is_empty() {
+            if empty {
                 return Err(Error::ApiMisuse(
                     "a signal needs data in the batch to follow; add the entries it announces"
                         .into(),
                 ));
             }
         }
-        if let Some(index) = read_overlap(&self.entries) {
+        if let Some(index) = read_overlap(&state.entries) {
             return Err(Error::ApiMisuse(format!(
                 "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
             )));
         }
-        let mut uses = Vec::with_capacity(self.regions.len());
-        for (position, region) in self.regions.iter().enumerate() {
+        let mut uses = Vec::with_capacity(state.regions.len());
+        for (position, region) in state.regions.iter().enumerate() {
             let Some(guard) = region.acquire() else {
-                let index = self
+                let index = state
                     .entries
                     .iter()
                     .position(|entry| entry.region as usize == position)
-                    .unwrap_or(self.entries.len());
+                    .unwrap_or(state.entries.len());
                 return Err(RangeError::NotRegistered {
                     index,
                     side: Side::Local,
@@ -241,7 +258,7 @@ impl Batch {
             };
             uses.push(Arc::new(guard));
         }
-        let Batch {
+        let State {
             engine,
             peer,
             entries,
@@ -249,7 +266,7 @@ impl Batch {
             signal,
             notification,
             ..
-        } = self;
+        } = state;
         let work = Work {
             uses,
             entries,

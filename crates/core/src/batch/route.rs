@@ -7,7 +7,7 @@ use crate::descriptor::BufferDescriptor;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
 use crate::peer::{Peer, PeerView};
-use crate::transport::{Reach, TransferOp, Transport};
+use crate::transport::{OpParts, Reach, TransferOp, Transport};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -41,15 +41,15 @@ fn route(
     let mut last_choice: Option<((u32, u64), usize)> = None;
     for (index, entry) in entries.iter().enumerate() {
         let region = &uses[entry.region as usize];
-        let local = region.entry.info;
-        let remote = view.covering(entry.remote_addr, entry.len).cloned().ok_or(
-            RangeError::NotRegistered {
-                index,
-                side: Side::Remote,
-                addr: entry.remote_addr,
-                len: entry.len,
-            },
-        )?;
+        let local = &region.entry.info;
+        let remote =
+            view.covering(entry.remote_addr, entry.len)
+                .ok_or(RangeError::NotRegistered {
+                    index,
+                    side: Side::Remote,
+                    addr: entry.remote_addr,
+                    len: entry.len,
+                })?;
         let key = (entry.region, remote.addr);
         let transport = match last_choice {
             Some((last, transport)) if last == key => transport,
@@ -57,7 +57,7 @@ fn route(
                 let transport = match choice_cache.get(&key) {
                     Some(&transport) => transport,
                     None => {
-                        let transport = choose(transports, &local, view, &remote, peer)?;
+                        let transport = choose(transports, local, view, remote, peer)?;
                         choice_cache.insert(key, transport);
                         transport
                     }
@@ -66,13 +66,17 @@ fn route(
                 transport
             }
         };
-        let local_addr = local.addr + entry.offset;
+        let group = &mut groups[transport];
+        if group.capacity() == 0 {
+            // At most one op per entry left: a single transport's group never grows again.
+            group.reserve_exact(entries.len() - index);
+        }
         TransferOp::push_merged(
-            &mut groups[transport],
-            TransferOp {
+            group,
+            OpParts {
                 direction: entry.direction,
-                region: Arc::clone(region),
-                local_addr,
+                region,
+                local_addr: local.addr + entry.offset,
                 remote_addr: entry.remote_addr,
                 remote,
                 len: entry.len,
