@@ -21,6 +21,7 @@
 //!
 //! The transport has run only against the model: nothing here has run on RDMA hardware.
 
+mod checks;
 mod device;
 mod error;
 #[cfg(any(fuzzing, test))]

@@ -347,24 +347,6 @@ impl ModelVerbs {
     }
 }
 
-fn check_sge_count(
-    qpn: u32,
-    counts: impl Iterator<Item = usize>,
-    max: u32,
-) -> Result<(), VerbsError> {
-    for (index, count) in counts.enumerate() {
-        if count > max as usize {
-            return Err(VerbsError::TooManySge {
-                qpn,
-                index,
-                count,
-                max,
-            });
-        }
-    }
-    Ok(())
-}
-
 fn qp_mut(host: &mut HostState, qpn: u32) -> Result<&mut Qp, VerbsError> {
     host.qps
         .get_mut(&qpn)
@@ -417,21 +399,7 @@ impl Verbs for ModelVerbs {
         access: AccessFlags,
     ) -> Result<ModelMr, VerbsError> {
         self.with_host(pd.host, "protection domain", |host| {
-            if access.contains(AccessFlags::REMOTE_WRITE)
-                && !access.contains(AccessFlags::LOCAL_WRITE)
-            {
-                return Err(VerbsError::InvalidAccess {
-                    access,
-                    remedy: "REMOTE_WRITE needs LOCAL_WRITE as well: add it",
-                });
-            }
-            if len == 0 {
-                return Err(VerbsError::InvalidSize {
-                    what: "region length",
-                    value: 0,
-                    remedy: "register at least one byte",
-                });
-            }
+            crate::checks::registration(access, len)?;
             if !host.memory.is_mapped(addr, len) {
                 return Err(VerbsError::BadAddress { addr, len });
             }
@@ -615,7 +583,7 @@ impl Verbs for ModelVerbs {
                     needed: "RTS",
                 });
             }
-            check_sge_count(
+            crate::checks::sge_counts(
                 qp.qpn,
                 requests.iter().map(|request| request.sg_list.len()),
                 entry.caps.max_send_sge,
@@ -653,7 +621,7 @@ impl Verbs for ModelVerbs {
                     needed: "INIT",
                 });
             }
-            check_sge_count(
+            crate::checks::sge_counts(
                 qp.qpn,
                 requests.iter().map(|request| request.sg_list.len()),
                 entry.caps.max_recv_sge,

@@ -15,19 +15,7 @@ use crate::memory::AccessFlags;
 /// The checks verbs makes before it looks at memory, made here so they name the fault as the
 /// model does.
 fn check(access: AccessFlags, len: u64) -> Result<usize, VerbsError> {
-    if access.contains(AccessFlags::REMOTE_WRITE) && !access.contains(AccessFlags::LOCAL_WRITE) {
-        return Err(VerbsError::InvalidAccess {
-            access,
-            remedy: "REMOTE_WRITE needs LOCAL_WRITE as well: add it",
-        });
-    }
-    if len == 0 {
-        return Err(VerbsError::InvalidSize {
-            what: "region length",
-            value: 0,
-            remedy: "register at least one byte",
-        });
-    }
+    crate::checks::registration(access, len)?;
     usize::try_from(len).map_err(|_| VerbsError::InvalidSize {
         what: "region length",
         value: len,

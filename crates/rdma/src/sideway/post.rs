@@ -25,24 +25,6 @@ fn sge_list(sg_list: &[Sge]) -> Vec<ibv_sge> {
         .collect()
 }
 
-fn check_sge_counts(
-    qpn: u32,
-    counts: impl Iterator<Item = usize>,
-    max: u32,
-) -> Result<(), VerbsError> {
-    for (index, count) in counts.enumerate() {
-        if count > max as usize {
-            return Err(VerbsError::TooManySge {
-                qpn,
-                index,
-                count,
-                max,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// The refusal of a post, with what `ibv_post_send`/`ibv_post_recv` may already have done.
 fn post_error(call: &'static str, error: &dyn std::error::Error, full: bool) -> VerbsError {
     let mut message = failure::chain(error);
@@ -82,7 +64,7 @@ pub(super) fn send(qp: &SidewayQp, requests: &[SendRequest]) -> Result<(), Verbs
             needed: "RTS",
         });
     }
-    check_sge_counts(
+    crate::checks::sge_counts(
         qp.qpn,
         requests.iter().map(|request| request.sg_list.len()),
         qp.caps.max_send_sge,
@@ -138,7 +120,7 @@ pub(super) fn recv(qp: &SidewayQp, requests: &[RecvRequest]) -> Result<(), Verbs
             needed: "INIT",
         });
     }
-    check_sge_counts(
+    crate::checks::sge_counts(
         qp.qpn,
         requests.iter().map(|request| request.sg_list.len()),
         qp.caps.max_recv_sge,
@@ -160,20 +142,6 @@ pub(super) fn recv(qp: &SidewayQp, requests: &[RecvRequest]) -> Result<(), Verbs
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn too_many_sg_entries_name_the_request() {
-        assert_eq!(
-            check_sge_counts(4, [1, 2, 3, 1].into_iter(), 2),
-            Err(VerbsError::TooManySge {
-                qpn: 4,
-                index: 2,
-                count: 3,
-                max: 2
-            })
-        );
-        assert_eq!(check_sge_counts(4, [0, 2].into_iter(), 2), Ok(()));
-    }
 
     #[test]
     fn sg_entries_keep_their_fields() {
