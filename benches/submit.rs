@@ -149,6 +149,19 @@ fn ids(count: u64, pool: u64, stride: u64, start: u64) -> Vec<u32> {
         .collect()
 }
 
+/// Times `iterations` submits of the batches `build` makes (building them included); each
+/// transfer is awaited outside the timing.
+fn timed_submits(iterations: u64, build: impl Fn() -> ferry::Batch) -> Duration {
+    let mut spent = Duration::ZERO;
+    for _ in 0..iterations {
+        let started = Instant::now();
+        let transfer = build().submit().expect("submit");
+        spent += started.elapsed();
+        transfer.wait().expect("transfer");
+    }
+    spent
+}
+
 fn submit_cost(c: &mut Criterion) {
     let sides = sides();
     // Shared, as a server keeps a request's ids, so the timed loop copies none.
@@ -161,9 +174,7 @@ fn submit_cost(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("paged block copy", |b| {
         b.iter_custom(|iterations| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iterations {
-                let started = Instant::now();
+            timed_submits(iterations, || {
                 let layout = BlockLayout::packed(POOL, BLOCK);
                 let mut copy = BlockCopy::new(
                     BLOCK,
@@ -176,16 +187,8 @@ fn submit_cost(c: &mut Criterion) {
                     let at = tensor * POOL;
                     copy = copy.pool_at(&sides.source, at, &sides.remote, at);
                 }
-                let transfer = sides
-                    .prefill
-                    .batch(&sides.peer)
-                    .write_blocks(copy)
-                    .submit()
-                    .expect("submit");
-                spent += started.elapsed();
-                transfer.wait().expect("transfer");
-            }
-            spent
+                sides.prefill.batch(&sides.peer).write_blocks(copy)
+            })
         })
     });
     group.finish();
@@ -195,9 +198,7 @@ fn submit_cost(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("flat entries", |b| {
         b.iter_custom(|iterations| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iterations {
-                let started = Instant::now();
+            let spent = timed_submits(iterations, || {
                 let mut batch = sides.prefill.batch(&sides.peer);
                 for tensor in 0..TENSORS {
                     for (&local, &remote) in local_ids.iter().zip(remote_ids.iter()) {
@@ -209,10 +210,8 @@ fn submit_cost(c: &mut Criterion) {
                         );
                     }
                 }
-                let transfer = batch.submit().expect("submit");
-                spent += started.elapsed();
-                transfer.wait().expect("transfer");
-            }
+                batch
+            });
             spent / ENTRIES as u32
         })
     });
@@ -229,22 +228,12 @@ fn submit_cost(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("paged block copy", |b| {
         b.iter_custom(|iterations| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iterations {
-                let started = Instant::now();
+            timed_submits(iterations, || {
                 let copy =
                     BlockCopy::packed(BLOCK, Arc::clone(&local_ids), Arc::clone(&remote_ids))
                         .pool(&sides.source, &sides.remote);
-                let transfer = sides
-                    .prefill
-                    .batch(&sides.peer)
-                    .write_blocks(copy)
-                    .submit()
-                    .expect("submit");
-                spent += started.elapsed();
-                transfer.wait().expect("transfer");
-            }
-            spent
+                sides.prefill.batch(&sides.peer).write_blocks(copy)
+            })
         })
     });
     group.finish();

@@ -21,6 +21,8 @@
 //!
 //! The transport has run only against the model: nothing here has run on RDMA hardware.
 
+// Used by the Verbs implementations: the model (tests) and the sideway layer.
+#[cfg(any(test, feature = "model", feature = "sideway"))]
 mod checks;
 mod device;
 mod error;
