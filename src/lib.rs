@@ -140,7 +140,8 @@ pub mod transport {
     // This host's RDMA devices, or why it has none: `ferry probe`'s RDMA section.
     pub use ferry_rdma::{probe as rdma_probe, RdmaProbe};
     pub use ferry_rdma::{
-        CudaGpus, DmaBufRange, DmaBufSource, RdmaTransport, Topology, Verbs, RDMA,
+        CudaGpus, DeviceInfo as RdmaDevice, DmaBufRange, DmaBufSource, PortInfo as RdmaPort,
+        PortState as RdmaPortState, RdmaTransport, Topology, Verbs, RDMA,
     };
 }
 

@@ -35,6 +35,9 @@ pub struct PortInfo {
     pub lid: u16,
     /// The largest message one work request may carry, in bytes (`max_msg_sz`).
     pub max_msg_size: u32,
+    /// The link's data rate in Mb/s (lanes x per-lane rate of the active speed), or `None`
+    /// when the port reports a speed or width verbs does not define.
+    pub line_rate_mbps: Option<u64>,
     /// The populated entries of the port's GID table.
     pub gids: Vec<GidEntry>,
 }

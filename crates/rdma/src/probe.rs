@@ -98,18 +98,19 @@ impl fmt::Display for RdmaProbe {
     }
 }
 
-const HEADER: [&str; 8] = [
-    "device", "port", "state", "link", "mtu", "lid", "gid", "max_sge",
+const HEADER: [&str; 9] = [
+    "device", "port", "state", "link", "rate", "mtu", "lid", "gid", "max_sge",
 ];
 
 /// One row per port (one per port-less device), columns padded to their widest cell.
 fn write_table(formatter: &mut fmt::Formatter<'_>, devices: &[DeviceInfo]) -> fmt::Result {
-    let mut rows: Vec<[String; 8]> = vec![HEADER.map(str::to_owned)];
+    let mut rows: Vec<[String; 9]> = vec![HEADER.map(str::to_owned)];
     for device in devices {
         if device.ports.is_empty() {
             let none = || "-".to_owned();
             rows.push([
                 device.name.clone(),
+                none(),
                 none(),
                 none(),
                 none(),
@@ -123,7 +124,7 @@ fn write_table(formatter: &mut fmt::Formatter<'_>, devices: &[DeviceInfo]) -> fm
             rows.push(port_row(device, port));
         }
     }
-    let mut widths = [0usize; 8];
+    let mut widths = [0usize; 9];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
@@ -140,7 +141,7 @@ fn write_table(formatter: &mut fmt::Formatter<'_>, devices: &[DeviceInfo]) -> fm
     Ok(())
 }
 
-fn port_row(device: &DeviceInfo, port: &PortInfo) -> [String; 8] {
+fn port_row(device: &DeviceInfo, port: &PortInfo) -> [String; 9] {
     let index = port.preferred_gid_index();
     let gid = match port.gid(index) {
         Some(entry) => format!("{index} {}", entry.gid),
@@ -155,6 +156,8 @@ fn port_row(device: &DeviceInfo, port: &PortInfo) -> [String; 8] {
             LinkLayer::Ethernet => "RoCE",
         }
         .to_owned(),
+        port.line_rate_mbps
+            .map_or_else(|| "-".to_owned(), |mbps| format!("{}G", mbps / 1000)),
         port.active_mtu.bytes().to_string(),
         port.lid.to_string(),
         gid,
@@ -235,10 +238,10 @@ mod tests {
             lines(&probe),
             [
                 "RDMA: 3 devices",
-                "  device    port  state   link  mtu   lid  gid                    max_sge",
-                "  mlx5_0    1     active  RoCE  4096  0    3 ::ffff:192.168.1.10  30",
-                "  mlx5_1    1     down    IB    2048  7    0 fe80::7              30",
-                "  bnxt_re0  -     -       -     -     -    -                      6",
+                "  device    port  state   link  rate  mtu   lid  gid                    max_sge",
+                "  mlx5_0    1     active  RoCE  400G  4096  0    3 ::ffff:192.168.1.10  30",
+                "  mlx5_1    1     down    IB    400G  2048  7    0 fe80::7              30",
+                "  bnxt_re0  -     -       -     -     -     -    -                      6",
                 UNTESTED,
             ]
         );

@@ -86,8 +86,8 @@ pub(crate) struct Options {
     /// links out, and every transfer takes the RDMA transport (one-sided WRITE/READ,
     /// GPUDirect). Both processes run on this host, so the bytes go through the NIC's
     /// loopback. A transfer that any other transport carried fails the run. There is no
-    /// copy-engine baseline over RDMA; the baseline is the port's line rate when known, and
-    /// ferry does not read it yet, so the peer_copy and ratio columns show `-`. Needs a build
+    /// copy-engine baseline over RDMA: the baseline is the line rate of the host's fastest
+    /// active RDMA port (`-`, with no ratio, where no port reports it). Needs a build
     /// with `--features rdma` and a host where `ferry probe` lists an RDMA device.
     #[arg(long, conflicts_with_all = ["tcp", "paths", "plot"])]
     pub(crate) rdma: bool,
@@ -201,8 +201,9 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         &options.metadata,
         &options.secret,
     )?;
-    // Over RDMA there is no copy to compare with: the baseline would be the port's line rate.
-    let baseline = match options.rdma {
+    // Over RDMA there is no copy to compare with: the baseline is the port's line rate.
+    let line_rate = options.rdma.then(rdma::line_rate_gbps).flatten();
+    let peer_copy_gbps = match options.rdma {
         true => None,
         false => {
             progress.set_message("peer_copy baseline");
@@ -213,10 +214,12 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         }
     };
     progress.inc(1);
+    let baseline = peer_copy_gbps.or(line_rate);
     let mut report = Report {
         prefill_gpu: options.prefill_gpu,
         decode_gpu: options.decode_gpu,
-        peer_copy_gbps: baseline,
+        peer_copy_gbps,
+        line_rate_gbps: line_rate,
         rows: Vec::new(),
         sweep: Vec::new(),
     };

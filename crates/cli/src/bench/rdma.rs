@@ -18,6 +18,18 @@ pub(crate) enum NoRdma {
     Unavailable(String),
 }
 
+/// The line rate of this host's fastest active RDMA port, GB/s, when a port reports it.
+pub(crate) fn line_rate_gbps() -> Option<f64> {
+    let devices = rdma_probe().devices.ok()?;
+    devices
+        .iter()
+        .flat_map(|device| &device.ports)
+        .filter(|port| matches!(port.state, ferry::transport::RdmaPortState::Active))
+        .filter_map(|port| port.line_rate_mbps)
+        .max()
+        .map(|mbps| mbps as f64 / 8_000.0)
+}
+
 /// Succeeds when this build has RDMA and rdma-core lists at least one device.
 pub(crate) fn check() -> Result<(), NoRdma> {
     if !cfg!(feature = "rdma") {

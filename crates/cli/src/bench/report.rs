@@ -38,6 +38,9 @@ pub(crate) struct Report {
     /// Same-run baseline: one in-process copy of a contiguous 1 GiB buffer, GB/s; absent over
     /// RDMA, which has no copy to compare with.
     pub(crate) peer_copy_gbps: Option<f64>,
+    /// Over RDMA, the baseline instead: the line rate of this host's fastest active RDMA
+    /// port, GB/s, when the port reports it.
+    pub(crate) line_rate_gbps: Option<f64>,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.
     pub(crate) sweep: Vec<Row>,
@@ -47,21 +50,28 @@ impl Report {
     /// The human-readable table.
     pub(crate) fn table(&self) -> String {
         let mut out = String::new();
-        let _ = match self.peer_copy_gbps {
-            Some(gbps) => writeln!(
+        let _ = match (self.peer_copy_gbps, self.line_rate_gbps) {
+            (Some(gbps), _) => writeln!(
                 out,
                 "peer_copy (GPU{} -> GPU{}, 1 GiB, one process, same run): {gbps:.1} GB/s",
                 self.prefill_gpu, self.decode_gpu
             ),
-            None => writeln!(
+            (None, Some(gbps)) => writeln!(
                 out,
-                "GPU{} -> GPU{} over RDMA: no copy-engine baseline, and the port's line rate \
-                 is not read yet, so peer_copy and ratio show -",
+                "GPU{} -> GPU{} over RDMA: no copy-engine baseline; the baseline is the fastest \
+                 active port's line rate, {gbps:.1} GB/s",
+                self.prefill_gpu, self.decode_gpu
+            ),
+            (None, None) => writeln!(
+                out,
+                "GPU{} -> GPU{} over RDMA: no copy-engine baseline, and no port reports its \
+                 line rate, so baseline and ratio show -",
                 self.prefill_gpu, self.decode_gpu
             ),
         };
         let baseline = self
             .peer_copy_gbps
+            .or(self.line_rate_gbps)
             .map_or_else(|| "-".to_owned(), |gbps| format!("{gbps:.1}"));
         let _ = writeln!(
             out,
@@ -70,7 +80,7 @@ impl Report {
             "path",
             "dir",
             "GB/s",
-            "peer_copy",
+            "baseline",
             "ratio",
             "p50 us",
             "p99 us",
@@ -143,6 +153,7 @@ pub(crate) mod tests {
             prefill_gpu: 0,
             decode_gpu: 1,
             peer_copy_gbps: Some(400.0),
+            line_rate_gbps: None,
             rows: vec![
                 row("auto", 4096, Some(360.0), true),
                 row("auto", 4096, None, false),
@@ -181,7 +192,10 @@ pub(crate) mod tests {
             lines[0].contains("over RDMA: no copy-engine baseline"),
             "{table}"
         );
-        assert!(lines[0].contains("line rate is not read yet"), "{table}");
+        assert!(
+            lines[0].contains("no port reports its line rate"),
+            "{table}"
+        );
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(
             cells[..6],
@@ -190,6 +204,21 @@ pub(crate) mod tests {
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["peer_copy_gbps"], serde_json::Value::Null);
         assert_eq!(json["rows"][0]["ratio"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn over_rdma_the_baseline_is_the_ports_line_rate_when_one_is_known() {
+        let mut report = report();
+        report.peer_copy_gbps = None;
+        report.line_rate_gbps = Some(50.0);
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].contains("fastest active port's line rate, 50.0 GB/s"),
+            "{table}"
+        );
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(cells[4], "50.0", "{table}");
     }
 
     #[test]

@@ -169,6 +169,8 @@ impl HostConfig {
             active_mtu: Mtu::Mtu4096,
             lid,
             max_msg_size: 1 << 30,
+            // NDR, 4 lanes: a 400 Gb/s port.
+            line_rate_mbps: Some(400_000),
             gids,
         };
         HostConfig {

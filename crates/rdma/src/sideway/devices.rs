@@ -145,6 +145,11 @@ fn describe_port(
         link_layer,
         active_mtu,
         lid: attr.lid,
+        line_rate_mbps: raw::line_rate_mbps(
+            attr.active_speed,
+            attr.active_speed_ex,
+            attr.active_width,
+        ),
         max_msg_size: attr.max_msg_sz,
         gids: gid_table(name, context, port_num, link_layer, attr.gid_tbl_len),
     })

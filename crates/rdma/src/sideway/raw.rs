@@ -213,6 +213,37 @@ pub(super) fn sideway_access(access: AccessFlags) -> SidewayAccess {
     flags
 }
 
+/// A port's data rate in Mb/s from its raw `active_speed` (or `active_speed_ex`, which newer
+/// rdma-core fills for speeds past NDR and which then wins) and `active_width` codes; `None`
+/// for a code verbs does not define.
+pub(super) fn line_rate_mbps(speed: u8, speed_ex: u32, width: u8) -> Option<u64> {
+    let code = if speed_ex != 0 {
+        speed_ex
+    } else {
+        u32::from(speed)
+    };
+    let per_lane: u64 = match code {
+        1 => 2_500,      // SDR
+        2 => 5_000,      // DDR
+        4 | 8 => 10_000, // QDR, FDR10
+        16 => 14_000,    // FDR
+        32 => 25_000,    // EDR
+        64 => 50_000,    // HDR
+        128 => 100_000,  // NDR
+        256 => 200_000,  // XDR
+        _ => return None,
+    };
+    let lanes: u64 = match width {
+        1 => 1,
+        2 => 4,
+        4 => 8,
+        8 => 12,
+        16 => 2,
+        _ => return None,
+    };
+    Some(per_lane * lanes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +474,19 @@ mod tests {
                 "{access:?}"
             );
         }
+    }
+
+    #[test]
+    fn line_rates_multiply_lanes_by_the_lane_rate_and_unknown_codes_are_none() {
+        assert_eq!(line_rate_mbps(128, 0, 2), Some(400_000), "NDR 4x");
+        assert_eq!(line_rate_mbps(64, 0, 2), Some(200_000), "HDR 4x");
+        assert_eq!(line_rate_mbps(32, 0, 1), Some(25_000), "EDR 1x");
+        assert_eq!(
+            line_rate_mbps(0, 256, 16),
+            Some(400_000),
+            "XDR 2x through speed_ex"
+        );
+        assert_eq!(line_rate_mbps(3, 0, 2), None, "unknown speed");
+        assert_eq!(line_rate_mbps(128, 0, 3), None, "unknown width");
     }
 }
