@@ -10,7 +10,7 @@
 
 use super::completion::{wc_error, Op};
 use super::config::RdmaConfig;
-use super::export::{RdmaExport, RDMA};
+use super::peers::PeerTable;
 use super::plan::{plan, Piece, WorkItem};
 use super::queue::QueuePair;
 use super::registry::{Registry, Standing};
@@ -100,7 +100,7 @@ pub(crate) struct RdmaLink<V: Verbs> {
 pub(crate) struct Shared<V: Verbs> {
     pub(crate) peer: String,
     pub(crate) verbs: Arc<V>,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) keys: KeySource,
     pub(crate) local_nics: Vec<String>,
     pub(crate) remote_nics: Vec<String>,
     pub(crate) lanes: Vec<Lane<V>>,
@@ -113,7 +113,7 @@ impl<V: Verbs> Shared<V> {
     pub(crate) fn new(
         peer: String,
         verbs: Arc<V>,
-        registry: Arc<Registry>,
+        keys: KeySource,
         local_nics: Vec<String>,
         remote_nics: Vec<String>,
         lanes: Vec<Lane<V>>,
@@ -126,7 +126,7 @@ impl<V: Verbs> Shared<V> {
         Shared {
             peer,
             verbs,
-            registry,
+            keys,
             local_nics,
             remote_nics,
             lanes,
@@ -175,6 +175,15 @@ impl<V: Verbs> Drop for RdmaLink<V> {
     }
 }
 
+/// Where a link finds keys: the local regions' registrations, and the peer's exports as the
+/// transport last read its descriptor.
+pub(crate) struct KeySource {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) peers: Arc<PeerTable>,
+    /// The peer engine's instance, its entry in `peers`.
+    pub(crate) peer: ferry_core::InstanceId,
+}
+
 /// The keys of one (local region, peer buffer) pair: lkeys by the transport's NIC index,
 /// rkeys by the link's peer NIC index.
 struct KeySet {
@@ -212,7 +221,7 @@ impl<V: Verbs> Shared<V> {
 
     fn key_set(&self, op: &TransferOp) -> Result<KeySet> {
         let info = op.region.info();
-        let lkeys = match self.registry.standing(info.addr) {
+        let lkeys = match self.keys.registry.standing(info.addr) {
             Some(Standing::Registered(lkeys)) => lkeys,
             Some(Standing::Refused(reason)) => {
                 return Err(self.unavailable(format!(
@@ -223,10 +232,19 @@ impl<V: Verbs> Shared<V> {
                 return Err(self.unavailable("the local region is not registered with RDMA".into()))
             }
         };
-        let export = op.remote.export(RDMA).ok_or_else(|| {
-            self.unavailable("the peer did not register the buffer with RDMA".into())
-        })?;
-        let export = RdmaExport::from_export(export).map_err(|reason| self.unavailable(reason))?;
+        let exports = self
+            .keys
+            .peers
+            .latest(self.keys.peer)
+            .ok_or_else(|| Error::Internal {
+                what: format!(
+                    "the RDMA link to {} has no read of its peer's descriptor",
+                    self.peer
+                ),
+            })?;
+        let export = exports
+            .buffer(op.remote.addr)
+            .map_err(|reason| self.unavailable(reason))?;
         let rkeys = self
             .remote_nics
             .iter()

@@ -18,6 +18,7 @@ mod export;
 mod handshake;
 mod link;
 mod nic;
+mod peers;
 mod plan;
 mod queue;
 mod registry;
@@ -29,8 +30,9 @@ pub use export::RDMA;
 
 use self::export::{NicKey, RdmaExport};
 use self::handshake::{ConnectRequest, ConnectResponse, QpOffer, WireEndpoint, HANDSHAKE_VERSION};
-use self::link::{Lane, RdmaLink, Shared};
+use self::link::{KeySource, Lane, RdmaLink, Shared};
 use self::nic::Nic;
+use self::peers::PeerTable;
 use self::queue::QueuePair;
 use self::registry::{Registration, Registry, Standing};
 use self::server::{Service, ANONYMOUS, AUTHENTICATES};
@@ -97,6 +99,8 @@ pub struct RdmaTransport<V: Verbs> {
     config: RdmaConfig,
     nics: std::result::Result<Vec<Arc<Nic<V>>>, String>,
     registry: Arc<Registry>,
+    /// What each peer's descriptor says, read once per generation.
+    peers: Arc<PeerTable>,
     dmabuf: Arc<dyn DmaBufSource>,
     /// Where the NICs sit on the PCI tree, to register GPU memory with the nearest.
     topology: parking_lot::Mutex<Topology>,
@@ -131,6 +135,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             config,
             nics,
             registry: Arc::default(),
+            peers: Arc::default(),
             dmabuf,
             topology: parking_lot::Mutex::new(topology),
             attached: OnceLock::new(),
@@ -230,46 +235,6 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         Ok(registered)
     }
 
-    /// The host peers dial for `peer`'s side channel.
-    fn side_channel(peer: &SegmentDescriptor) -> std::result::Result<String, String> {
-        let endpoint = |transport: &str| {
-            peer.endpoints
-                .iter()
-                .find(|endpoint| endpoint.transport == transport)
-                .map(|endpoint| endpoint.address.clone())
-        };
-        let rdma =
-            endpoint(RDMA).ok_or("the peer runs without RDMA (its `ferry probe` says why)")?;
-        if let Some(port) = rdma.strip_prefix(':') {
-            let control = endpoint(ferry_core::TCP)
-                .ok_or("the peer publishes no TCP endpoint to find its host by")?;
-            let (host, _) = control
-                .rsplit_once(':')
-                .ok_or_else(|| format!("the peer's TCP endpoint {control:?} is not host:port"))?;
-            return Ok(format!("{host}:{port}"));
-        }
-        Ok(rdma)
-    }
-
-    /// The peer's NICs, from its buffers' exports, in first-seen order.
-    fn peer_nics(peer: &SegmentDescriptor) -> Vec<String> {
-        let mut nics: Vec<String> = Vec::new();
-        for buffer in &peer.buffers {
-            let Some(export) = buffer.export(RDMA) else {
-                continue;
-            };
-            let Ok(export) = RdmaExport::from_export(export) else {
-                continue;
-            };
-            for key in export.keys {
-                if !nics.contains(&key.nic) {
-                    nics.push(key.nic);
-                }
-            }
-        }
-        nics
-    }
-
     async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let nics = self.nics()?;
         let name = peer.name.clone();
@@ -277,8 +242,9 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             peer: name.clone(),
             reason: format!("RDMA: {reason}"),
         };
-        let address = Self::side_channel(peer).map_err(unreachable)?;
-        let remote_nics = Self::peer_nics(peer);
+        let exports = self.peers.of(peer);
+        let address = exports.side_channel.clone().map_err(unreachable)?;
+        let remote_nics = exports.nics.clone();
         if remote_nics.is_empty() {
             return Err(unreachable(
                 "the peer has registered no buffer with RDMA".into(),
@@ -390,7 +356,11 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         let shared = Arc::new(Shared::new(
             name.clone(),
             Arc::clone(&self.verbs),
-            Arc::clone(&self.registry),
+            KeySource {
+                registry: Arc::clone(&self.registry),
+                peers: Arc::clone(&self.peers),
+                peer: peer.instance,
+            },
             nics.iter().map(|nic| nic.name.clone()).collect(),
             remote_nics,
             lanes,
@@ -499,6 +469,12 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
         }))
     }
 
+    /// Reads the peer's exports when the engine learns its descriptor, so that routing and
+    /// transfers only look them up.
+    async fn import(&self, peer: &SegmentDescriptor) {
+        self.peers.of(peer);
+    }
+
     fn endpoint(&self) -> Option<Endpoint> {
         let port = self.attached.get()?.port;
         let address = match &self.config.advertise {
@@ -530,13 +506,11 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
             }
             None => return no("the local region is not registered with RDMA".into()),
         }
-        if let Err(reason) = Self::side_channel(peer) {
-            return no(reason);
+        let exports = self.peers.of(peer);
+        if let Err(reason) = &exports.side_channel {
+            return no(reason.clone());
         }
-        let Some(export) = remote.export(RDMA) else {
-            return no("the peer did not register this buffer with RDMA".into());
-        };
-        match RdmaExport::from_export(export) {
+        match exports.buffer(remote.addr) {
             Ok(_) => Reach::Yes { cost: COST },
             Err(reason) => no(reason),
         }
