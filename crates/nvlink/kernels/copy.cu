@@ -7,13 +7,21 @@
 // One warp copies one item at a time, walking the items grid-stride. Source and destination may
 // be local memory or a peer GPU's memory mapped through P2P (IPC or VMM); the host checked every
 // range against registered memory before the launch, so the kernels trust their arguments.
+//
+// The item lists (entries, block ids, pool bases) sit in pinned host memory and are read over
+// the bus, about a microsecond each. So a warp never reads its next item after finishing the
+// last: each lane reads the address of one of the warp's next 32 items at once, and the warp
+// takes them from its lanes one by one.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
-struct __attribute__((aligned(16))) Vec16 {
-    u64 lo;
-    u64 hi;
+// Sixteen bytes as the four words the shifting copy splices.
+struct __attribute__((aligned(16))) Words {
+    u32 x;
+    u32 y;
+    u32 z;
+    u32 w;
 };
 
 // One entry of a copy list: `len` bytes from `src` to `dst`.
@@ -23,14 +31,97 @@ struct CopyEntry {
     u64 len;
 };
 
-// Copies `len` bytes with the 32 lanes of a warp in vectors of T, where `src` and `dst` agree
-// modulo sizeof(T): a byte head up to T's alignment, the vector body unrolled four deep so each
-// lane keeps several loads in flight across the link, then a byte tail.
-template <typename T>
-__device__ __forceinline__ void warp_copy_as(const unsigned char* src, unsigned char* dst,
-                                             u64 len, u32 lane) {
-    const u64 align = sizeof(T);
-    u64 head = (align - ((u64)dst & (align - 1))) & (align - 1);
+// Vectors each lane keeps in flight: 8 x 16 B a lane is 4 KiB a warp, so a 4 KiB block takes
+// one round trip.
+#define DEPTH 8
+
+__device__ __forceinline__ Words from_next_lane(Words v) {
+    Words out;
+    out.x = __shfl_down_sync(0xffffffffu, v.x, 1);
+    out.y = __shfl_down_sync(0xffffffffu, v.y, 1);
+    out.z = __shfl_down_sync(0xffffffffu, v.z, 1);
+    out.w = __shfl_down_sync(0xffffffffu, v.w, 1);
+    return out;
+}
+
+// The 16 bytes that start `Q * 4 + bits / 8` bytes into the 32 bytes `a` then `b`.
+template <int Q>
+__device__ __forceinline__ Words splice(Words a, Words b, u32 bits) {
+    const u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    Words out;
+    out.x = __funnelshift_r(w[Q], w[Q + 1], bits);
+    out.y = __funnelshift_r(w[Q + 1], w[Q + 2], bits);
+    out.z = __funnelshift_r(w[Q + 2], w[Q + 3], bits);
+    out.w = __funnelshift_r(w[Q + 3], w[Q + 4], bits);
+    return out;
+}
+
+// Copies `count` 16-byte vectors from `src` to `dst`, both 16-byte aligned, DEPTH loads deep
+// in every lane before the stores.
+__device__ __forceinline__ void warp_copy_vectors(const Words* src, Words* dst, u64 count,
+                                                  u32 lane) {
+    for (u64 base = 0; base < count; base += 32 * DEPTH) {
+        Words v[DEPTH];
+#pragma unroll
+        for (int u = 0; u < DEPTH; ++u) {
+            const u64 k = base + u * 32 + lane;
+            if (k < count) {
+                v[u] = src[k];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DEPTH; ++u) {
+            const u64 k = base + u * 32 + lane;
+            if (k < count) {
+                dst[k] = v[u];
+            }
+        }
+    }
+}
+
+// Copies `count` 16-byte vectors to `dst` (16-byte aligned) from `src`, which sits
+// `Q * 4 + bits / 8` bytes (1 to 15) past a 16-byte boundary: every lane loads aligned
+// vectors, takes the next one from its neighbour, and stores the 16 bytes spliced from the
+// pair. The aligned load of the last vector reaches at most 15 bytes past the range, inside
+// the same 16-byte line, which no allocation ends inside.
+template <int Q>
+__device__ __forceinline__ void warp_copy_shifted(const unsigned char* src, Words* dst,
+                                                  u64 count, u32 bits, u32 lane) {
+    const Words* s = (const Words*)((u64)src & ~(u64)15);
+    for (u64 base = 0; base < count; base += 32 * DEPTH) {
+        Words v[DEPTH];
+        Words last[DEPTH];
+#pragma unroll
+        for (int u = 0; u < DEPTH; ++u) {
+            const u64 k = base + u * 32 + lane;
+            if (k <= count) {
+                v[u] = s[k];
+            }
+            if (lane == 31 && k < count) {
+                last[u] = s[k + 1];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DEPTH; ++u) {
+            const u64 k = base + u * 32 + lane;
+            Words next = from_next_lane(v[u]);
+            if (lane == 31) {
+                next = last[u];
+            }
+            if (k < count) {
+                dst[k] = splice<Q>(v[u], next, bits);
+            }
+        }
+    }
+}
+
+// Copies `len` bytes with the 32 lanes of a warp: a byte head up to the destination's 16-byte
+// alignment, a body of 16-byte vectors (aligned loads, or shifted ones where the source sits
+// differently), then a byte tail. Odd sizes and odd addresses thus move 16 bytes a lane too.
+__device__ __forceinline__ void warp_copy(u64 src_addr, u64 dst_addr, u64 len, u32 lane) {
+    const unsigned char* src = (const unsigned char*)src_addr;
+    unsigned char* dst = (unsigned char*)dst_addr;
+    u64 head = (16 - (dst_addr & 15)) & 15;
     if (head > len) {
         head = len;
     }
@@ -40,44 +131,36 @@ __device__ __forceinline__ void warp_copy_as(const unsigned char* src, unsigned 
     src += head;
     dst += head;
     len -= head;
-    const u64 count = len / align;
-    const T* s = (const T*)src;
-    T* d = (T*)dst;
-    u64 i = lane;
-    for (; i + 96 < count; i += 128) {
-        T a = s[i];
-        T b = s[i + 32];
-        T c = s[i + 64];
-        T e = s[i + 96];
-        d[i] = a;
-        d[i + 32] = b;
-        d[i + 64] = c;
-        d[i + 96] = e;
+    const u64 count = len / 16;
+    Words* d = (Words*)dst;
+    const u32 skew = (u32)((u64)src & 15);
+    const u32 bits = (skew & 3) * 8;
+    switch (skew >> 2) {
+    case 0:
+        if (skew == 0) {
+            warp_copy_vectors((const Words*)src, d, count, lane);
+        } else {
+            warp_copy_shifted<0>(src, d, count, bits, lane);
+        }
+        break;
+    case 1:
+        warp_copy_shifted<1>(src, d, count, bits, lane);
+        break;
+    case 2:
+        warp_copy_shifted<2>(src, d, count, bits, lane);
+        break;
+    default:
+        warp_copy_shifted<3>(src, d, count, bits, lane);
+        break;
     }
-    for (; i < count; i += 32) {
-        d[i] = s[i];
-    }
-    const u64 done = count * align;
-    const u64 tail = len - done;
-    if (lane < tail) {
+    const u64 done = count * 16;
+    if (lane < len - done) {
         dst[done + lane] = src[done + lane];
     }
 }
 
-// Picks the widest vector both addresses allow.
-__device__ __forceinline__ void warp_copy(u64 src, u64 dst, u64 len, u32 lane) {
-    const unsigned char* s = (const unsigned char*)src;
-    unsigned char* d = (unsigned char*)dst;
-    const u64 skew = src ^ dst;
-    if ((skew & 15) == 0) {
-        warp_copy_as<Vec16>(s, d, len, lane);
-    } else if ((skew & 7) == 0) {
-        warp_copy_as<u64>(s, d, len, lane);
-    } else if ((skew & 3) == 0) {
-        warp_copy_as<u32>(s, d, len, lane);
-    } else {
-        warp_copy_as<unsigned char>(s, d, len, lane);
-    }
+__device__ __forceinline__ u64 from_lane(u64 value, u32 lane) {
+    return __shfl_sync(0xffffffffu, value, lane);
 }
 
 // Copies every entry of a list of `count` entries.
@@ -85,9 +168,17 @@ extern "C" __global__ void ferry_copy_list(const CopyEntry* entries, u64 count) 
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 item = warp; item < count; item += warps) {
-        const CopyEntry entry = entries[item];
-        warp_copy(entry.src, entry.dst, entry.len, lane);
+    for (u64 first = warp; first < count; first += 32 * warps) {
+        // Lane j reads the entry of this warp's j-th next item.
+        const u64 mine = first + lane * warps;
+        CopyEntry entry = {0, 0, 0};
+        if (mine < count) {
+            entry = entries[mine];
+        }
+        for (u32 j = 0; j < 32 && first + j * warps < count; ++j) {
+            warp_copy(from_lane(entry.src, j), from_lane(entry.dst, j), from_lane(entry.len, j),
+                      lane);
+        }
     }
 }
 
@@ -105,15 +196,24 @@ extern "C" __global__ void ferry_copy_paged(const u64* src_bases, const u64* dst
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     const u64 pieces = (len + chunk - 1) / chunk;
     const u64 items = (u64)pools * blocks * pieces;
-    for (u64 item = warp; item < items; item += warps) {
-        const u64 pair = item / pieces;
-        const u64 piece = item - pair * pieces;
-        const u64 pool = pair / blocks;
-        const u64 block = pair - pool * blocks;
-        const u64 skip = piece * chunk;
-        const u64 bytes = len - skip < chunk ? len - skip : chunk;
-        const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
-        const u64 dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
-        warp_copy(src, dst, bytes, lane);
+    for (u64 first = warp; first < items; first += 32 * warps) {
+        // Lane j works out where this warp's j-th next item starts and ends.
+        const u64 mine = first + lane * warps;
+        u64 src = 0;
+        u64 dst = 0;
+        u64 bytes = 0;
+        if (mine < items) {
+            const u64 pair = pieces == 1 ? mine : mine / pieces;
+            const u64 piece = mine - pair * pieces;
+            const u64 pool = pair / blocks;
+            const u64 block = pair - pool * blocks;
+            const u64 skip = piece * chunk;
+            bytes = len - skip < chunk ? len - skip : chunk;
+            src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
+            dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
+        }
+        for (u32 j = 0; j < 32 && first + j * warps < items; ++j) {
+            warp_copy(from_lane(src, j), from_lane(dst, j), from_lane(bytes, j), lane);
+        }
     }
 }

@@ -392,7 +392,7 @@ impl NvlinkLink {
         let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
         let paged = Paged {
             layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
-            grid: kernels.grid(items, self.config.kernel_blocks_per_sm),
+            grid: kernels.grid(items, &self.config),
             pools,
             ids,
             src,

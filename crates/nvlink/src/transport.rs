@@ -27,6 +27,11 @@ pub struct NvlinkConfig {
     /// The copy kernel's unit of work: one warp copies at most this many bytes at a time, so
     /// long copies are shared out among warps.
     pub kernel_chunk_bytes: u64,
+    /// Multiprocessors the copy kernel may occupy at once, at most; `None` for all of them.
+    /// A launch then has at most this many thread blocks, and the GPU's block scheduler puts
+    /// each on its own multiprocessor, leaving the rest to the model's kernels (prefill
+    /// computes while its KV leaves). Copies that go to the copy engines are not limited.
+    pub kernel_max_sms: Option<u32>,
 }
 
 impl Default for NvlinkConfig {
@@ -36,6 +41,7 @@ impl Default for NvlinkConfig {
             copy_path: CopyPath::Auto,
             kernel_blocks_per_sm: 2,
             kernel_chunk_bytes: 64 << 10,
+            kernel_max_sms: None,
         }
     }
 }

@@ -26,7 +26,7 @@ use report::{quantile, Report, Row};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use workload::{random_bytes, Paged, Shape, SWEEP_BYTES, SWEEP_SIZES};
+use workload::{random_bytes, Paged, Shape, SWEEP_SIZES};
 
 use workload::{Workload, ALL as ALL_WORKLOADS};
 
@@ -75,6 +75,10 @@ pub(crate) struct Options {
     /// Bytes one warp of the copy kernel copies at a time, at most.
     #[arg(long, default_value_t = NvlinkConfig::default().kernel_chunk_bytes)]
     pub(crate) kernel_chunk_bytes: u64,
+    /// Multiprocessors the copy kernel may occupy at once, at most (all of them when not
+    /// given), leaving the rest to other kernels.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) kernel_max_sms: Option<u32>,
     /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
     #[arg(long, default_value = "auto", value_delimiter = ',')]
     pub(crate) paths: Vec<CopyPath>,
@@ -165,10 +169,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         Some(_) => SWEEP_SIZES
             .iter()
             .map(|&bytes| {
-                let workload = Workload::Blocks {
-                    bytes,
-                    count: SWEEP_BYTES / bytes,
-                };
+                let workload = workload::sweep_point(bytes);
                 (workload, workload.shape(options.seed))
             })
             .collect(),
@@ -376,6 +377,7 @@ impl Side {
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
+                kernel_max_sms: options.kernel_max_sms,
             });
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]

@@ -472,6 +472,12 @@ impl RankChild {
                 "--kernel-chunk-bytes",
                 &options.kernel_chunk_bytes.to_string(),
             ])
+            .args(
+                options
+                    .kernel_max_sms
+                    .iter()
+                    .flat_map(|most| ["--kernel-max-sms".to_string(), most.to_string()]),
+            )
             .args(["--seed", &options.seed.to_string()])
             .args([
                 "--data-seed",

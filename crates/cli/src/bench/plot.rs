@@ -3,7 +3,7 @@
 //! sizes go on a base-2 log scale.
 
 use super::report::{Report, Row};
-use super::workload::{size, SWEEP_BYTES};
+use super::workload::{size, SWEEP_BYTES, SWEEP_MOST_BLOCKS};
 use plotters::prelude::*;
 use std::f64::consts::SQRT_2;
 
@@ -39,6 +39,14 @@ pub(crate) fn svg(report: &Report) -> Result<String, PlotError> {
     Ok(text)
 }
 
+/// How many powers of two `sizes` round up to: one axis label each, so sizes that differ by a
+/// few bytes (4 KiB and 4097 B) share a label.
+fn powers_of_two(sizes: &[u64]) -> usize {
+    let mut powers: Vec<u64> = sizes.iter().map(|size| size.next_power_of_two()).collect();
+    powers.dedup();
+    powers.len()
+}
+
 /// What drawing on the SVG backend may fail with.
 type DrawResult = Result<(), DrawingAreaErrorKind<std::io::Error>>;
 
@@ -68,10 +76,12 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
     let mut chart = ChartBuilder::on(root)
         .caption(
             format!(
-                "ferry bench: GPU{} -> GPU{} across processes, scattered blocks ({} per point)",
+                "ferry bench: GPU{} -> GPU{} across processes, scattered blocks ({} or {} \
+                 blocks a point, whichever is less)",
                 report.prefill_gpu,
                 report.decode_gpu,
-                size(SWEEP_BYTES)
+                size(SWEEP_BYTES),
+                SWEEP_MOST_BLOCKS
             ),
             ("sans-serif", 20),
         )
@@ -85,7 +95,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
         .axis_desc_style(("sans-serif", 15))
         .x_desc("block size")
         .y_desc("GB/s")
-        .x_labels(sizes.len().max(2))
+        .x_labels(powers_of_two(&sizes).max(2))
         .x_label_formatter(&|bytes| size(bytes.round() as u64))
         .y_label_formatter(&|gbps| format!("{gbps:.0}"))
         .disable_x_mesh()
@@ -154,7 +164,7 @@ mod tests {
             "1M",
             "0",
             "400",
-            "ferry bench: GPU0 -&gt; GPU1 across processes, scattered blocks (256M per point)",
+            "ferry bench: GPU0 -&gt; GPU1 across processes, scattered blocks (256M or 65536 blocks a point, whichever is less)",
         ] {
             assert!(has_text(&svg, text), "no text {text:?} in {svg}");
         }

@@ -52,6 +52,10 @@ pub(crate) struct RankOptions {
     /// Bytes one warp of the copy kernel copies at a time, at most.
     #[arg(long)]
     pub(crate) kernel_chunk_bytes: u64,
+    /// Multiprocessors the copy kernel may occupy at once, at most (all of them when not
+    /// given), leaving the rest to other kernels.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) kernel_max_sms: Option<u32>,
     /// Seed of the block ids (the same on every rank).
     #[arg(long)]
     pub(crate) seed: u64,
@@ -117,6 +121,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
             copy_path: options.path,
             kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
             kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
+            kernel_max_sms: options.kernel_max_sms,
         })
         .build_blocking()?;
     let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;

@@ -230,20 +230,44 @@ impl Workload {
     }
 }
 
-/// The block sizes of the `--plot` sweep, each moved as `SWEEP_BYTES` in scattered blocks.
-pub(crate) const SWEEP_SIZES: [u64; 8] = [
+/// The block sizes of the `--plot` sweep, from 512 B to 64 MiB. Sizes that are not multiples
+/// of 16 (a latent-attention entry, a KV block of an unusual head size) sit next to the
+/// multiple of 16 they should keep up with; scattered blocks of such sizes also start at odd
+/// addresses.
+pub(crate) const SWEEP_SIZES: [u64; 17] = [
+    512,
+    1000,
+    KIB,
+    2 * KIB,
     4 * KIB,
+    4097,
+    4100,
     16 * KIB,
+    16 * KIB + 4,
     64 * KIB,
     256 * KIB,
     MIB,
+    MIB + 12,
     4 * MIB,
     16 * MIB,
     64 * MIB,
+    64 * MIB + 1,
 ];
 
-/// Bytes each sweep point moves.
+/// Bytes each sweep point moves, at most.
 pub(crate) const SWEEP_BYTES: u64 = 256 * MIB;
+
+/// Blocks each sweep point moves, at most: small blocks stop here rather than at
+/// `SWEEP_BYTES`, so the copy-engine rows (a copy call per block) stay short.
+pub(crate) const SWEEP_MOST_BLOCKS: u64 = 65_536;
+
+/// The sweep's point for blocks of `bytes`.
+pub(crate) fn sweep_point(bytes: u64) -> Workload {
+    Workload::Blocks {
+        bytes,
+        count: (SWEEP_BYTES / bytes).clamp(1, SWEEP_MOST_BLOCKS),
+    }
+}
 
 #[cfg(test)]
 mod tests {

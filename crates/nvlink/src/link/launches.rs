@@ -57,7 +57,7 @@ impl NvlinkLink {
                 self.launch_kernel(
                     lane,
                     &kernels.list,
-                    kernels.grid(count, self.config.kernel_blocks_per_sm),
+                    kernels.grid(count, &self.config),
                     entries.len() * plan::ENTRY_BYTES,
                     |args, base| {
                         plan::write_entries(entries, args);
