@@ -716,6 +716,19 @@ fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
             ..
         }))
     ));
+    // Both engines share this process's context, so everything that may wait for the whole
+    // context (allocating, freeing, the first transfer's set-up) happens before the stream
+    // blocks; what follows the wait is the transfer a decode process's sender would make.
+    let prefill = engine();
+    let source = prefill.allocate_device(0, DATA).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, pool.addr(), DATA)
+        .submit_blocking()
+        .unwrap();
+    let bytes = pattern(94, DATA as usize);
+    source.write_at(0, &bytes).unwrap();
     stream.wait_value32(&pool, DATA, 7).unwrap();
     let passed = stream.record_event().unwrap();
     std::thread::sleep(Duration::from_millis(50));
@@ -723,11 +736,6 @@ fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
         !passed.query().unwrap(),
         "the stream ran past the wait before any signal"
     );
-    let prefill = engine();
-    let source = prefill.allocate_device(0, DATA).unwrap();
-    let bytes = pattern(94, DATA as usize);
-    source.write_at(0, &bytes).unwrap();
-    let peer = prefill.connect_blocking(decode.name()).unwrap();
     let done = prefill
         .batch(&peer)
         .write(&source, 0, pool.addr(), DATA)

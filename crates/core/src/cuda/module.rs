@@ -6,6 +6,9 @@ use cudarc::driver::sys::{self, CUfunction, CUmodule};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
+/// First driver version with `cuFuncLoad` (CUDA 12.4).
+const FUNC_LOAD_FROM: u32 = 12040;
+
 /// GPU code loaded into one GPU's context from PTX text (JIT-compiled by the driver for that
 /// GPU); unloaded on drop, after every [`Kernel`] taken from it is gone.
 #[derive(Debug)]
@@ -60,6 +63,14 @@ impl Module {
         CudaError::check("cuModuleGetFunction", unsafe {
             sys::cuModuleGetFunction(&mut raw, self.raw, symbol.as_ptr())
         })?;
+        // Under lazy loading (the default from CUDA 12.2) a kernel is put on the GPU at its
+        // first launch, which may wait for the whole context to idle: that never happens while
+        // another stream of this process waits for a signal this very launch's transfer would
+        // set. Loading it now keeps launches free of that wait.
+        if super::Driver::get().version() >= FUNC_LOAD_FROM {
+            // SAFETY: `raw` is a function of this loaded module, and its context is current.
+            CudaError::check("cuFuncLoad", unsafe { sys::cuFuncLoad(raw) })?;
+        }
         Ok(Kernel {
             raw,
             module: Arc::clone(self),
