@@ -7,11 +7,6 @@
 // One warp copies one item at a time, walking the items grid-stride. Source and destination may
 // be local memory or a peer GPU's memory mapped through P2P (IPC or VMM); the host checked every
 // range against registered memory before the launch, so the kernels trust their arguments.
-//
-// The item lists (entries, block ids, pool bases) sit in pinned host memory and are read over
-// the bus, about a microsecond each. So a warp never reads its next item after finishing the
-// last: each lane reads the address of one of the warp's next 32 items at once, and the warp
-// takes them from its lanes one by one.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -31,9 +26,24 @@ struct CopyEntry {
     u64 len;
 };
 
-// Vectors each lane keeps in flight: 8 x 16 B a lane is 4 KiB a warp, so a 4 KiB block takes
-// one round trip.
-#define DEPTH 8
+// Vectors each lane keeps in flight: four of the aligned copy's, one (and the neighbour's) of
+// the shifting copy's. Deeper was measured no faster on an H200 and needs more than the 64
+// registers a thread may have when two blocks of 512 threads share a multiprocessor (the
+// __launch_bounds__ below, and kernels.rs's launch): with fewer resident warps, blocks of a
+// few KiB moved slower.
+#define DEPTH 4
+#define SHIFTED_DEPTH 1
+#define THREADS 512
+#define BLOCKS_PER_SM 2
+
+__device__ __forceinline__ Words from_lane_words(Words v, u32 lane) {
+    Words out;
+    out.x = __shfl_sync(0xffffffffu, v.x, lane);
+    out.y = __shfl_sync(0xffffffffu, v.y, lane);
+    out.z = __shfl_sync(0xffffffffu, v.z, lane);
+    out.w = __shfl_sync(0xffffffffu, v.w, lane);
+    return out;
+}
 
 __device__ __forceinline__ Words from_next_lane(Words v) {
     Words out;
@@ -57,61 +67,70 @@ __device__ __forceinline__ Words splice(Words a, Words b, u32 bits) {
 }
 
 // Copies `count` 16-byte vectors from `src` to `dst`, both 16-byte aligned, DEPTH loads deep
-// in every lane before the stores.
+// in every lane before the stores. Rounds count in 32-bit offsets from pointers that move on,
+// which keeps the registers within the launch bounds.
 __device__ __forceinline__ void warp_copy_vectors(const Words* src, Words* dst, u64 count,
                                                   u32 lane) {
-    for (u64 base = 0; base < count; base += 32 * DEPTH) {
+    src += lane;
+    dst += lane;
+#pragma unroll 1
+    while (count > 0) {
+        const u32 round = count < 32 * DEPTH ? (u32)count : 32 * DEPTH;
         Words v[DEPTH];
 #pragma unroll
-        for (int u = 0; u < DEPTH; ++u) {
-            const u64 k = base + u * 32 + lane;
-            if (k < count) {
-                v[u] = src[k];
+        for (u32 u = 0; u < DEPTH; ++u) {
+            if (u * 32 + lane < round) {
+                v[u] = src[u * 32];
             }
         }
 #pragma unroll
-        for (int u = 0; u < DEPTH; ++u) {
-            const u64 k = base + u * 32 + lane;
-            if (k < count) {
-                dst[k] = v[u];
+        for (u32 u = 0; u < DEPTH; ++u) {
+            if (u * 32 + lane < round) {
+                dst[u * 32] = v[u];
             }
         }
+        src += 32 * DEPTH;
+        dst += 32 * DEPTH;
+        count -= round;
     }
 }
 
 // Copies `count` 16-byte vectors to `dst` (16-byte aligned) from `src`, which sits
 // `Q * 4 + bits / 8` bytes (1 to 15) past a 16-byte boundary: every lane loads aligned
-// vectors, takes the next one from its neighbour, and stores the 16 bytes spliced from the
-// pair. The aligned load of the last vector reaches at most 15 bytes past the range, inside
-// the same 16-byte line, which no allocation ends inside.
+// vectors, takes the next one from its neighbour (the last lane from the first lane's next
+// vector), and stores the 16 bytes spliced from the pair. The aligned load of the last vector
+// reaches at most 15 bytes past the range, inside the same 16-byte line, which no allocation
+// ends inside.
 template <int Q>
 __device__ __forceinline__ void warp_copy_shifted(const unsigned char* src, Words* dst,
                                                   u64 count, u32 bits, u32 lane) {
-    const Words* s = (const Words*)((u64)src & ~(u64)15);
-    for (u64 base = 0; base < count; base += 32 * DEPTH) {
-        Words v[DEPTH];
-        Words last[DEPTH];
+    const Words* s = (const Words*)((u64)src & ~(u64)15) + lane;
+    dst += lane;
+#pragma unroll 1
+    while (count > 0) {
+        const u32 round = count < 32 * SHIFTED_DEPTH ? (u32)count : 32 * SHIFTED_DEPTH;
+        // One vector more than the round stores, loaded by the first lane only.
+        Words v[SHIFTED_DEPTH + 1];
 #pragma unroll
-        for (int u = 0; u < DEPTH; ++u) {
-            const u64 k = base + u * 32 + lane;
-            if (k <= count) {
-                v[u] = s[k];
-            }
-            if (lane == 31 && k < count) {
-                last[u] = s[k + 1];
+        for (u32 u = 0; u <= SHIFTED_DEPTH; ++u) {
+            if (u * 32 + lane <= round && (u < SHIFTED_DEPTH || lane == 0)) {
+                v[u] = s[u * 32];
             }
         }
 #pragma unroll
-        for (int u = 0; u < DEPTH; ++u) {
-            const u64 k = base + u * 32 + lane;
+        for (u32 u = 0; u < SHIFTED_DEPTH; ++u) {
             Words next = from_next_lane(v[u]);
+            const Words wrapped = from_lane_words(v[u + 1], 0);
             if (lane == 31) {
-                next = last[u];
+                next = wrapped;
             }
-            if (k < count) {
-                dst[k] = splice<Q>(v[u], next, bits);
+            if (u * 32 + lane < round) {
+                dst[u * 32] = splice<Q>(v[u], next, bits);
             }
         }
+        s += 32 * SHIFTED_DEPTH;
+        dst += 32 * SHIFTED_DEPTH;
+        count -= round;
     }
 }
 
@@ -159,26 +178,15 @@ __device__ __forceinline__ void warp_copy(u64 src_addr, u64 dst_addr, u64 len, u
     }
 }
 
-__device__ __forceinline__ u64 from_lane(u64 value, u32 lane) {
-    return __shfl_sync(0xffffffffu, value, lane);
-}
-
 // Copies every entry of a list of `count` entries.
-extern "C" __global__ void ferry_copy_list(const CopyEntry* entries, u64 count) {
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+ferry_copy_list(const CopyEntry* entries, u64 count) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 first = warp; first < count; first += 32 * warps) {
-        // Lane j reads the entry of this warp's j-th next item.
-        const u64 mine = first + lane * warps;
-        CopyEntry entry = {0, 0, 0};
-        if (mine < count) {
-            entry = entries[mine];
-        }
-        for (u32 j = 0; j < 32 && first + j * warps < count; ++j) {
-            warp_copy(from_lane(entry.src, j), from_lane(entry.dst, j), from_lane(entry.len, j),
-                      lane);
-        }
+    for (u64 item = warp; item < count; item += warps) {
+        const CopyEntry entry = entries[item];
+        warp_copy(entry.src, entry.dst, entry.len, lane);
     }
 }
 
@@ -187,33 +195,24 @@ extern "C" __global__ void ferry_copy_list(const CopyEntry* entries, u64 count) 
 // to dst_bases[p] + dst_ids[b] * dst_stride + dst_offset.
 // Blocks longer than `chunk` bytes are shared out in pieces of `chunk`, so a few large blocks
 // still keep every warp busy.
-extern "C" __global__ void ferry_copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools,
-                                            const u32* src_ids, const u32* dst_ids, u32 blocks,
-                                            u64 src_stride, u64 dst_stride, u64 src_offset,
-                                            u64 dst_offset, u64 len, u64 chunk) {
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+ferry_copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools, const u32* src_ids,
+                 const u32* dst_ids, u32 blocks, u64 src_stride, u64 dst_stride, u64 src_offset,
+                 u64 dst_offset, u64 len, u64 chunk) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     const u64 pieces = (len + chunk - 1) / chunk;
     const u64 items = (u64)pools * blocks * pieces;
-    for (u64 first = warp; first < items; first += 32 * warps) {
-        // Lane j works out where this warp's j-th next item starts and ends.
-        const u64 mine = first + lane * warps;
-        u64 src = 0;
-        u64 dst = 0;
-        u64 bytes = 0;
-        if (mine < items) {
-            const u64 pair = pieces == 1 ? mine : mine / pieces;
-            const u64 piece = mine - pair * pieces;
-            const u64 pool = pair / blocks;
-            const u64 block = pair - pool * blocks;
-            const u64 skip = piece * chunk;
-            bytes = len - skip < chunk ? len - skip : chunk;
-            src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
-            dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
-        }
-        for (u32 j = 0; j < 32 && first + j * warps < items; ++j) {
-            warp_copy(from_lane(src, j), from_lane(dst, j), from_lane(bytes, j), lane);
-        }
+    for (u64 item = warp; item < items; item += warps) {
+        const u64 pair = pieces == 1 ? item : item / pieces;
+        const u64 piece = item - pair * pieces;
+        const u64 pool = pair / blocks;
+        const u64 block = pair - pool * blocks;
+        const u64 skip = piece * chunk;
+        const u64 bytes = len - skip < chunk ? len - skip : chunk;
+        const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
+        const u64 dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
+        warp_copy(src, dst, bytes, lane);
     }
 }

@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 const COPY_PTX: &str = include_str!("../kernels/copy.ptx");
 
-/// Threads per block of both kernels: 16 warps, each copying one item at a time.
+/// Threads per block of both kernels: 16 warps, each copying one item at a time (`THREADS` of
+/// copy.cu, whose launch bounds keep two such blocks per multiprocessor).
 pub(crate) const THREADS_PER_BLOCK: u32 = 512;
 
 /// Items one warp should have, at least, before another block is worth launching.
