@@ -756,6 +756,87 @@ fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
     assert_bytes_eq(&landed, &bytes, "the data the signal announced");
 }
 
+/// A block copy told to start after an event holds every byte back until the event fires and
+/// then moves them all: over nvlink the copy waits on the GPU, over TCP (GPU memory staged
+/// through the host) the engine waits on the host. The event stands for prefill's "layer N
+/// is computed"; a stream held on a word of GPU memory stands for the computing stream.
+#[test]
+fn a_block_copy_after_an_event_moves_nothing_before_it_fires() {
+    gpus();
+    const BLOCK: u64 = 4096;
+    const BLOCKS: u32 = 64;
+    const AREA: u64 = BLOCK * BLOCKS as u64;
+    for (gpu_links, transport) in [(true, "nvlink"), (false, "tcp")] {
+        let engine = || {
+            Engine::builder()
+                .gpu_links(gpu_links)
+                .transfer_timeout(Duration::from_secs(20))
+                .build_blocking()
+                .expect("engine starts")
+        };
+        let (decode, prefill) = (engine(), engine());
+        let pool = decode.allocate_device(0, AREA).unwrap();
+        let zeros = vec![0u8; AREA as usize];
+        pool.write_at(0, &zeros).unwrap();
+        let source = prefill.allocate_device(0, AREA).unwrap();
+        let bytes = pattern(95, AREA as usize);
+        source.write_at(0, &bytes).unwrap();
+        let gate = prefill.allocate_device(0, 4096).unwrap();
+        gate.write_at(0, &[0u8; 4096]).unwrap();
+        let peer = prefill.connect_blocking(decode.name()).unwrap();
+        let remote = peer.buffer_at(pool.addr()).unwrap();
+        let local_ids: Vec<u32> = (0..BLOCKS).collect();
+        let remote_ids: Vec<u32> = (0..BLOCKS).rev().collect();
+        let copy = || {
+            ferry::BlockCopy::packed(BLOCK, local_ids.clone(), remote_ids.clone()).pool_at(
+                &source,
+                0,
+                &remote,
+                pool.addr() - remote.addr,
+            )
+        };
+        // Both engines share this process's context: everything that may wait for the whole
+        // context (mappings, kernel and buffer set-up) happens before the stream is held.
+        prefill
+            .batch(&peer)
+            .write_blocks(copy())
+            .submit_blocking()
+            .unwrap();
+        pool.write_at(0, &zeros).unwrap();
+        let computing = ferry::cuda::Stream::new(ferry::cuda::Context::get(0).unwrap()).unwrap();
+        computing.wait_value32(&gate, 0, 1).unwrap();
+        let computed = computing.record_event().unwrap();
+        let transfer = prefill
+            .batch(&peer)
+            .write_blocks(copy())
+            .after(computed)
+            .submit()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut landed = vec![0u8; AREA as usize];
+        pool.read_at(0, &mut landed).unwrap();
+        assert!(
+            landed.iter().all(|&byte| byte == 0),
+            "{transport}: bytes landed before the event fired"
+        );
+        gate.write_at(0, &1u32.to_le_bytes()).unwrap();
+        let done = transfer.wait().unwrap();
+        assert_eq!(done.transports, vec![transport]);
+        pool.read_at(0, &mut landed).unwrap();
+        let mut expected = vec![0u8; AREA as usize];
+        for (&from, &to) in local_ids.iter().zip(&remote_ids) {
+            let (from, to) = (u64::from(from) * BLOCK, u64::from(to) * BLOCK);
+            expected[to as usize..(to + BLOCK) as usize]
+                .copy_from_slice(&bytes[from as usize..(from + BLOCK) as usize]);
+        }
+        assert_bytes_eq(
+            &landed,
+            &expected,
+            &format!("{transport}: the blocks after the event"),
+        );
+    }
+}
+
 #[test]
 fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
     gpus();

@@ -2,8 +2,9 @@
 //! per layer and K/V), named by block ids rather than by one entry per block, so a transport
 //! can compute the addresses itself (the nvlink kernel does, on the GPU).
 
+use crate::cuda::{Event, Poller};
 use crate::descriptor::BufferDescriptor;
-use crate::error::{RangeError, Side};
+use crate::error::{RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
 use crate::transport::{Direction, OpParts, TransferOp};
 use std::sync::Arc;
@@ -387,6 +388,7 @@ impl BlockCopy {
             remote_offset: self.remote.offset,
             local_ids: Arc::clone(&self.local_ids),
             remote_ids: Arc::clone(&self.remote_ids),
+            after: None,
         }
     }
 }
@@ -451,9 +453,28 @@ pub struct BlockOps {
     pub local_ids: Arc<[u32]>,
     /// Remote block of each pair.
     pub remote_ids: Arc<[u32]>,
+    /// No byte may move before this event has fired ([`crate::Batch::after`]). A transport
+    /// whose copies run on GPU streams makes them wait for it there; any other waits on the
+    /// host first ([`BlockOps::wait_on_host`]).
+    pub after: Option<Arc<Event>>,
 }
 
 impl BlockOps {
+    /// Resolves once [`BlockOps::after`] has fired (at once without one): for transports
+    /// that cannot make the GPU wait for it.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] when the work before the event failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it only stops waiting.
+    pub async fn wait_on_host(&self) -> Result<()> {
+        match &self.after {
+            Some(event) => Poller::global().wait(Arc::clone(event)).await,
+            None => Ok(()),
+        }
+    }
+
     /// Bytes moved.
     pub fn bytes(&self) -> u64 {
         self.len * self.local_ids.len() as u64 * self.pools.len() as u64

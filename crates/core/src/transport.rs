@@ -222,7 +222,9 @@ pub trait Link: Send + Sync + 'static {
     async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()>;
 
     /// Moves a paged block copy; resolves once all bytes are visible at their destinations.
-    /// The default turns it into one op per block (merged where blocks continue each other).
+    /// No byte may move before [`BlockOps::after`] has fired. The default waits for it on the
+    /// host, then turns the copy into one op per block (merged where blocks continue each
+    /// other).
     ///
     /// # Errors
     /// As [`Link::transfer`].
@@ -230,6 +232,7 @@ pub trait Link: Send + Sync + 'static {
     /// # Cancel safety
     /// As [`Link::transfer`]: the engine awaits it to its end.
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+        blocks.wait_on_host().await?;
         self.transfer(blocks.into_ops()).await
     }
 

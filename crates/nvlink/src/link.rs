@@ -399,6 +399,7 @@ impl NvlinkLink {
             dst,
             len: blocks.len,
             chunk,
+            after: blocks.after.clone(),
         };
         Ok(Some((lane, paged)))
     }
@@ -461,7 +462,10 @@ impl Link for NvlinkLink {
                 self.run(vec![lane], vec![(0, Work::Paged(paged))], (blocks, held))
                     .await
             }
-            None => self.transfer(blocks.into_ops()).await,
+            None => {
+                blocks.wait_on_host().await?;
+                self.transfer(blocks.into_ops()).await
+            }
         }
     }
 

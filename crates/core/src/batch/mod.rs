@@ -9,6 +9,7 @@ mod transfer;
 pub use transfer::{Completion, Transfer};
 
 use crate::blocks::BlockCopy;
+use crate::cuda::Event;
 use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
@@ -54,6 +55,7 @@ struct State {
     signal: Option<(u64, u32)>,
     notification: Option<Vec<u8>>,
     foreign_region: Option<usize>,
+    after: Option<Arc<Event>>,
 }
 
 impl State {
@@ -116,6 +118,7 @@ impl Batch {
                 signal: None,
                 notification: None,
                 foreign_region: None,
+                after: None,
             }),
         }
     }
@@ -171,6 +174,18 @@ impl Batch {
     /// the signal.
     pub fn signal(mut self, remote_addr: u64, value: u32) -> Self {
         self.state.signal = Some((remote_addr, value));
+        self
+    }
+
+    /// Holds every byte of the batch back until `event` has fired: record it on the stream
+    /// that produces the data (prefill's compute stream after a layer's attention, say), and
+    /// submit at once; the host does not wait. Block copies over nvlink wait for it on the
+    /// GPU (`cuStreamWaitEvent` before their kernel launch), so the copy starts the moment the
+    /// data is written; entries, and block copies over other transports, wait for it on the
+    /// host (the engine's event poller). A failure of the work before the event fails the
+    /// transfer with its CUDA error.
+    pub fn after(mut self, event: Event) -> Self {
+        self.state.after = Some(Arc::new(event));
         self
     }
 
@@ -265,6 +280,7 @@ impl Batch {
             blocks,
             signal,
             notification,
+            after,
             ..
         } = state;
         let work = Work {
@@ -272,6 +288,7 @@ impl Batch {
             entries,
             blocks,
             signal,
+            after,
         };
         Ok(transfer::start(engine, peer, work, notification))
     }
@@ -351,6 +368,8 @@ struct Work {
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
     signal: Option<(u64, u32)>,
+    /// What every byte waits for ([`Batch::after`]).
+    after: Option<Arc<Event>>,
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use super::route::{route_all, signal_route};
 use super::Work;
+use crate::cuda::Poller;
 use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::peer::Peer;
@@ -165,6 +166,7 @@ async fn run(
     };
     // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
     let entries = std::mem::take(&mut work.entries);
+    let after = work.after.take();
     drop(work);
     let mut transports = Vec::with_capacity(groups.len());
     let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
@@ -172,9 +174,16 @@ async fn run(
     for (transport, ops) in groups {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         transports.push(engine.transports[transport].name());
-        pending.push(Box::pin(async move { link.transfer(ops).await }));
+        let after = after.clone();
+        pending.push(Box::pin(async move {
+            if let Some(event) = after {
+                Poller::global().wait(event).await?;
+            }
+            link.transfer(ops).await
+        }));
     }
-    for (transport, blocks) in block_groups {
+    for (transport, mut blocks) in block_groups {
+        blocks.after = after.clone();
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         let name = engine.transports[transport].name();
         if !transports.contains(&name) {

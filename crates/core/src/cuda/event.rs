@@ -35,6 +35,11 @@ impl Event {
         Ok(event)
     }
 
+    /// The driver's handle, for the other wrappers of this layer.
+    pub(super) fn raw(&self) -> CUevent {
+        self.raw
+    }
+
     /// `Ok(true)` once the work before the event finished, `Ok(false)` while it runs, and the
     /// error when the work failed: never reads a failure as "not yet".
     pub fn query(&self) -> Result<bool, CudaError> {

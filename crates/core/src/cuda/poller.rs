@@ -28,6 +28,12 @@ impl Pollable for Event {
     }
 }
 
+impl Pollable for std::sync::Arc<Event> {
+    fn query(&self) -> Result<bool, CudaError> {
+        Event::query(self)
+    }
+}
+
 struct Job {
     source: Box<dyn Pollable>,
     done: oneshot::Sender<Result<(), CudaError>>,

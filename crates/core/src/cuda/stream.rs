@@ -1,6 +1,7 @@
 use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::error::CudaError;
+use super::event::Event;
 use crate::error::Error;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 use std::sync::Arc;
@@ -173,6 +174,20 @@ impl Stream {
                 value,
                 sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
             )
+        })
+    }
+
+    /// Makes work queued on this stream from now on wait, on the GPU, until `event` has
+    /// fired. The event may belong to another stream, context or GPU of this process.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: both handles are valid (the event is borrowed for the call); waiting on an
+        // event of another context is allowed.
+        CudaError::check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(self.raw, event.raw(), 0)
         })
     }
 

@@ -92,6 +92,9 @@ impl NvlinkLink {
                     .as_ref()
                     .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
                 let (src, dst, layout) = (&paged.src, &paged.dst, paged.layout);
+                if let Some(event) = &paged.after {
+                    lane.streams[0].wait_event(event)?;
+                }
                 self.launch_kernel(
                     lane,
                     &kernels.paged,
@@ -166,6 +169,8 @@ pub(super) struct Paged {
     pub(super) dst: Side,
     pub(super) len: u64,
     pub(super) chunk: u64,
+    /// The launch waits on the GPU for this event first ([`ferry_core::Batch::after`]).
+    pub(super) after: Option<Arc<Event>>,
 }
 
 /// What one launch of a transfer queues.
