@@ -26,15 +26,14 @@ struct CopyEntry {
     u64 len;
 };
 
-// Vectors each lane keeps in flight: four of the aligned copy's, one (and the neighbour's) of
-// the shifting copy's. Deeper was measured no faster on an H200 and needs more than the 64
-// registers a thread may have when two blocks of 512 threads share a multiprocessor (the
-// __launch_bounds__ below, and kernels.rs's launch): with fewer resident warps, blocks of a
-// few KiB moved slower.
-#define DEPTH 4
-#define SHIFTED_DEPTH 1
+// Two builds of each kernel, which the host picks per launch. The plain ones keep 4 vectors
+// in flight per lane (1 when shifting) within the 64 registers a thread may have when two
+// blocks of 512 threads share a multiprocessor: deeper was no faster on aligned copies, and
+// fewer resident warps made blocks of a few KiB slower. The `_shifted` ones, for copies whose
+// source and destination disagree modulo 16, keep 8 (4 when shifting) in flight with one
+// block per multiprocessor: a shifting copy one vector deep moved large blocks at 0.6-0.7 of
+// the aligned speed on an H200.
 #define THREADS 512
-#define BLOCKS_PER_SM 2
 
 __device__ __forceinline__ Words from_lane_words(Words v, u32 lane) {
     Words out;
@@ -69,6 +68,7 @@ __device__ __forceinline__ Words splice(Words a, Words b, u32 bits) {
 // Copies `count` 16-byte vectors from `src` to `dst`, both 16-byte aligned, DEPTH loads deep
 // in every lane before the stores. Rounds count in 32-bit offsets from pointers that move on,
 // which keeps the registers within the launch bounds.
+template <u32 DEPTH>
 __device__ __forceinline__ void warp_copy_vectors(const Words* src, Words* dst, u64 count,
                                                   u32 lane) {
     src += lane;
@@ -101,7 +101,7 @@ __device__ __forceinline__ void warp_copy_vectors(const Words* src, Words* dst, 
 // vector), and stores the 16 bytes spliced from the pair. The aligned load of the last vector
 // reaches at most 15 bytes past the range, inside the same 16-byte line, which no allocation
 // ends inside.
-template <int Q>
+template <int Q, u32 SHIFTED_DEPTH>
 __device__ __forceinline__ void warp_copy_shifted(const unsigned char* src, Words* dst,
                                                   u64 count, u32 bits, u32 lane) {
     const Words* s = (const Words*)((u64)src & ~(u64)15) + lane;
@@ -137,6 +137,7 @@ __device__ __forceinline__ void warp_copy_shifted(const unsigned char* src, Word
 // Copies `len` bytes with the 32 lanes of a warp: a byte head up to the destination's 16-byte
 // alignment, a body of 16-byte vectors (aligned loads, or shifted ones where the source sits
 // differently), then a byte tail. Odd sizes and odd addresses thus move 16 bytes a lane too.
+template <u32 DEPTH, u32 SHIFTED_DEPTH>
 __device__ __forceinline__ void warp_copy(u64 src_addr, u64 dst_addr, u64 len, u32 lane) {
     const unsigned char* src = (const unsigned char*)src_addr;
     unsigned char* dst = (unsigned char*)dst_addr;
@@ -157,19 +158,19 @@ __device__ __forceinline__ void warp_copy(u64 src_addr, u64 dst_addr, u64 len, u
     switch (skew >> 2) {
     case 0:
         if (skew == 0) {
-            warp_copy_vectors((const Words*)src, d, count, lane);
+            warp_copy_vectors<DEPTH>((const Words*)src, d, count, lane);
         } else {
-            warp_copy_shifted<0>(src, d, count, bits, lane);
+            warp_copy_shifted<0, SHIFTED_DEPTH>(src, d, count, bits, lane);
         }
         break;
     case 1:
-        warp_copy_shifted<1>(src, d, count, bits, lane);
+        warp_copy_shifted<1, SHIFTED_DEPTH>(src, d, count, bits, lane);
         break;
     case 2:
-        warp_copy_shifted<2>(src, d, count, bits, lane);
+        warp_copy_shifted<2, SHIFTED_DEPTH>(src, d, count, bits, lane);
         break;
     default:
-        warp_copy_shifted<3>(src, d, count, bits, lane);
+        warp_copy_shifted<3, SHIFTED_DEPTH>(src, d, count, bits, lane);
         break;
     }
     const u64 done = count * 16;
@@ -179,14 +180,14 @@ __device__ __forceinline__ void warp_copy(u64 src_addr, u64 dst_addr, u64 len, u
 }
 
 // Copies every entry of a list of `count` entries.
-extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
-ferry_copy_list(const CopyEntry* entries, u64 count) {
+template <u32 DEPTH, u32 SHIFTED_DEPTH>
+__device__ __forceinline__ void copy_list(const CopyEntry* entries, u64 count) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 item = warp; item < count; item += warps) {
         const CopyEntry entry = entries[item];
-        warp_copy(entry.src, entry.dst, entry.len, lane);
+        warp_copy<DEPTH, SHIFTED_DEPTH>(entry.src, entry.dst, entry.len, lane);
     }
 }
 
@@ -195,10 +196,11 @@ ferry_copy_list(const CopyEntry* entries, u64 count) {
 // to dst_bases[p] + dst_ids[b] * dst_stride + dst_offset.
 // Blocks longer than `chunk` bytes are shared out in pieces of `chunk`, so a few large blocks
 // still keep every warp busy.
-extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
-ferry_copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools, const u32* src_ids,
-                 const u32* dst_ids, u32 blocks, u64 src_stride, u64 dst_stride, u64 src_offset,
-                 u64 dst_offset, u64 len, u64 chunk) {
+template <u32 DEPTH, u32 SHIFTED_DEPTH>
+__device__ __forceinline__ void copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools,
+                                           const u32* src_ids, const u32* dst_ids, u32 blocks,
+                                           u64 src_stride, u64 dst_stride, u64 src_offset,
+                                           u64 dst_offset, u64 len, u64 chunk) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
@@ -213,6 +215,32 @@ ferry_copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools, const u3
         const u64 bytes = len - skip < chunk ? len - skip : chunk;
         const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
         const u64 dst = dst_bases[pool] + (u64)dst_ids[block] * dst_stride + dst_offset + skip;
-        warp_copy(src, dst, bytes, lane);
+        warp_copy<DEPTH, SHIFTED_DEPTH>(src, dst, bytes, lane);
     }
+}
+
+#define PAGED_PARAMS                                                                               \
+    const u64 *src_bases, const u64 *dst_bases, u32 pools, const u32 *src_ids,                     \
+        const u32 *dst_ids, u32 blocks, u64 src_stride, u64 dst_stride, u64 src_offset,            \
+        u64 dst_offset, u64 len, u64 chunk
+#define PAGED_ARGS                                                                                 \
+    src_bases, dst_bases, pools, src_ids, dst_ids, blocks, src_stride, dst_stride, src_offset,     \
+        dst_offset, len, chunk
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+ferry_copy_list(const CopyEntry* entries, u64 count) {
+    copy_list<4, 1>(entries, count);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+ferry_copy_list_shifted(const CopyEntry* entries, u64 count) {
+    copy_list<8, 4>(entries, count);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2) ferry_copy_paged(PAGED_PARAMS) {
+    copy_paged<4, 1>(PAGED_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ferry_copy_paged_shifted(PAGED_PARAMS) {
+    copy_paged<8, 4>(PAGED_ARGS);
 }

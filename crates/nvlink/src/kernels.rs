@@ -27,8 +27,12 @@ const MOST_SHARERS: u32 = 4;
 pub(crate) struct CopyKernels {
     /// `ferry_copy_list(const CopyEntry*, u64 count)`.
     pub(crate) list: Kernel,
+    /// The same for lists with an entry whose ends disagree modulo 16.
+    pub(crate) list_shifted: Kernel,
     /// `ferry_copy_paged(...)`, see copy.cu.
     pub(crate) paged: Kernel,
+    /// The same for block copies whose ends may disagree modulo 16.
+    pub(crate) paged_shifted: Kernel,
     multiprocessors: u32,
     /// Peer links of this process that copy with these kernels ([`KernelShare`]s alive).
     sharers: AtomicU32,
@@ -45,7 +49,9 @@ impl CopyKernels {
         let module = Module::load(Arc::clone(context), COPY_PTX)?;
         let kernels = Arc::new(CopyKernels {
             list: module.kernel("ferry_copy_list")?,
+            list_shifted: module.kernel("ferry_copy_list_shifted")?,
             paged: module.kernel("ferry_copy_paged")?,
+            paged_shifted: module.kernel("ferry_copy_paged_shifted")?,
             multiprocessors: context.multiprocessors()?,
             sharers: AtomicU32::new(0),
         });
@@ -70,12 +76,14 @@ impl KernelShare {
     /// Blocks to launch for `items` items: up to `kernel_blocks_per_sm` per multiprocessor
     /// divided among the links sharing the GPU (at most [`MOST_SHARERS`] ways), fewer when
     /// there is not enough work to give every warp a couple of items, and never more than
-    /// `kernel_max_sms` (one block per multiprocessor allowed).
-    pub(crate) fn grid(&self, items: u64, config: &NvlinkConfig) -> u32 {
-        let full = self
-            .0
-            .multiprocessors
-            .saturating_mul(config.kernel_blocks_per_sm.max(1));
+    /// `kernel_max_sms` (one block per multiprocessor allowed). The `shifted` kernels use
+    /// too many registers for a second block per multiprocessor, so they get one.
+    pub(crate) fn grid(&self, items: u64, config: &NvlinkConfig, shifted: bool) -> u32 {
+        let per_sm = match shifted {
+            true => 1,
+            false => config.kernel_blocks_per_sm.max(1),
+        };
+        let full = self.0.multiprocessors.saturating_mul(per_sm);
         let sharers = self.0.sharers.load(Ordering::Relaxed);
         grid(items, full, sharers, config.kernel_max_sms)
     }

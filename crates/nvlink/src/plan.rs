@@ -197,6 +197,12 @@ pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
     }
 }
 
+/// Whether some entry's source and destination disagree modulo 16, so the list goes to the
+/// `_shifted` kernel.
+pub(crate) fn any_shifted(entries: &[[u64; 3]]) -> bool {
+    entries.iter().any(|&[src, dst, _]| (src ^ dst) % 16 != 0)
+}
+
 /// Where the paged kernel's arrays sit in its argument buffer: source and destination pool
 /// bases (u64 each), then source and destination block ids (u32 each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +344,14 @@ mod tests {
         assert_eq!(&out[16..24], &3u64.to_le_bytes());
         assert_eq!(&out[24..32], &0x0102u64.to_le_bytes());
         assert_eq!(&out[40..48], &6u64.to_le_bytes());
+    }
+
+    #[test]
+    fn lists_with_an_entry_whose_ends_disagree_modulo_16_go_to_the_shifting_kernel() {
+        assert!(!any_shifted(&[[0x1000, 0x2000, 4097], [0x1008, 0x3008, 3]]));
+        assert!(any_shifted(&[[0x1000, 0x2000, 16], [0x1001, 0x3000, 16]]));
+        assert!(any_shifted(&[[0x1004, 0x2008, 16]]));
+        assert!(!any_shifted(&[]));
     }
 
     #[test]

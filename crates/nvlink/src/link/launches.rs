@@ -54,10 +54,15 @@ impl NvlinkLink {
                     .as_ref()
                     .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
                 let count = entries.len() as u64;
+                let shifted = plan::any_shifted(entries);
+                let kernel = match shifted {
+                    true => &kernels.list_shifted,
+                    false => &kernels.list,
+                };
                 self.launch_kernel(
                     lane,
-                    &kernels.list,
-                    kernels.grid(count, &self.config),
+                    kernel,
+                    kernels.grid(count, &self.config, shifted),
                     entries.len() * plan::ENTRY_BYTES,
                     |args, base| {
                         plan::write_entries(entries, args);
@@ -95,29 +100,27 @@ impl NvlinkLink {
                 if let Some(event) = &paged.after {
                     lane.streams[0].wait_event(event)?;
                 }
-                self.launch_kernel(
-                    lane,
-                    &kernels.paged,
-                    paged.grid,
-                    layout.bytes(),
-                    |args, base| {
-                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
-                        vec![
-                            KernelArg::U64(base + layout.src_bases),
-                            KernelArg::U64(base + layout.dst_bases),
-                            KernelArg::U32(paged.pools),
-                            KernelArg::U64(base + layout.src_ids),
-                            KernelArg::U64(base + layout.dst_ids),
-                            KernelArg::U32(paged.ids),
-                            KernelArg::U64(src.stride),
-                            KernelArg::U64(dst.stride),
-                            KernelArg::U64(src.offset),
-                            KernelArg::U64(dst.offset),
-                            KernelArg::U64(paged.len),
-                            KernelArg::U64(paged.chunk),
-                        ]
-                    },
-                )
+                let kernel = match paged.shifted {
+                    true => &kernels.paged_shifted,
+                    false => &kernels.paged,
+                };
+                self.launch_kernel(lane, kernel, paged.grid, layout.bytes(), |args, base| {
+                    layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                    vec![
+                        KernelArg::U64(base + layout.src_bases),
+                        KernelArg::U64(base + layout.dst_bases),
+                        KernelArg::U32(paged.pools),
+                        KernelArg::U64(base + layout.src_ids),
+                        KernelArg::U64(base + layout.dst_ids),
+                        KernelArg::U32(paged.ids),
+                        KernelArg::U64(src.stride),
+                        KernelArg::U64(dst.stride),
+                        KernelArg::U64(src.offset),
+                        KernelArg::U64(dst.offset),
+                        KernelArg::U64(paged.len),
+                        KernelArg::U64(paged.chunk),
+                    ]
+                })
             }
             Work::Signal { addr, value } => {
                 // SAFETY: the engine checked that the word lies inside the peer's registered
@@ -169,6 +172,9 @@ pub(super) struct Paged {
     pub(super) dst: Side,
     pub(super) len: u64,
     pub(super) chunk: u64,
+    /// Whether a block's ends may disagree modulo 16, which the `_shifted` kernel copies
+    /// faster.
+    pub(super) shifted: bool,
     /// The launch waits on the GPU for this event first ([`ferry_core::Batch::after`]).
     pub(super) after: Option<Arc<Event>>,
 }
