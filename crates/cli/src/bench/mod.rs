@@ -105,6 +105,10 @@ pub(crate) struct Options {
     /// against block size, with the baseline as a line, into this SVG file.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
+    /// `kv-layerwise`: how long the prefill's compute of each layer takes, microseconds (the
+    /// host holds the computing stream that long per layer).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) layer_compute_us: u64,
     /// Seed of the block ids and the data.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
@@ -355,6 +359,11 @@ struct Side {
     /// The one transport every transfer must take (`--rdma`, `--tcp`); any transport when
     /// `None`.
     only: Option<&'static str>,
+    /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` (a word
+    /// the host raises as each layer's compute ends) and records the event a layer's blocks
+    /// start after.
+    computing: Stream,
+    gate: Region,
 }
 
 impl Side {
@@ -387,6 +396,9 @@ impl Side {
         let local = engine.allocate_device(gpu, area)?;
         let zeros = engine.allocate_device(gpu, GIB.min(area))?;
         let check = engine.allocate_device(gpu, check)?;
+        let gate = engine.allocate_device(gpu, 4096)?;
+        gate.write_at(0, &[0u8; 4096])?;
+        let computing = Stream::new(Context::get(gpu)?)?;
         let peer = engine.connect_blocking(&decode.name)?;
         decode.reply_to(engine.name())?;
         let inbox = std::cell::RefCell::new(engine.notifications()?);
@@ -407,6 +419,8 @@ impl Side {
             remote,
             remote_buffer,
             only,
+            computing,
+            gate,
         })
     }
 
@@ -434,12 +448,19 @@ impl Side {
         base: &[u8],
     ) -> Result<Row, BoxError> {
         let blocks = shape.blocks();
-        let direction = match shape {
-            Shape::Ping(_) => Direction::Write,
+        let direction = match (shape, workload) {
+            (Shape::Ping(_), _) | (_, Workload::KvLayerwise) => Direction::Write,
             _ => options.direction,
         };
         self.prepare(&blocks, direction, base)?;
+        let mut one_layer_us = None;
         let (gbps, timing) = match shape {
+            Shape::Paged(paged) if *workload == Workload::KvLayerwise => {
+                let compute = Duration::from_micros(options.layer_compute_us);
+                let (timing, alone) = self.layerwise(paged, compute, options.rounds())?;
+                one_layer_us = Some(alone);
+                (None, timing)
+            }
             Shape::Ping(len) => {
                 let latencies = self.ping(*len, options.rounds().max(200))?;
                 let timing = Timing {
@@ -470,6 +491,7 @@ impl Side {
             submit_us: median(&timing.submits),
             engine_us: median(&timing.inside),
             verified,
+            one_layer_us,
         })
     }
 
@@ -538,6 +560,82 @@ impl Side {
         Ok((median(&gbps), timing))
     }
 
+    /// `kv-layerwise`: per round, every layer's blocks are submitted up front, each to start
+    /// after an event of the computing stream, which waits on the gate word; the host then
+    /// "computes" each layer for `compute` and raises the gate. The latency is from the
+    /// return of the gate write that ends the last layer's compute to the last transfer's end.
+    /// Also returns one layer's transfer alone, with its data ready (p50, microseconds). The
+    /// row's submit time is that of all layers of a round.
+    fn layerwise(
+        &self,
+        paged: &Paged,
+        compute: Duration,
+        rounds: usize,
+    ) -> Result<(Timing, f64), BoxError> {
+        let layers = paged.pools / 2;
+        // A layer's K and V pools; layer `index` starts this far into both areas.
+        let layer = Paged {
+            pools: 2,
+            ..paged.clone()
+        };
+        let layer_at = |index: u64| index * 2 * paged.pool_bytes();
+        let mut timing = Timing::default();
+        let mut gate = 0u32;
+        for round in 0..rounds + 2 {
+            let started = Instant::now();
+            let mut transfers = Vec::with_capacity(layers as usize);
+            for index in 0..layers {
+                self.computing
+                    .wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
+                let computed = self.computing.record_event()?;
+                let copy = self.block_copy_at(&layer, layer_at(index));
+                transfers.push(
+                    self.engine
+                        .batch(&self.peer)
+                        .write_blocks(copy)
+                        .after(computed)
+                        .submit()?,
+                );
+            }
+            let submitted = started.elapsed();
+            for _ in 0..layers {
+                let until = Instant::now() + compute;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                gate += 1;
+                self.gate.write_at(0, &gate.to_le_bytes())?;
+            }
+            let computed = Instant::now();
+            for transfer in transfers {
+                self.carried(transfer.wait_spinning(WAIT_SPIN)?)?;
+            }
+            let tail = computed.elapsed();
+            // A layer's time inside the engine includes its wait for the compute, so the row
+            // leaves it out (0).
+            if round >= 2 {
+                timing.latencies.push(tail.as_secs_f64() * 1e6);
+                timing.submits.push(submitted.as_secs_f64() * 1e6);
+            }
+        }
+        let mut alone = Vec::with_capacity(rounds);
+        for round in 0..rounds + 2 {
+            let started = Instant::now();
+            let done = self
+                .engine
+                .batch(&self.peer)
+                .write_blocks(self.block_copy_at(&layer, 0))
+                .submit()?
+                .wait_spinning(WAIT_SPIN)?;
+            let elapsed = started.elapsed();
+            self.carried(done)?;
+            if round >= 2 {
+                alone.push(elapsed.as_secs_f64() * 1e6);
+            }
+        }
+        Ok((timing, median(&alone)))
+    }
+
     fn batch(&self, shape: &Shape, direction: Direction) -> ferry::Batch {
         let mut batch = self.engine.batch(&self.peer);
         match shape {
@@ -568,6 +666,11 @@ impl Side {
     }
 
     fn block_copy(&self, paged: &Paged) -> BlockCopy {
+        self.block_copy_at(paged, 0)
+    }
+
+    /// The block copy of `paged`'s pools, which start `at` bytes into both sides' areas.
+    fn block_copy_at(&self, paged: &Paged, at: u64) -> BlockCopy {
         let layout = BlockLayout::packed(paged.pool_bytes(), paged.block_bytes);
         let mut copy = BlockCopy::new(
             paged.block_bytes,
@@ -578,7 +681,7 @@ impl Side {
         );
         let area = self.remote - self.remote_buffer.addr;
         for pool in 0..paged.pools {
-            let offset = pool * paged.pool_bytes();
+            let offset = at + pool * paged.pool_bytes();
             copy = copy.pool_at(&self.local, offset, &self.remote_buffer, area + offset);
         }
         copy

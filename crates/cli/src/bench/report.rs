@@ -28,6 +28,11 @@ pub(crate) struct Row {
     pub(crate) engine_us: f64,
     /// Whether every destination byte matched its source after the rounds.
     pub(crate) verified: bool,
+    /// `kv-layerwise` only: one layer's transfer alone (submitted with its data ready), p50
+    /// microseconds; the target for the row's p50, which is how long after the last layer's
+    /// compute ended its last byte landed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) one_layer_us: Option<f64>,
 }
 
 /// A whole run.
@@ -110,6 +115,20 @@ impl Report {
                 if row.verified { "yes" } else { "NO" }
             );
         }
+        for (row, one_layer) in self
+            .rows
+            .iter()
+            .filter_map(|row| Some((row, row.one_layer_us?)))
+        {
+            let _ = writeln!(
+                out,
+                "{}: the last layer's bytes landed {:.1} us (p50) after its compute ended; one \
+                 layer alone takes {one_layer:.1} us ({:.2} layers)",
+                row.workload,
+                row.p50_us,
+                row.p50_us / one_layer.max(f64::MIN_POSITIVE)
+            );
+        }
         out
     }
 }
@@ -144,6 +163,7 @@ pub(crate) mod tests {
             submit_us: 12.0,
             engine_us: 650.0,
             verified,
+            one_layer_us: None,
         }
     }
 

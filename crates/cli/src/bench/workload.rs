@@ -35,10 +35,14 @@ pub(crate) enum Workload {
     },
     /// One 4 KiB write and a notification, timed until the receiver holds the notification.
     SmallWrite,
+    /// The `kv-llama70b-4k` cache sent layer by layer as prefill computes it: each layer's K
+    /// and V blocks are submitted at once, to start after an event of the computing stream;
+    /// timed from the end of the last layer's compute to its last byte landed.
+    KvLayerwise,
 }
 
 /// Every named workload, in table order.
-pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,small-write";
+pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,small-write,kv-layerwise";
 
 impl std::str::FromStr for Workload {
     type Err = String;
@@ -53,6 +57,7 @@ impl std::str::FromStr for Workload {
             "blocks-1m" => Ok(Workload::Blocks1m),
             "blocks-1m-entries" => Ok(Workload::Blocks1mEntries),
             "small-write" => Ok(Workload::SmallWrite),
+            "kv-layerwise" => Ok(Workload::KvLayerwise),
             other => Err(format!("unknown workload {other:?}; known: {ALL}")),
         }
     }
@@ -70,6 +75,7 @@ impl std::fmt::Display for Workload {
             Workload::Blocks1mEntries => f.write_str("blocks-1m-entries"),
             Workload::Blocks { bytes, count } => write!(f, "blocks-{}x{count}", size(*bytes)),
             Workload::SmallWrite => f.write_str("small-write"),
+            Workload::KvLayerwise => f.write_str("kv-layerwise"),
         }
     }
 }
@@ -195,6 +201,9 @@ fn scattered(bytes: u64, count: u64, spread: u64, seed: u64) -> Paged {
     }
 }
 
+/// Layers of `kv-llama70b-4k` (a K and a V pool each).
+pub(crate) const LLAMA_LAYERS: u64 = 80;
+
 /// Bytes of one `kv-llama70b-4k` block.
 pub(crate) const LLAMA_BLOCK_BYTES: u64 = 32 * KIB;
 
@@ -202,7 +211,7 @@ pub(crate) const LLAMA_BLOCK_BYTES: u64 = 32 * KIB;
 /// 32 KiB (16 tokens x 8 KV heads x 128 dim x 2 bytes), 256 blocks a request.
 pub(crate) fn llama(seed: u64) -> Paged {
     Paged {
-        pools: 160,
+        pools: 2 * LLAMA_LAYERS,
         pool_blocks: 4096,
         block_bytes: LLAMA_BLOCK_BYTES,
         local_ids: distinct_ids(4096, 256, seed).into(),
@@ -216,7 +225,7 @@ impl Workload {
         let llama = || llama(seed);
         match *self {
             Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
-            Workload::KvLlama70b4k => Shape::Paged(llama()),
+            Workload::KvLlama70b4k | Workload::KvLayerwise => Shape::Paged(llama()),
             Workload::KvLlama70b4kEntries => Shape::Entries(llama().blocks()),
             Workload::Blocks4k => Shape::Paged(scattered(4 * KIB, 40_960, 4, seed)),
             Workload::Blocks4kEntries => {
@@ -307,6 +316,15 @@ mod tests {
             Workload::KvLlama70b4k.shape(1).area(),
             160 * 4096 * 32 * KIB
         );
+        assert_eq!(
+            Workload::KvLayerwise.shape(3),
+            Workload::KvLlama70b4k.shape(3),
+            "kv-layerwise moves the same cache, a layer at a time"
+        );
+        let Shape::Paged(paged) = Workload::KvLayerwise.shape(3) else {
+            panic!("kv-layerwise is paged");
+        };
+        assert_eq!(paged.pools, 2 * LLAMA_LAYERS);
     }
 
     #[test]
