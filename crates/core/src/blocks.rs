@@ -464,7 +464,7 @@ impl BlockOps {
     /// that cannot make the GPU wait for it.
     ///
     /// # Errors
-    /// [`Error::Cuda`] when the work before the event failed.
+    /// [`crate::Error::Cuda`] when the work before the event failed.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it only stops waiting.

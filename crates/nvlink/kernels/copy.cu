@@ -98,9 +98,9 @@ __device__ __forceinline__ void warp_copy_vectors(const Words* src, Words* dst, 
 // Copies `count` 16-byte vectors to `dst` (16-byte aligned) from `src`, which sits
 // `Q * 4 + bits / 8` bytes (1 to 15) past a 16-byte boundary: every lane loads aligned
 // vectors, takes the next one from its neighbour (the last lane from the first lane's next
-// vector), and stores the 16 bytes spliced from the pair. The aligned load of the last vector
-// reaches at most 15 bytes past the range, inside the same 16-byte line, which no allocation
-// ends inside.
+// vector), and stores the 16 bytes spliced from the pair. The aligned loads reach at most 15
+// bytes before the range's first byte and past its last, always inside a 16-byte line that
+// holds bytes of the range, which no allocation ends inside.
 template <int Q, u32 SHIFTED_DEPTH>
 __device__ __forceinline__ void warp_copy_shifted(const unsigned char* src, Words* dst,
                                                   u64 count, u32 bits, u32 lane) {

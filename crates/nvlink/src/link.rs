@@ -47,6 +47,8 @@ pub(crate) struct NvlinkLink {
 
 /// What one local GPU copies with.
 struct GpuLane {
+    /// The copy streams (`streams_per_gpu`), then one more for block copies that wait for a
+    /// caller's event ([`ferry_core::Batch::after`]), so that waiting holds back no other copy.
     streams: Vec<Stream>,
     /// `None` when the kernels could not be loaded; every copy then uses the copy engines.
     kernels: Option<KernelShare>,
@@ -66,6 +68,18 @@ type Held = Vec<Arc<Opened>>;
 struct Resolved {
     buffer: MappedBuffer,
     reachable: bool,
+}
+
+impl GpuLane {
+    /// Streams the copies of a transfer are dealt over.
+    fn copy_streams(&self) -> usize {
+        self.streams.len() - 1
+    }
+
+    /// The stream of block copies that wait for a caller's event.
+    fn waiting_stream(&self) -> usize {
+        self.streams.len() - 1
+    }
 }
 
 impl NvlinkLink {
@@ -100,7 +114,7 @@ impl NvlinkLink {
             return Ok(lane);
         }
         let context = Context::get(ordinal)?;
-        let streams = (0..self.config.streams_per_gpu.max(1))
+        let streams = (0..self.config.streams_per_gpu.max(1) + 1)
             .map(|_| Stream::new(Arc::clone(&context)))
             .collect::<Result<Vec<_>, _>>()?;
         let kernels = match CopyKernels::of(&context) {
@@ -407,6 +421,10 @@ impl NvlinkLink {
             len: blocks.len,
             chunk,
             shifted,
+            stream: match blocks.after {
+                Some(_) => lane.waiting_stream(),
+                None => 0,
+            },
             after: blocks.after.clone(),
         };
         Ok(Some((lane, paged)))
@@ -443,7 +461,7 @@ impl Link for NvlinkLink {
                 &copies,
                 self.config.copy_path,
                 batched,
-                lane.streams.len(),
+                lane.copy_streams(),
                 self.config.kernel_chunk_bytes,
             );
             work.extend(

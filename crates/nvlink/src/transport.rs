@@ -22,14 +22,16 @@ pub struct NvlinkConfig {
     pub streams_per_gpu: usize,
     /// Which copies go to the copy kernel and which to the copy engines.
     pub copy_path: CopyPath,
-    /// Thread blocks of the copy kernel per multiprocessor of the GPU, at most.
+    /// Thread blocks of the copy kernel per multiprocessor of the GPU, at most. The kernel's
+    /// registers leave room for two (the default); copies whose ends disagree modulo 16 use
+    /// a deeper build of it that always gets one.
     pub kernel_blocks_per_sm: u32,
     /// The copy kernel's unit of work: one warp copies at most this many bytes at a time, so
     /// long copies are shared out among warps.
     pub kernel_chunk_bytes: u64,
-    /// Multiprocessors the copy kernel may occupy at once, at most; `None` for all of them.
-    /// A launch then has at most this many thread blocks, and the GPU's block scheduler puts
-    /// each on its own multiprocessor, leaving the rest to the model's kernels (prefill
+    /// Multiprocessors the copy kernel may occupy at once, at most; `None` for all of them
+    /// (`Some(0)` counts as 1). A launch then has at most this many thread blocks, so it runs
+    /// on at most this many multiprocessors, leaving the rest to the model's kernels (prefill
     /// computes while its KV leaves). Copies that go to the copy engines are not limited.
     pub kernel_max_sms: Option<u32>,
 }

@@ -359,10 +359,10 @@ struct Side {
     /// The one transport every transfer must take (`--rdma`, `--tcp`); any transport when
     /// `None`.
     only: Option<&'static str>,
-    /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` (a word
-    /// the host raises as each layer's compute ends) and records the event a layer's blocks
-    /// start after.
+    /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` and
+    /// records the event a layer's blocks start after.
     computing: Stream,
+    /// The word the host raises as each layer's compute ends (`kv-layerwise`).
     gate: Region,
 }
 
@@ -584,18 +584,26 @@ impl Side {
         for round in 0..rounds + 2 {
             let started = Instant::now();
             let mut transfers = Vec::with_capacity(layers as usize);
-            for index in 0..layers {
-                self.computing
-                    .wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
-                let computed = self.computing.record_event()?;
-                let copy = self.block_copy_at(&layer, layer_at(index));
-                transfers.push(
-                    self.engine
-                        .batch(&self.peer)
-                        .write_blocks(copy)
-                        .after(computed)
-                        .submit()?,
-                );
+            let mut queue = || -> Result<(), BoxError> {
+                for index in 0..layers {
+                    self.computing
+                        .wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
+                    let computed = self.computing.record_event()?;
+                    let copy = self.block_copy_at(&layer, layer_at(index));
+                    transfers.push(
+                        self.engine
+                            .batch(&self.peer)
+                            .write_blocks(copy)
+                            .after(computed)
+                            .submit()?,
+                    );
+                }
+                Ok(())
+            };
+            if let Err(error) = queue() {
+                // Release whatever was queued, so no stream stays held behind the gate.
+                self.gate.write_at(0, &u32::MAX.to_le_bytes())?;
+                return Err(error);
             }
             let submitted = started.elapsed();
             for _ in 0..layers {

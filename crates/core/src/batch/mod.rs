@@ -177,13 +177,19 @@ impl Batch {
         self
     }
 
-    /// Holds every byte of the batch back until `event` has fired: record it on the stream
-    /// that produces the data (prefill's compute stream after a layer's attention, say), and
-    /// submit at once; the host does not wait. Block copies over nvlink wait for it on the
-    /// GPU (`cuStreamWaitEvent` before their kernel launch), so the copy starts the moment the
-    /// data is written; entries, and block copies over other transports, wait for it on the
+    /// Holds every byte of the batch, and its signal and notification, back until `event` has
+    /// fired: record it on the stream that produces the data (prefill's compute stream after a
+    /// layer's attention, say), and submit at once; the host does not wait. Block copies that
+    /// nvlink's copy kernel carries wait for it on the GPU (`cuStreamWaitEvent` before the
+    /// launch, on a stream of their own, so other transfers over the link do not queue behind
+    /// it), and start the moment the data is written; everything else waits for it on the
     /// host (the engine's event poller). A failure of the work before the event fails the
     /// transfer with its CUDA error.
+    ///
+    /// The event must fire. Work the GPU already holds cannot be taken back, so if the work
+    /// before the event never finishes, neither does the transfer, whatever its timeout; and
+    /// the event's stream must not itself wait for this transfer or a later one over the same
+    /// link, or neither ends. The time spent waiting counts towards the transfer's timeout.
     pub fn after(mut self, event: Event) -> Self {
         self.state.after = Some(Arc::new(event));
         self

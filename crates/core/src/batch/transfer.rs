@@ -192,6 +192,7 @@ async fn run(
         pending.push(Box::pin(async move { link.transfer_blocks(blocks).await }));
     }
     let limit = engine.transfer_timeout;
+    let moves_data = !pending.is_empty();
     // Every part runs to its end, even after another failed or the time ran out: a part
     // dropped half-way would release its regions and mappings while a GPU may still be
     // copying through them. Closing the peer makes the network parts fail at once.
@@ -225,6 +226,15 @@ async fn run(
                 .collect();
             error.in_batch(&ranges)
         })?;
+    if let (false, Some(event)) = (moves_data, after) {
+        // A batch with only a notification waits for its event here, as its data would.
+        tokio::time::timeout(limit, Poller::global().wait(event))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("the event a notification to {} was to follow", peer.name()),
+                after: limit,
+            })??;
+    }
     if let Some((transport, remote, addr, value, gpu)) = signal {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         // As for the copies: a signal store that was queued runs to its end before its

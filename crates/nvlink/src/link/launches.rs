@@ -19,6 +19,7 @@ impl NvlinkLink {
     fn launch_kernel(
         &self,
         lane: &GpuLane,
+        stream: usize,
         kernel: &Kernel,
         grid: u32,
         arg_bytes: usize,
@@ -27,7 +28,7 @@ impl NvlinkLink {
         let mut args = lane.args.take(arg_bytes)?;
         let base = args.addr();
         let launch_args = fill(args.as_mut_slice(), base);
-        let stream = &lane.streams[0];
+        let stream = &lane.streams[stream];
         // SAFETY: the caller matched the arguments to the kernel and checked every range they
         // name (the transfer keeps the local registrations and the peer mappings until every
         // stream it gave work has finished); the pinned argument buffer goes back to the pool
@@ -61,6 +62,7 @@ impl NvlinkLink {
                 };
                 self.launch_kernel(
                     lane,
+                    0,
                     kernel,
                     kernels.grid(count, &self.config, shifted),
                     entries.len() * plan::ENTRY_BYTES,
@@ -98,29 +100,36 @@ impl NvlinkLink {
                     .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
                 let (src, dst, layout) = (&paged.src, &paged.dst, paged.layout);
                 if let Some(event) = &paged.after {
-                    lane.streams[0].wait_event(event)?;
+                    lane.streams[paged.stream].wait_event(event)?;
                 }
                 let kernel = match paged.shifted {
                     true => &kernels.paged_shifted,
                     false => &kernels.paged,
                 };
-                self.launch_kernel(lane, kernel, paged.grid, layout.bytes(), |args, base| {
-                    layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
-                    vec![
-                        KernelArg::U64(base + layout.src_bases),
-                        KernelArg::U64(base + layout.dst_bases),
-                        KernelArg::U32(paged.pools),
-                        KernelArg::U64(base + layout.src_ids),
-                        KernelArg::U64(base + layout.dst_ids),
-                        KernelArg::U32(paged.ids),
-                        KernelArg::U64(src.stride),
-                        KernelArg::U64(dst.stride),
-                        KernelArg::U64(src.offset),
-                        KernelArg::U64(dst.offset),
-                        KernelArg::U64(paged.len),
-                        KernelArg::U64(paged.chunk),
-                    ]
-                })
+                self.launch_kernel(
+                    lane,
+                    paged.stream,
+                    kernel,
+                    paged.grid,
+                    layout.bytes(),
+                    |args, base| {
+                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                        vec![
+                            KernelArg::U64(base + layout.src_bases),
+                            KernelArg::U64(base + layout.dst_bases),
+                            KernelArg::U32(paged.pools),
+                            KernelArg::U64(base + layout.src_ids),
+                            KernelArg::U64(base + layout.dst_ids),
+                            KernelArg::U32(paged.ids),
+                            KernelArg::U64(src.stride),
+                            KernelArg::U64(dst.stride),
+                            KernelArg::U64(src.offset),
+                            KernelArg::U64(dst.offset),
+                            KernelArg::U64(paged.len),
+                            KernelArg::U64(paged.chunk),
+                        ]
+                    },
+                )
             }
             Work::Signal { addr, value } => {
                 // SAFETY: the engine checked that the word lies inside the peer's registered
@@ -144,7 +153,7 @@ impl NvlinkLink {
     ) -> Result<()> {
         let launches = Launches {
             link: self,
-            streams: self.config.streams_per_gpu.max(1),
+            streams: self.config.streams_per_gpu.max(1) + 1,
             lanes,
             work,
         };
@@ -175,6 +184,8 @@ pub(super) struct Paged {
     /// Whether a block's ends may disagree modulo 16, which the `_shifted` kernel copies
     /// faster.
     pub(super) shifted: bool,
+    /// The lane's stream it queues on: the waiting stream when `after` is set, else 0.
+    pub(super) stream: usize,
     /// The launch waits on the GPU for this event first ([`ferry_core::Batch::after`]).
     pub(super) after: Option<Arc<Event>>,
 }
@@ -194,7 +205,8 @@ impl Work {
     fn stream(&self) -> usize {
         match self {
             Work::Copies(launch) => launch.stream(),
-            Work::Paged(_) | Work::Signal { .. } => 0,
+            Work::Paged(paged) => paged.stream,
+            Work::Signal { .. } => 0,
         }
     }
 }
