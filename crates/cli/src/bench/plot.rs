@@ -76,8 +76,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, report: &Rep
     let mut chart = ChartBuilder::on(root)
         .caption(
             format!(
-                "ferry bench: GPU{} -> GPU{} across processes, scattered blocks ({} or {} \
-                 blocks a point, whichever is less)",
+                "ferry bench: GPU{} -> GPU{}, scattered blocks, up to {} or {} blocks a point",
                 report.prefill_gpu,
                 report.decode_gpu,
                 size(SWEEP_BYTES),
@@ -164,7 +163,7 @@ mod tests {
             "1M",
             "0",
             "400",
-            "ferry bench: GPU0 -&gt; GPU1 across processes, scattered blocks (256M or 65536 blocks a point, whichever is less)",
+            "ferry bench: GPU0 -&gt; GPU1, scattered blocks, up to 256M or 65536 blocks a point",
         ] {
             assert!(has_text(&svg, text), "no text {text:?} in {svg}");
         }
