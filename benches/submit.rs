@@ -87,48 +87,16 @@ struct Sides {
     remote: BufferDescriptor,
 }
 
-/// The pool of the token-granularity request on both sides.
-struct TokenSides {
-    _decode: Engine,
-    _pool: Region,
-    prefill: Engine,
-    source: Region,
-    peer: Peer,
-    remote: BufferDescriptor,
-}
-
-fn token_sides() -> TokenSides {
+/// Engines on both sides with a pool of `bytes` each, the prefill side's ops taken by
+/// [`Counting`].
+fn engines(bytes: u64) -> Sides {
     let decode = Engine::builder().build_blocking().expect("decode engine");
-    let pool = decode
-        .allocate(TOKEN_POOL_BLOCKS * BLOCK)
-        .expect("token pool");
+    let pool = decode.allocate(bytes).expect("pool");
     let prefill = Engine::builder()
         .transport(Arc::new(Counting))
         .build_blocking()
         .expect("prefill engine");
-    let source = prefill
-        .allocate(TOKEN_POOL_BLOCKS * BLOCK)
-        .expect("token source");
-    let peer = prefill.connect_blocking(decode.name()).expect("connect");
-    let remote = peer.buffers().swap_remove(0);
-    TokenSides {
-        _decode: decode,
-        _pool: pool,
-        prefill,
-        source,
-        peer,
-        remote,
-    }
-}
-
-fn sides() -> Sides {
-    let decode = Engine::builder().build_blocking().expect("decode engine");
-    let pool = decode.allocate(TENSORS * POOL).expect("pool");
-    let prefill = Engine::builder()
-        .transport(Arc::new(Counting))
-        .build_blocking()
-        .expect("prefill engine");
-    let source = prefill.allocate(TENSORS * POOL).expect("source");
+    let source = prefill.allocate(bytes).expect("source");
     let peer = prefill.connect_blocking(decode.name()).expect("connect");
     let remote = peer.buffers().swap_remove(0);
     Sides {
@@ -162,16 +130,25 @@ fn timed_submits(iterations: u64, build: impl Fn() -> ferry::Batch) -> Duration 
     spent
 }
 
+/// A benchmark group of 20 samples over 3 s.
+fn timed_group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut group = c.benchmark_group(name);
+    group.measurement_time(Duration::from_secs(3));
+    group.sample_size(20);
+    group
+}
+
 fn submit_cost(c: &mut Criterion) {
-    let sides = sides();
+    let sides = engines(TENSORS * POOL);
     // Shared, as a server keeps a request's ids, so the timed loop copies none.
     let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
         ids(REQUEST_BLOCKS, POOL_BLOCKS, 17, 3).into(),
         ids(REQUEST_BLOCKS, POOL_BLOCKS, 29, 11).into(),
     );
-    let mut group = c.benchmark_group("submit the 40,960-block request");
-    group.measurement_time(Duration::from_secs(3));
-    group.sample_size(20);
+    let mut group = timed_group(c, "submit the 40,960-block request");
     group.bench_function("paged block copy", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {
@@ -193,9 +170,7 @@ fn submit_cost(c: &mut Criterion) {
     });
     group.finish();
     // The whole submit divided by its entries, so the figure is the cost of one entry.
-    let mut group = c.benchmark_group("one entry of the 40,960-entry request");
-    group.measurement_time(Duration::from_secs(3));
-    group.sample_size(20);
+    let mut group = timed_group(c, "one entry of the 40,960-entry request");
     group.bench_function("flat entries", |b| {
         b.iter_custom(|iterations| {
             let spent = timed_submits(iterations, || {
@@ -218,14 +193,12 @@ fn submit_cost(c: &mut Criterion) {
     group.finish();
     drop(sides);
 
-    let sides = token_sides();
+    let sides = engines(TOKEN_POOL_BLOCKS * BLOCK);
     let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
         ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 7919, 5).into(),
         ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 104_729, 13).into(),
     );
-    let mut group = c.benchmark_group("submit 250,000 block ids");
-    group.measurement_time(Duration::from_secs(3));
-    group.sample_size(20);
+    let mut group = timed_group(c, "submit 250,000 block ids");
     group.bench_function("paged block copy", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {

@@ -138,6 +138,15 @@ impl Topology {
     /// another NIC gets the other one. Asking again for the same GPU replaces its record
     /// rather than counting it twice.
     pub fn nics_for_gpu(&mut self, pci_bus_id: &str) -> Vec<String> {
+        self.assign_gpu(pci_bus_id)
+            .into_iter()
+            .map(|choice| choice.name)
+            .collect()
+    }
+
+    /// [`Topology::rank_gpu`], recording the first choice as this GPU's NIC as
+    /// [`Topology::nics_for_gpu`] does.
+    pub fn assign_gpu(&mut self, pci_bus_id: &str) -> Vec<NicChoice> {
         let ranked = self.rank_gpu(pci_bus_id);
         let (key, _) = self.gpu(pci_bus_id);
         let first = ranked.first().cloned();
@@ -145,7 +154,7 @@ impl Topology {
             Some(record) => record.1 = first,
             None => self.assigned.push((key, first)),
         }
-        ranked.into_iter().map(|choice| choice.name).collect()
+        ranked
     }
 
     /// The NICs for host memory on NUMA node `numa_node`: those on that node when it is

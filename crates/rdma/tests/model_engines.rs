@@ -196,6 +196,25 @@ impl Pair {
     }
 }
 
+/// Stops the fabric, then submits a 1 MiB write from `source` to the peer's `addr` on a task
+/// of its own: work posted and left in flight, for a test to fail it there.
+fn stalled_write(
+    fabric: &Fabric,
+    side: &Side,
+    peer: &Peer,
+    source: &Region,
+    addr: u64,
+) -> tokio::task::JoinHandle<ferry_core::Result<ferry_core::Completion>> {
+    fabric.set_auto_progress(false);
+    let transfer = side
+        .engine
+        .batch(peer)
+        .write(source, 0, addr, 1 << 20)
+        .submit()
+        .expect("submits");
+    tokio::spawn(transfer)
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     fastrand::Rng::with_seed(seed).fill(&mut bytes);
@@ -627,14 +646,7 @@ async fn a_transfer_stuck_in_the_fabric_times_out_and_its_work_is_flushed() {
         .connect(decode.engine.name())
         .await
         .expect("connects");
-    fabric.set_auto_progress(false);
-    let transfer = prefill
-        .engine
-        .batch(&peer)
-        .write(&source, 0, pool_addr, 1 << 20)
-        .submit()
-        .expect("submits");
-    let transfer = tokio::spawn(transfer);
+    let transfer = stalled_write(&fabric, &prefill, &peer, &source, pool_addr);
     // Past the timeout the engine closes the link: its queue pairs move to ERROR. The NIC
     // flushes their work when it runs again (at once, on hardware).
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -733,15 +745,7 @@ async fn a_local_nic_that_dies_mid_transfer_fails_it_instead_of_hanging() {
     let (_pool, pool_addr) = pair.decode.region(1 << 20, 0);
     let (source, _) = pair.prefill.region(1 << 20, 3);
     let peer = pair.connect().await;
-    pair.fabric.set_auto_progress(false);
-    let transfer = pair
-        .prefill
-        .engine
-        .batch(&peer)
-        .write(&source, 0, pool_addr, 1 << 20)
-        .submit()
-        .expect("submits");
-    let transfer = tokio::spawn(transfer);
+    let transfer = stalled_write(&pair.fabric, &pair.prefill, &peer, &source, pool_addr);
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The NIC under the posted work goes away: no completion will ever come for it.
     pair.prefill.verbs.die();

@@ -28,9 +28,9 @@ impl Pollable for Event {
     }
 }
 
-impl Pollable for std::sync::Arc<Event> {
+impl<T: Pollable + Sync> Pollable for std::sync::Arc<T> {
     fn query(&self) -> Result<bool, CudaError> {
-        Event::query(self)
+        T::query(self)
     }
 }
 

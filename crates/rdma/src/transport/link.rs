@@ -13,7 +13,7 @@ use super::config::RdmaConfig;
 use super::peers::PeerTable;
 use super::plan::{plan, Piece, WorkItem};
 use super::queue::QueuePair;
-use super::registry::{Registry, Standing};
+use super::registry::Registry;
 use crate::verbs::Verbs;
 use crate::work::{RemoteSegment, SendOpcode, SendRequest, Sge, WorkCompletion};
 use ferry_core::{Direction, Error, Link, Result, TransferOp};
@@ -106,6 +106,8 @@ pub(crate) struct Shared<V: Verbs> {
     pub(crate) lanes: Vec<Lane<V>>,
     pub(crate) config: RdmaConfig,
     pub(crate) alive: AtomicBool,
+    /// Scatter-gather entries one work request may carry on every lane.
+    max_sge: usize,
     progress: Mutex<Progress>,
 }
 
@@ -123,6 +125,11 @@ impl<V: Verbs> Shared<V> {
             lanes: lanes.iter().map(|_| LaneState::default()).collect(),
             ..Progress::default()
         };
+        let max_sge = lanes
+            .iter()
+            .map(|lane| lane.queue.max_sge)
+            .min()
+            .unwrap_or(1) as usize;
         Shared {
             peer,
             verbs,
@@ -132,6 +139,7 @@ impl<V: Verbs> Shared<V> {
             lanes,
             config,
             alive: AtomicBool::new(true),
+            max_sge,
             progress: Mutex::new(progress),
         }
     }
@@ -187,7 +195,7 @@ pub(crate) struct KeySource {
 /// The keys of one (local region, peer buffer) pair: lkeys by the transport's NIC index,
 /// rkeys by the link's peer NIC index.
 struct KeySet {
-    lkeys: Vec<Option<u32>>,
+    lkeys: Arc<[Option<u32>]>,
     rkeys: Vec<Option<u32>>,
 }
 
@@ -221,17 +229,11 @@ impl<V: Verbs> Shared<V> {
 
     fn key_set(&self, op: &TransferOp) -> Result<KeySet> {
         let info = op.region.info();
-        let lkeys = match self.keys.registry.standing(info.addr) {
-            Some(Standing::Registered(lkeys)) => lkeys,
-            Some(Standing::Refused(reason)) => {
-                return Err(self.unavailable(format!(
-                    "the local region is not registered with RDMA: {reason}"
-                )))
-            }
-            None => {
-                return Err(self.unavailable("the local region is not registered with RDMA".into()))
-            }
-        };
+        let lkeys = self
+            .keys
+            .registry
+            .lkeys(info.addr)
+            .map_err(|reason| self.unavailable(reason))?;
         let exports = self
             .keys
             .peers
@@ -516,13 +518,7 @@ impl<V: Verbs + 'static> Link for RdmaLink<V> {
                 .unavailable("the RDMA connection failed earlier; the engine reconnects".into()));
         }
         let (pieces, sets) = shared.pieces(&ops)?;
-        let max_sge = shared
-            .lanes
-            .iter()
-            .map(|lane| lane.queue.max_sge)
-            .min()
-            .unwrap_or(1) as usize;
-        let items = plan(&pieces, shared.config.slice_bytes, max_sge);
+        let items = plan(&pieces, shared.config.slice_bytes, shared.max_sge);
         if items.is_empty() {
             return Ok(());
         }

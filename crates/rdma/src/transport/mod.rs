@@ -29,12 +29,12 @@ pub use dmabuf::{CudaGpus, DmaBufRange, DmaBufSource};
 pub use export::RDMA;
 
 use self::export::{NicKey, RdmaExport};
-use self::handshake::{ConnectRequest, ConnectResponse, QpOffer, WireEndpoint, HANDSHAKE_VERSION};
+use self::handshake::{ConnectRequest, ConnectResponse, QpOffer, HANDSHAKE_VERSION};
 use self::link::{KeySource, Lane, RdmaLink, Shared};
 use self::nic::Nic;
 use self::peers::PeerTable;
 use self::queue::QueuePair;
-use self::registry::{Registration, Registry, Standing};
+use self::registry::{Registration, Registry};
 use self::server::{Service, ANONYMOUS, AUTHENTICATES};
 use crate::memory::AccessFlags;
 use crate::topology::Topology;
@@ -66,7 +66,11 @@ pub(crate) fn fuzz_peer_input(data: &[u8]) -> usize {
             for endpoint in endpoints {
                 if let Ok(remote) = endpoint.read() {
                     assert_eq!(
-                        WireEndpoint::new(&remote.endpoint, remote.mtu, remote.rd_atomic),
+                        handshake::WireEndpoint::new(
+                            &remote.endpoint,
+                            remote.mtu,
+                            remote.rd_atomic
+                        ),
                         *endpoint,
                         "endpoint round trip"
                     );
@@ -92,6 +96,11 @@ pub(crate) fn fuzz_peer_input(data: &[u8]) -> usize {
 
 /// What RDMA costs against the other transports (TCP is 100, NVLink 5-10).
 const COST: u32 = 40;
+
+/// The names of `nics`, in order.
+fn names<V: Verbs>(nics: &[Arc<Nic<V>>]) -> Vec<String> {
+    nics.iter().map(|nic| nic.name.clone()).collect()
+}
 
 /// ferry's RDMA transport.
 pub struct RdmaTransport<V: Verbs> {
@@ -125,10 +134,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         if let Err(reason) = &nics {
             tracing::info!(%reason, "RDMA is unavailable; transfers between hosts use TCP");
         }
-        let names: Vec<String> = nics
-            .as_ref()
-            .map(|nics| nics.iter().map(|nic| nic.name.clone()).collect())
-            .unwrap_or_default();
+        let names = nics.as_deref().map(names).unwrap_or_default();
         let topology = Topology::read(&config.sysfs_root, &names);
         RdmaTransport {
             verbs: Arc::new(verbs),
@@ -149,10 +155,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
 
     /// The names of the NICs in use.
     pub fn nic_names(&self) -> Vec<String> {
-        self.nics
-            .as_ref()
-            .map(|nics| nics.iter().map(|nic| nic.name.clone()).collect())
-            .unwrap_or_default()
+        self.nics.as_deref().map(names).unwrap_or_default()
     }
 
     fn nics(&self) -> Result<&Vec<Arc<Nic<V>>>> {
@@ -173,12 +176,10 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         let Some(pci) = self.dmabuf.pci_bus_id(ordinal) else {
             return every;
         };
-        let mut topology = self.topology.lock();
-        let ranked = topology.rank_gpu(&pci);
+        let ranked = self.topology.lock().assign_gpu(&pci);
         let Some(best) = ranked.first().and_then(|choice| choice.distance) else {
             return every;
         };
-        topology.nics_for_gpu(&pci);
         let nearest: Vec<usize> = ranked
             .iter()
             .filter(|choice| choice.distance == Some(best))
@@ -298,16 +299,11 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             for _ in 0..self.config.qps_per_nic_pair {
                 let queue = QueuePair::create(&self.verbs, &nics[local_nic], &self.config)
                     .map_err(|error| unreachable(error.to_string()))?;
-                let endpoint = queue
-                    .endpoint()
-                    .map_err(|error| unreachable(error.to_string()))?;
                 offers.push(QpOffer {
                     server_nic: remote_nics[remote_nic].clone(),
-                    client: WireEndpoint::new(
-                        &endpoint,
-                        nics[local_nic].port.active_mtu,
-                        queue.rd_atomic(),
-                    ),
+                    client: queue
+                        .wire_endpoint()
+                        .map_err(|error| unreachable(error.to_string()))?,
                 });
                 lanes.push(Lane {
                     queue,
@@ -324,16 +320,10 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         handshake::send(&mut stream, &request)
             .await
             .map_err(|error| unreachable(format!("sending the queue pairs: {error}")))?;
-        let response: ConnectResponse =
-            tokio::time::timeout(self.config.connect_timeout, handshake::receive(&mut stream))
-                .await
-                .map_err(|_| {
-                    unreachable(format!(
-                        "no answer within {:?}",
-                        self.config.connect_timeout
-                    ))
-                })?
-                .map_err(|error| unreachable(format!("reading the answer: {error}")))?;
+        // `open` bounds the whole connection by `connect_timeout`, this wait included.
+        let response: ConnectResponse = handshake::receive(&mut stream)
+            .await
+            .map_err(|error| unreachable(format!("reading the answer: {error}")))?;
         let endpoints = match response {
             ConnectResponse::Accepted(endpoints) => endpoints,
             ConnectResponse::Refused(reason) => {
@@ -361,7 +351,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
                 peers: Arc::clone(&self.peers),
                 peer: peer.instance,
             },
-            nics.iter().map(|nic| nic.name.clone()).collect(),
+            names(nics),
             remote_nics,
             lanes,
             self.config.clone(),
@@ -446,19 +436,19 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
                 return Ok(None);
             }
         };
-        let names = self.nic_names();
+        let nics = self.nics()?;
         let (registration, keys) = Registration::record(
             &self.verbs,
             &self.registry,
             region.addr,
-            names.len(),
+            nics.len(),
             registered,
         );
         let export = RdmaExport {
             keys: keys
                 .into_iter()
                 .map(|(nic, key)| NicKey {
-                    nic: names[nic].clone(),
+                    nic: nics[nic].name.clone(),
                     rkey: key.rkey,
                 })
                 .collect(),
@@ -497,14 +487,8 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
         if let Err(reason) = &self.nics {
             return no(format!("RDMA is unavailable here: {reason}"));
         }
-        match self.registry.standing(local.addr) {
-            Some(Standing::Registered(_)) => {}
-            Some(Standing::Refused(reason)) => {
-                return no(format!(
-                    "the local region is not registered with RDMA: {reason}"
-                ))
-            }
-            None => return no("the local region is not registered with RDMA".into()),
+        if let Err(reason) = self.registry.lkeys(local.addr) {
+            return no(reason);
         }
         let exports = self.peers.of(peer);
         if let Err(reason) = &exports.side_channel {

@@ -62,22 +62,19 @@ impl PeerExports {
 /// The host peers dial for `peer`'s side channel: its `rdma` endpoint, whose host is the TCP
 /// endpoint's when it publishes only `:port`.
 fn side_channel(peer: &SegmentDescriptor) -> Result<String, String> {
-    let endpoint = |transport: &str| {
-        peer.endpoints
-            .iter()
-            .find(|endpoint| endpoint.transport == transport)
-            .map(|endpoint| endpoint.address.clone())
-    };
-    let rdma = endpoint(RDMA).ok_or("the peer runs without RDMA (its `ferry probe` says why)")?;
+    let rdma = peer
+        .endpoint(RDMA)
+        .ok_or("the peer runs without RDMA (its `ferry probe` says why)")?;
     if let Some(port) = rdma.strip_prefix(':') {
-        let control = endpoint(ferry_core::TCP)
+        let control = peer
+            .endpoint(ferry_core::TCP)
             .ok_or("the peer publishes no TCP endpoint to find its host by")?;
         let (host, _) = control
             .rsplit_once(':')
             .ok_or_else(|| format!("the peer's TCP endpoint {control:?} is not host:port"))?;
         return Ok(format!("{host}:{port}"));
     }
-    Ok(rdma)
+    Ok(rdma.to_owned())
 }
 
 /// Every peer's [`PeerExports`], by engine instance.

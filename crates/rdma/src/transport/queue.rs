@@ -2,11 +2,11 @@
 //! RTS, and destroyed when dropped.
 
 use super::config::RdmaConfig;
-use super::handshake::RemoteQp;
+use super::handshake::{RemoteQp, WireEndpoint};
 use super::nic::Nic;
 use crate::error::VerbsError;
 use crate::memory::AccessFlags;
-use crate::qp::{InitAttr, Psn, QpCaps, QpEndpoint, QpTransition, RtrAttr, RtsAttr};
+use crate::qp::{InitAttr, Psn, QpCaps, QpTransition, RtrAttr, RtsAttr};
 use crate::verbs::Verbs;
 use std::sync::Arc;
 
@@ -72,13 +72,18 @@ impl<V: Verbs> QueuePair<V> {
             .ok_or(VerbsError::StaleHandle { kind: "queue pair" })
     }
 
-    /// What the peer needs to connect to this queue pair.
-    pub(crate) fn endpoint(&self) -> Result<QpEndpoint, VerbsError> {
-        Ok(self.nic.endpoint(self.verbs.qp_num(self.qp()?), self.psn))
+    /// What the peer needs to connect to this queue pair, as the handshake carries it.
+    pub(crate) fn wire_endpoint(&self) -> Result<WireEndpoint, VerbsError> {
+        let endpoint = self.nic.endpoint(self.verbs.qp_num(self.qp()?), self.psn);
+        Ok(WireEndpoint::new(
+            &endpoint,
+            self.nic.port.active_mtu,
+            self.rd_atomic(),
+        ))
     }
 
     /// READs this queue pair answers at once: what the peer's initiator depth may reach.
-    pub(crate) fn rd_atomic(&self) -> u8 {
+    fn rd_atomic(&self) -> u8 {
         self.nic.max_rd_atomic.min(RD_ATOMIC)
     }
 

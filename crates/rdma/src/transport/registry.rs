@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How a local region stands with the NICs.
-#[derive(Debug, Clone)]
-pub(crate) enum Standing {
+#[derive(Debug)]
+enum Standing {
     /// Registered: the lkey on each NIC, by the transport's NIC index (`None` where a NIC
     /// did not register it).
-    Registered(Vec<Option<u32>>),
+    Registered(Arc<[Option<u32>]>),
     /// Not registered, and why (reported by `reach`).
     Refused(String),
 }
@@ -24,8 +24,15 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub(crate) fn standing(&self, addr: u64) -> Option<Standing> {
-        self.regions.lock().get(&addr).cloned()
+    /// The lkeys of the region at `addr` by NIC index, or why it cannot be used.
+    pub(crate) fn lkeys(&self, addr: u64) -> Result<Arc<[Option<u32>]>, String> {
+        match self.regions.lock().get(&addr) {
+            Some(Standing::Registered(lkeys)) => Ok(Arc::clone(lkeys)),
+            Some(Standing::Refused(reason)) => Err(format!(
+                "the local region is not registered with RDMA: {reason}"
+            )),
+            None => Err("the local region is not registered with RDMA".into()),
+        }
     }
 
     pub(crate) fn refuse(&self, addr: u64, reason: String) {
@@ -68,7 +75,7 @@ impl<V: Verbs> Registration<V> {
         registry
             .regions
             .lock()
-            .insert(addr, Standing::Registered(lkeys));
+            .insert(addr, Standing::Registered(lkeys.into()));
         let registration = Registration {
             verbs: Arc::clone(verbs),
             registry: Arc::clone(registry),

@@ -131,12 +131,7 @@ fn accept<V: Verbs>(
         queue
             .connect(&remote, &service.config)
             .map_err(|error| error.to_string())?;
-        let endpoint = queue.endpoint().map_err(|error| error.to_string())?;
-        endpoints.push(WireEndpoint::new(
-            &endpoint,
-            nic.port.active_mtu,
-            queue.rd_atomic(),
-        ));
+        endpoints.push(queue.wire_endpoint().map_err(|error| error.to_string())?);
         queues.push(queue);
     }
     Ok((queues, endpoints))
