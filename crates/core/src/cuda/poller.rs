@@ -1,6 +1,6 @@
 //! One thread that turns finished CUDA events into woken futures, so no async worker ever
-//! blocks on the GPU. After new work it spins, then yields its core, for a few milliseconds
-//! (most transfers finish within that, and a sleep would add the kernel's timer slack, some
+//! blocks on the GPU. After new work, or work that finished, it spins, then yields its core,
+//! for a few milliseconds (most transfers finish within that, and a sleep would add the kernel's timer slack, some
 //! 50 us, to every completion); past that it backs off to short sleeps, and it parks when
 //! nothing is outstanding.
 
@@ -45,9 +45,9 @@ pub struct Poller {
     jobs: Mutex<mpsc::Sender<Job>>,
 }
 
-/// How long the poller spins after the last new job before it starts sleeping.
+/// How long the poller spins after the last new or finished job before it starts sleeping.
 const SPIN: Duration = Duration::from_micros(50);
-/// How long after the last new job the poller yields instead of sleeping.
+/// How long after the last new or finished job the poller yields instead of sleeping.
 const YIELD: Duration = Duration::from_millis(5);
 /// The longest sleep between two rounds of queries while work is outstanding.
 const MAX_NAP: Duration = Duration::from_micros(20);
@@ -102,6 +102,7 @@ fn run(inbox: mpsc::Receiver<Job>) {
             pending.push(job);
             last_news = Instant::now();
         }
+        let before = pending.len();
         pending.retain_mut(|job| match job.source.query() {
             Ok(false) => !job.done.is_closed(),
             Ok(true) => {
@@ -113,6 +114,12 @@ fn run(inbox: mpsc::Receiver<Job>) {
                 false
             }
         });
+        // Work that finishes is news too: jobs queued long before they can run (copies
+        // waiting for a layer's compute, say) then finish one after another, and each would
+        // otherwise be noticed only after a sleep and the timer's slack.
+        if pending.len() < before {
+            last_news = Instant::now();
+        }
         if pending.is_empty() {
             nap = Duration::from_micros(5);
         } else if last_news.elapsed() < SPIN {
