@@ -78,8 +78,9 @@ impl EngineBuilder {
     }
 
     /// Whether the GPU-to-GPU transports (nvlink, mnnvl) are used (the default). Without them
-    /// GPU memory moves over TCP, staged through pinned host buffers: for testing that path,
-    /// or to rule NVLink out while diagnosing.
+    /// GPU memory moves over TCP, staged through pinned host buffers, and notifications to
+    /// and from engines of this host go over TCP instead of shared memory: for testing those
+    /// paths, or to rule NVLink out while diagnosing.
     pub fn gpu_links(self, enabled: bool) -> Self {
         EngineBuilder {
             gpu_links: enabled,

@@ -369,3 +369,50 @@ fn a_spinning_wait_returns_the_completion_whether_or_not_the_spin_outlasts_the_t
         assert!(landed == bytes, "round {round}: the bytes did not land");
     }
 }
+
+#[tokio::test]
+async fn notifications_on_one_host_take_shared_memory_and_tcp_where_the_peer_has_no_ring() {
+    let pair = Pair::new(4096, 4096).await;
+    let mut inbox = pair.decode.notifications().unwrap();
+    assert_eq!(pair.peer.notifications_through(), None);
+    for round in 0..50u32 {
+        let bytes = pattern(u64::from(round), 4096);
+        pair.source.write_at(0, &bytes).unwrap();
+        pair.prefill
+            .batch(&pair.peer)
+            .write(&pair.source, 0, pair.remote, 4096)
+            .notify(round.to_le_bytes())
+            .submit()
+            .unwrap()
+            .await
+            .unwrap();
+        let note = inbox.recv().await.unwrap();
+        assert_eq!(note.payload, round.to_le_bytes());
+        assert_eq!(note.from, pair.prefill.name());
+        let mut landed = vec![0u8; 4096];
+        pair.pool.read_at(0, &mut landed).unwrap();
+        assert_bytes_eq(&landed, &bytes, &format!("round {round}"));
+    }
+    assert_eq!(pair.peer.notifications_through(), Some("nvlink"));
+
+    // An engine without the GPU links serves no fd socket, so nothing takes a ring there.
+    let plain = Engine::builder()
+        .gpu_links(false)
+        .transfer_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let mut plain_inbox = plain.notifications().unwrap();
+    let peer = pair.prefill.connect(plain.name()).await.unwrap();
+    for index in 0..3u32 {
+        pair.prefill
+            .notify(&peer, index.to_le_bytes())
+            .await
+            .unwrap();
+        assert_eq!(
+            plain_inbox.recv().await.unwrap().payload,
+            index.to_le_bytes()
+        );
+    }
+    assert_eq!(peer.notifications_through(), Some("tcp"));
+}

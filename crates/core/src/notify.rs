@@ -34,6 +34,7 @@ impl Notification {
 
 /// The listener's side of the notification inbox: bounded in notifications and in bytes, and
 /// never waiting for room (a sender is refused at once instead).
+#[derive(Clone)]
 pub(crate) struct Inbox {
     sender: mpsc::Sender<Notification>,
     /// Bytes of the notifications queued and not yet read.
@@ -91,6 +92,63 @@ impl Inbox {
             held: Arc::clone(&self.held),
             bytes,
         })
+    }
+}
+
+/// The engine's notification inbox as its transports see it: a transport that carries
+/// notifications on a path of its own ([`crate::Transport::carries_notifications`]) hands each
+/// one in here, and it reaches [`Notifications`] as those the control transport carries do.
+#[derive(Clone)]
+pub struct InboxHandle {
+    inbox: Inbox,
+}
+
+impl InboxHandle {
+    pub(crate) fn new(inbox: Inbox) -> InboxHandle {
+        InboxHandle { inbox }
+    }
+
+    /// An inbox of `slots` notifications and `max_bytes` bytes that belongs to no engine,
+    /// with the stream that reads it: for testing a transport on its own. `runtime` times
+    /// the stream's blocking receives.
+    pub fn standalone(
+        slots: usize,
+        max_bytes: usize,
+        runtime: tokio::runtime::Handle,
+    ) -> (InboxHandle, Notifications) {
+        let (inbox, receiver, held) = Inbox::new(slots, max_bytes);
+        let stream = Notifications {
+            receiver,
+            held,
+            handle: runtime,
+        };
+        (InboxHandle { inbox }, stream)
+    }
+
+    /// Queues a notification with `payload` from the engine named `from` (the sender's own
+    /// claim), or says why it was refused: the inbox is full, or the engine is shutting
+    /// down. Never waits.
+    pub fn deliver(&self, from: &str, payload: Vec<u8>) -> std::result::Result<(), String> {
+        if payload.len() > MAX_NOTIFICATION_BYTES {
+            return Err(format!(
+                "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit",
+                payload.len()
+            ));
+        }
+        let room = self.inbox.reserve(from, &payload)?;
+        room.deliver(Notification {
+            from: from.to_owned(),
+            payload,
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for InboxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboxHandle")
+            .field("max_bytes", &self.inbox.max_bytes)
+            .finish()
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::engine::EngineInner;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::{Link, Transport};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -20,6 +20,22 @@ pub(crate) struct PeerInner {
     /// The control transport's link, which carries notifications; reopened when it has failed.
     control: Mutex<Arc<dyn Link>>,
     links: Mutex<HashMap<&'static str, Arc<dyn Link>>>,
+    /// Which link notifications to the peer take.
+    messages: Mutex<MessagePath>,
+}
+
+/// Which link carries the notifications to one peer. It changes at most twice (chosen, then
+/// given up for the control link), and never while a notification on it could still be
+/// overtaken: a link gives up only before it sent anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MessagePath {
+    /// Chosen at the first notification.
+    Unchosen,
+    /// The link of the engine's transport of this index and name, which carries
+    /// notifications itself.
+    Through(usize, &'static str),
+    /// The link of the control transport of this name.
+    Control(&'static str),
 }
 
 /// A descriptor with its buffers sorted by address, for quick lookups.
@@ -62,6 +78,7 @@ impl Peer {
                 view: RwLock::new(Arc::new(PeerView::new(descriptor))),
                 control: Mutex::new(control),
                 links: Mutex::new(links),
+                messages: Mutex::new(MessagePath::Unchosen),
             }),
         }
     }
@@ -118,15 +135,71 @@ impl Peer {
         if current.is_alive() {
             return Ok(current);
         }
+        let before = self.view().descriptor.instance;
         let view = self.refresh(engine).await?;
         let transport = engine.control.as_ref();
         let fresh = transport.open(&view.descriptor).await?;
         *self.inner.control.lock() = Arc::clone(&fresh);
-        self.inner
-            .links
-            .lock()
-            .insert(transport.name(), Arc::clone(&fresh));
+        let mut links = self.inner.links.lock();
+        if view.descriptor.instance != before {
+            // A new engine answers at the name (the peer restarted): every other link still
+            // leads to the old one.
+            links.clear();
+        }
+        links.insert(transport.name(), Arc::clone(&fresh));
         Ok(fresh)
+    }
+
+    /// Hands `payload` to the peer's inbox: through the link of the first transport that
+    /// carries notifications to this peer ([`Transport::carries_notifications`]), or over the
+    /// control link, also from the first time that link could not.
+    ///
+    /// # Cancel safety
+    /// As [`Link::notify`].
+    pub(crate) async fn notify(&self, engine: &EngineInner, payload: &[u8]) -> Result<()> {
+        let path = *self.inner.messages.lock();
+        let path = match path {
+            MessagePath::Unchosen => {
+                let descriptor = &self.view().descriptor;
+                let chosen = engine
+                    .transports
+                    .iter()
+                    .position(|transport| transport.carries_notifications(descriptor))
+                    .map_or(MessagePath::Control(engine.control.name()), |index| {
+                        MessagePath::Through(index, engine.transports[index].name())
+                    });
+                *self.inner.messages.lock() = chosen;
+                chosen
+            }
+            chosen => chosen,
+        };
+        // The control link notices a peer that restarted, and then brings its new descriptor.
+        let control = self.control(engine).await?;
+        if let MessagePath::Through(index, _) = path {
+            let transport = engine.transports[index].as_ref();
+            let sent = match self.link(transport).await {
+                Ok(link) => link.notify(payload).await,
+                Err(error) => Err(error),
+            };
+            match sent {
+                Err(error @ Error::Unavailable { .. }) => {
+                    tracing::info!(peer = %self.name(), transport = transport.name(), %error, "notifications to this peer go over the control connection");
+                    *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
+                }
+                outcome => return outcome,
+            }
+        }
+        control.notify(payload).await
+    }
+
+    /// The transport whose link carries notifications to this peer: one that has a path of
+    /// its own (`nvlink`'s shared memory between processes of one host), or the control
+    /// transport (`tcp`). `None` until the first notification to the peer chose it.
+    pub fn notifications_through(&self) -> Option<&'static str> {
+        match *self.inner.messages.lock() {
+            MessagePath::Unchosen => None,
+            MessagePath::Through(_, name) | MessagePath::Control(name) => Some(name),
+        }
     }
 
     pub(crate) fn view(&self) -> Arc<PeerView> {

@@ -10,6 +10,7 @@ use crate::descriptor::{BufferDescriptor, Endpoint, Export, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::identity::InstanceId;
 use crate::memory::{RegionInfo, RegionUse};
+use crate::notify::InboxHandle;
 use std::sync::Arc;
 
 /// What an engine tells each of its transports once, as it starts ([`Transport::attach`]).
@@ -22,6 +23,10 @@ pub struct EngineContext {
     pub secret: Option<Secret>,
     /// The engine's runtime, where a transport's background work (a listener, say) runs.
     pub runtime: tokio::runtime::Handle,
+    /// The engine's segment name, which notifications it sends carry as their sender.
+    pub name: String,
+    /// Where notifications a transport carries itself are delivered.
+    pub inbox: InboxHandle,
 }
 
 /// Something a transport keeps alive for as long as a region it exported stays registered
@@ -181,6 +186,17 @@ pub trait Transport: Send + Sync + 'static {
 
     /// The endpoint this transport publishes in the engine's descriptor, if any.
     fn endpoint(&self) -> Option<Endpoint>;
+
+    /// Whether this transport's link to `peer` may carry notifications on a faster path than
+    /// the control transport's (shared memory between processes of one host). The engine
+    /// then sends every notification to `peer` through that link ([`Link::notify`]); when
+    /// the link answers [`Error::Unavailable`], which it must do before anything of the
+    /// notification was sent, the engine uses the control link for `peer` from then on. The
+    /// default says no.
+    fn carries_notifications(&self, peer: &SegmentDescriptor) -> bool {
+        let _ = peer;
+        false
+    }
 
     /// Whether this transport can move bytes between `local` and `remote` of `peer`.
     fn reach(

@@ -1,21 +1,30 @@
 //! The fd-passing socket: hands the file descriptors of registered VMM memory to processes of
-//! the same user over an abstract Unix socket (SCM_RIGHTS), so they can map it. Both ends
-//! live here: [`FdServer`] serves this engine's shares, [`fetch_fds`] asks a peer's.
+//! the same user over an abstract Unix socket (SCM_RIGHTS), so they can map it, and takes
+//! message rings from them ([`crate::messages`]). Both ends live here: [`FdServer`] serves
+//! this engine's shares and reads the rings handed to it, [`fetch_fds`] asks a peer's and
+//! [`open_messages`] hands a peer a ring.
 //!
 //! # Protocol
 //! 1. The client sends one byte: 1 when it will authenticate, 0 when it has no secret. With 1,
 //!    the handshake of [`ferry_core::auth`] follows.
-//! 2. The client sends the registered buffer's address (8 bytes, little-endian).
-//! 3. The server answers with a status byte 0 with one descriptor per allocation attached, in
-//!    mapping order, repeated for every [`FDS_PER_MESSAGE`] allocations; or 1 followed by the
-//!    reason as UTF-8 until the socket closes.
+//! 2. The client sends what it asks for: [`FETCH_FDS`] or [`OPEN_MESSAGES`] (one byte).
+//! 3. For [`FETCH_FDS`], it sends the registered buffer's address (8 bytes, little-endian).
+//!    The server answers with a status byte 0 with one descriptor per allocation attached, in
+//!    mapping order, repeated for every [`FDS_PER_MESSAGE`] allocations.
+//! 4. For [`OPEN_MESSAGES`], it sends its engine's name (its length in 2 bytes,
+//!    little-endian, then UTF-8), then one 0 byte with the ring's memory file attached. The
+//!    server answers with a status byte 0 and from then on sends a verdict for each message
+//!    it takes from the ring, until either side closes the socket.
+//! 5. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
+//!    socket closes.
 //!
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
 //! address is read); one without a secret refuses a client that does, in the handshake.
 
+use crate::messages::{Incoming, MessageSender};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context};
-use ferry_core::{AuthFailure, InstanceId};
+use ferry_core::{AuthFailure, InboxHandle, InstanceId};
 use parking_lot::Mutex;
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -39,6 +48,13 @@ pub const FDS_PER_MESSAGE: usize = 253;
 /// How long one request may take, the handshake included.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The request for the descriptors of a registered buffer.
+const FETCH_FDS: u8 = 0;
+/// The request to read a message ring.
+const OPEN_MESSAGES: u8 = 1;
+/// Longest engine name a ring's sender may give.
+const MAX_SENDER_NAME: usize = 1024;
+
 /// The abstract socket name of the fd-passing socket of engine `owner`. A peer's export must
 /// name its own engine's socket: one naming another engine's is refused, so a peer cannot
 /// point this engine at a third engine's memory.
@@ -61,6 +77,8 @@ type Shares = Mutex<HashMap<u64, Share>>;
 pub(crate) struct FdServer {
     name: String,
     shares: Arc<Shares>,
+    /// Held while the server runs: the threads reading message rings stop once it is gone.
+    _running: Arc<()>,
 }
 
 impl std::fmt::Debug for FdServer {
@@ -87,11 +105,13 @@ impl Drop for ShareGuard {
 
 impl FdServer {
     /// Binds engine `owner`'s socket and serves it on `runtime` until the server is dropped;
-    /// with `secret`, only to clients that prove it.
+    /// with `secret`, only to clients that prove it. Messages from rings handed to it go to
+    /// `inbox`.
     pub(crate) fn start(
         owner: InstanceId,
         secret: Option<Secret>,
         runtime: &tokio::runtime::Handle,
+        inbox: InboxHandle,
     ) -> std::io::Result<FdServer> {
         let name = fd_socket_name(owner);
         let listener = std::os::unix::net::UnixListener::bind_addr(
@@ -103,8 +123,19 @@ impl FdServer {
             tokio::net::UnixListener::from_std(listener)?
         };
         let shares = Arc::new(Shares::default());
-        runtime.spawn(accept_loop(listener, Arc::downgrade(&shares), secret));
-        Ok(FdServer { name, shares })
+        let running = Arc::new(());
+        let serving = Serving {
+            shares: Arc::downgrade(&shares),
+            secret,
+            inbox,
+            running: Arc::downgrade(&running),
+        };
+        runtime.spawn(accept_loop(listener, serving));
+        Ok(FdServer {
+            name,
+            shares,
+            _running: running,
+        })
     }
 
     /// The socket's abstract name, as exports carry it.
@@ -122,11 +153,16 @@ impl FdServer {
     }
 }
 
-async fn accept_loop(
-    listener: tokio::net::UnixListener,
+/// What the accept loop serves with.
+#[derive(Clone)]
+struct Serving {
     shares: Weak<Shares>,
     secret: Option<Secret>,
-) {
+    inbox: InboxHandle,
+    running: Weak<()>,
+}
+
+async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -136,12 +172,12 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Some(shares) = shares.upgrade() else {
+        let Some(shares) = serving.shares.upgrade() else {
             return;
         };
-        let secret = secret.clone();
+        let serving = serving.clone();
         tokio::spawn(async move {
-            let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, secret.as_ref()))
+            let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
                 .await
                 .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
             if let Err(reason) = served {
@@ -151,12 +187,14 @@ async fn accept_loop(
     }
 }
 
-/// Serves one connection: checks who asks, then answers with the descriptors or a refusal.
+/// Serves one connection: checks who asks, then answers with the descriptors, takes the
+/// message ring, or refuses.
 async fn serve(
     mut stream: UnixStream,
     shares: Arc<Shares>,
-    secret: Option<&Secret>,
+    serving: &Serving,
 ) -> Result<(), String> {
+    let secret = serving.secret.as_ref();
     let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
     let credentials = stream
         .peer_cred()
@@ -190,6 +228,21 @@ async fn serve(
             }
         }
     }
+    let request = stream
+        .read_u8()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    match request {
+        FETCH_FDS => {}
+        OPEN_MESSAGES => return take_ring(stream, &client, serving).await,
+        other => {
+            return refuse(
+                &mut stream,
+                &format!("request {other} is neither {FETCH_FDS} (descriptors) nor {OPEN_MESSAGES} (a message ring); are both engines the same ferry version?"),
+            )
+            .await
+        }
+    }
     let addr = stream
         .read_u64_le()
         .await
@@ -206,6 +259,64 @@ async fn serve(
             .map_err(|error| io("sending the descriptors", error)),
         Err(reason) => refuse(&mut stream, &reason).await,
     }
+}
+
+/// Takes the message ring a client hands over and starts reading it.
+async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> Result<(), String> {
+    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+    let len = usize::from(
+        stream
+            .read_u16_le()
+            .await
+            .map_err(|error| io("reading the sender's name", error))?,
+    );
+    if len > MAX_SENDER_NAME {
+        return refuse(
+            &mut stream,
+            &format!("a sender name of {len} bytes is longer than {MAX_SENDER_NAME}"),
+        )
+        .await;
+    }
+    let mut from = vec![0; len];
+    stream
+        .read_exact(&mut from)
+        .await
+        .map_err(|error| io("reading the sender's name", error))?;
+    let from = String::from_utf8_lossy(&from).into_owned();
+    let (status, fds) = receive_fds(&stream, 1)
+        .await
+        .map_err(|error| io("receiving the message ring", error))?;
+    let ring = match (status, fds.as_slice()) {
+        (Some(0), [fd]) => crate::messages::map_ring(fd),
+        _ => Err("the request carried no message ring".to_owned()),
+    };
+    let memory = match ring {
+        Ok(memory) => memory,
+        Err(reason) => {
+            tracing::warn!(%client, %reason, "refused a message ring");
+            return refuse(&mut stream, &reason).await;
+        }
+    };
+    stream
+        .write_u8(0)
+        .await
+        .map_err(|error| io("accepting the message ring", error))?;
+    let socket = stream
+        .into_std()
+        .and_then(|socket| {
+            socket.set_nonblocking(false)?;
+            Ok(socket)
+        })
+        .map_err(|error| io("handing the socket to the ring's reader", error))?;
+    Incoming {
+        memory,
+        from,
+        socket,
+        inbox: serving.inbox.clone(),
+        running: serving.running.clone(),
+    }
+    .start()
+    .map_err(|error| io("starting the ring's reader", error))
 }
 
 /// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
@@ -343,26 +454,7 @@ async fn fetch(
             source,
         }
     };
-    let address = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(failed("naming"))?;
-    // Connecting to a Unix socket does not wait on the network: it succeeds or fails at once.
-    let stream =
-        std::os::unix::net::UnixStream::connect_addr(&address).map_err(failed("connecting to"))?;
-    stream
-        .set_nonblocking(true)
-        .map_err(failed("configuring"))?;
-    let mut stream = UnixStream::from_std(stream).map_err(failed("registering"))?;
-    stream
-        .write_u8(u8::from(secret.is_some()))
-        .await
-        .map_err(failed("writing to"))?;
-    if let Some(secret) = secret {
-        ferry_core::auth::client(&mut stream, secret, TIMEOUT)
-            .await
-            .map_err(|reason| ImportError::Auth {
-                socket: socket.to_owned(),
-                reason,
-            })?;
-    }
+    let mut stream = connect(socket, secret, FETCH_FDS).await?;
     stream
         .write_u64_le(region)
         .await
@@ -402,6 +494,104 @@ async fn fetch(
     Ok(fds)
 }
 
+/// Connects to the peer's fd socket `socket`, proves `secret` when there is one, and sends
+/// `request`.
+async fn connect(
+    socket: &str,
+    secret: Option<&Secret>,
+    request: u8,
+) -> Result<UnixStream, ImportError> {
+    let failed = |action: &'static str| {
+        move |source: std::io::Error| ImportError::Socket {
+            socket: socket.to_owned(),
+            action,
+            source,
+        }
+    };
+    let address = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(failed("naming"))?;
+    // Connecting to a Unix socket does not wait on the network: it succeeds or fails at once.
+    let stream =
+        std::os::unix::net::UnixStream::connect_addr(&address).map_err(failed("connecting to"))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(failed("configuring"))?;
+    let mut stream = UnixStream::from_std(stream).map_err(failed("registering"))?;
+    stream
+        .write_u8(u8::from(secret.is_some()))
+        .await
+        .map_err(failed("writing to"))?;
+    if let Some(secret) = secret {
+        ferry_core::auth::client(&mut stream, secret, TIMEOUT)
+            .await
+            .map_err(|reason| ImportError::Auth {
+                socket: socket.to_owned(),
+                reason,
+            })?;
+    }
+    stream
+        .write_u8(request)
+        .await
+        .map_err(failed("writing to"))?;
+    Ok(stream)
+}
+
+/// Hands the peer behind fd socket `socket` (engine `peer`) a fresh message ring to read,
+/// naming this engine `name` as the sender, proving `secret` first when there is one.
+///
+/// # Cancel safety
+/// Cancel safe: dropped half-way, the connection closes and the peer drops the ring.
+pub(crate) async fn open_messages(
+    socket: &str,
+    peer: &str,
+    name: &str,
+    secret: Option<&Secret>,
+) -> Result<MessageSender, ImportError> {
+    let opened = async {
+        let failed = |action: &'static str| {
+            move |source: std::io::Error| ImportError::Socket {
+                socket: socket.to_owned(),
+                action,
+                source,
+            }
+        };
+        let (memory, fd) = crate::messages::create_ring().map_err(failed("making a ring for"))?;
+        let mut stream = connect(socket, secret, OPEN_MESSAGES).await?;
+        let name = &name.as_bytes()[..name.len().min(MAX_SENDER_NAME)];
+        stream
+            .write_u16_le(name.len() as u16)
+            .await
+            .map_err(failed("writing to"))?;
+        stream.write_all(name).await.map_err(failed("writing to"))?;
+        send_fds(&stream, &[fd])
+            .await
+            .map_err(failed("writing to"))?;
+        match stream.read_u8().await {
+            Ok(0) => Ok(MessageSender::new(memory, stream, peer.to_owned())),
+            Ok(_) => {
+                let mut reason = String::new();
+                let _ = (&mut stream)
+                    .take(64 << 10)
+                    .read_to_string(&mut reason)
+                    .await;
+                Err(ImportError::Refused { reason })
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(ImportError::NoAnswer {
+                    socket: socket.to_owned(),
+                })
+            }
+            Err(error) => Err(failed("reading from")(error)),
+        }
+    };
+    tokio::time::timeout(TIMEOUT, opened)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}
+
 /// Receives one status byte with up to `room` descriptors attached; `None` at the end of the
 /// stream. Descriptors beyond `room` are closed by the kernel.
 async fn receive_fds(
@@ -435,6 +625,7 @@ async fn receive_fds(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_core::Notifications;
     use std::io::Read;
 
     fn secret(text: &str) -> Secret {
@@ -442,8 +633,126 @@ mod tests {
     }
 
     fn server(secret: Option<Secret>) -> FdServer {
+        server_with_inbox(secret, 16).0
+    }
+
+    /// A server whose message rings deliver into an inbox of `slots` notifications.
+    fn server_with_inbox(secret: Option<Secret>, slots: usize) -> (FdServer, Notifications) {
         let owner = InstanceId::random().unwrap();
-        FdServer::start(owner, secret, &tokio::runtime::Handle::current()).unwrap()
+        let runtime = tokio::runtime::Handle::current();
+        let (inbox, notifications) = InboxHandle::standalone(slots, 64 << 20, runtime.clone());
+        let server = FdServer::start(owner, secret, &runtime, inbox).unwrap();
+        (server, notifications)
+    }
+
+    /// The next notification, waiting up to five seconds.
+    async fn next(notifications: &mut Notifications) -> ferry_core::Notification {
+        tokio::time::timeout(Duration::from_secs(5), notifications.recv())
+            .await
+            .expect("no notification within 5 s")
+            .expect("the inbox closed")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn messages_through_a_ring_arrive_in_order_also_after_the_reader_slept() {
+        let (server, mut inbox) = server_with_inbox(Some(secret("a")), 64);
+        let sender = open_messages(server.name(), "decode", "prefill:1", Some(&secret("a")))
+            .await
+            .unwrap();
+        for round in 0..3u8 {
+            for index in 0..20u8 {
+                let payload = vec![round ^ index; usize::from(index) * 700];
+                sender.send(&payload).await.unwrap();
+                let note = next(&mut inbox).await;
+                assert_eq!(note.from, "prefill:1");
+                assert_eq!(note.payload, payload);
+            }
+            // Long enough for the reader to stop polling and sleep on its futex word.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        // The largest notification, many at once: more than the ring holds, so senders
+        // wait for room as the reader takes them.
+        let big: Vec<Vec<u8>> = (0..40u8)
+            .map(|index| vec![index; ferry_core::MAX_NOTIFICATION_BYTES])
+            .collect();
+        let sends = futures::future::join_all(big.iter().map(|payload| sender.send(payload)));
+        let (sent, received) = tokio::join!(sends, async {
+            let mut received = Vec::new();
+            for _ in 0..big.len() {
+                received.push(next(&mut inbox).await.payload);
+            }
+            received
+        });
+        assert!(sent.iter().all(Result::is_ok), "{sent:?}");
+        assert_eq!(received, big);
+        assert!(sender.is_alive());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_inbox_refuses_a_message_and_the_sender_hears_why() {
+        let (server, mut inbox) = server_with_inbox(None, 2);
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        sender.send(b"one").await.unwrap();
+        sender.send(b"two").await.unwrap();
+        let error = sender.send(b"three").await.unwrap_err();
+        assert!(
+            matches!(&error, ferry_core::Error::Rejected { reason, .. } if reason.to_string().contains("inbox is full")),
+            "{error}"
+        );
+        assert_eq!(next(&mut inbox).await.payload, b"one");
+        sender.send(b"four").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"two");
+        assert_eq!(next(&mut inbox).await.payload, b"four");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_without_the_secret_or_from_a_stopped_server_is_refused() {
+        let (server, _inbox) = server_with_inbox(Some(secret("a")), 4);
+        let error = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ImportError::Refused { .. }), "{error}");
+        let sender = open_messages(server.name(), "decode", "prefill:1", Some(&secret("a")))
+            .await
+            .unwrap();
+        let name = server.name().to_owned();
+        drop(server);
+        // The reader notices the engine stopped at its next look and closes the ring.
+        let error = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match sender.send(b"late").await {
+                    Ok(()) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(error) => break error,
+                }
+            }
+        })
+        .await
+        .expect("the ring stayed open after its engine stopped");
+        assert!(
+            matches!(error, ferry_core::Error::PeerGone { .. }),
+            "{error}"
+        );
+        assert!(!sender.is_alive());
+        // The listener closes at the next connection it takes, which it then drops.
+        let error = open_messages(&name, "decode", "prefill:1", Some(&secret("a"))).await;
+        assert!(error.is_err(), "a stopped server took a ring");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_that_could_still_shrink_is_refused() {
+        let (server, _inbox) = server_with_inbox(None, 4);
+        let mut stream = connect(server.name(), None, OPEN_MESSAGES).await.unwrap();
+        stream.write_u16_le(4).await.unwrap();
+        stream.write_all(b"evil").await.unwrap();
+        let fd = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 1 << 21).unwrap();
+        send_fds(&stream, &[fd]).await.unwrap();
+        assert_eq!(stream.read_u8().await.unwrap(), 1);
+        let mut reason = String::new();
+        stream.read_to_string(&mut reason).await.unwrap();
+        assert!(reason.contains("not sealed"), "{reason}");
     }
 
     #[tokio::test]
@@ -529,6 +838,7 @@ mod tests {
                 0,
                 "no secret, no handshake"
             );
+            assert_eq!(stream.read_u8().await.unwrap(), FETCH_FDS);
             assert_eq!(stream.read_u64_le().await.unwrap(), 0x1000);
             // Pipes whose write ends tell them apart: descriptor i carries the byte i % 251.
             let mut readers = Vec::new();

@@ -32,6 +32,7 @@ mod fd_passing;
 mod import;
 mod kernels;
 mod link;
+mod messages;
 mod mnnvl;
 mod plan;
 mod transport;

@@ -3,6 +3,7 @@ use crate::bounds::{self, MappedBuffer};
 use crate::export::GpuExport;
 use crate::import::{OpenError, Opened, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
+use crate::messages::MessageSender;
 use crate::plan;
 use crate::transport::NvlinkConfig;
 use ferry_core::auth::Secret;
@@ -43,6 +44,8 @@ pub(crate) struct NvlinkLink {
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
+    /// The shared-memory ring notifications to the peer take, or why there is none.
+    messages: std::result::Result<MessageSender, String>,
 }
 
 /// What one local GPU copies with.
@@ -105,7 +108,17 @@ impl NvlinkLink {
             mappings: Mutex::default(),
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
+            messages: Err(format!("{transport} opened no message ring to this peer")),
         }
+    }
+
+    /// The link with `messages` as its path for notifications (or the reason it has none).
+    pub(crate) fn with_messages(
+        mut self,
+        messages: std::result::Result<MessageSender, String>,
+    ) -> NvlinkLink {
+        self.messages = messages;
+        self
     }
 
     fn lane(&self, ordinal: u32) -> Result<Arc<GpuLane>> {
@@ -519,8 +532,20 @@ impl Link for NvlinkLink {
             .await
     }
 
+    async fn notify(&self, payload: &[u8]) -> Result<()> {
+        match &self.messages {
+            Ok(sender) => sender.send(payload).await,
+            Err(reason) => Err(Error::Unavailable {
+                local: format!("a notification of {} bytes", payload.len()),
+                peer: self.peer.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+            && self.messages.as_ref().map_or(true, MessageSender::is_alive)
     }
 
     fn close(&self) {

@@ -1,5 +1,5 @@
 use crate::export::{export_local, GpuExport};
-use crate::fd_passing::FdServer;
+use crate::fd_passing::{fd_socket_name, open_messages, FdServer};
 use crate::link::NvlinkLink;
 use crate::plan::CopyPath;
 use crate::trial::{ExportKind, Trials};
@@ -73,8 +73,11 @@ pub struct NvlinkTransport {
 struct Attached {
     /// Proven to peers' fd sockets.
     secret: Option<Secret>,
-    /// Hands out this engine's VMM memory; `None` without GPUs or when it could not be bound.
+    /// Hands out this engine's VMM memory and reads the message rings peers of this host
+    /// hand it; `None` when it could not be bound.
     fds: Option<FdServer>,
+    /// The engine's segment name, which its notifications carry.
+    name: String,
 }
 
 impl NvlinkTransport {
@@ -146,18 +149,20 @@ impl Transport for NvlinkTransport {
                 "this nvlink transport already serves an engine; create one per engine".into(),
             ));
         }
-        let fds = if self.gpus.is_empty() {
-            None
-        } else {
-            FdServer::start(engine.instance, engine.secret.clone(), &engine.runtime)
-                .inspect_err(|error| {
-                    tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared");
-                })
-                .ok()
-        };
+        let fds = FdServer::start(
+            engine.instance,
+            engine.secret.clone(),
+            &engine.runtime,
+            engine.inbox.clone(),
+        )
+        .inspect_err(|error| {
+            tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared, and notifications from this host's peers come over TCP");
+        })
+        .ok();
         let attached = Attached {
             secret: engine.secret.clone(),
             fds,
+            name: engine.name.clone(),
         };
         self.attached.set(attached).map_err(|_| {
             Error::ApiMisuse(
@@ -263,17 +268,35 @@ impl Transport for NvlinkTransport {
         }
     }
 
+    fn carries_notifications(&self, peer: &SegmentDescriptor) -> bool {
+        self.same_host(peer) && self.attached.get().is_some()
+    }
+
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let local_peer = self.same_process(peer).then_some(peer.instance);
-        Ok(Arc::new(NvlinkLink::new(
-            NVLINK,
-            peer.name.clone(),
-            peer.instance,
-            local_peer,
-            self.config,
-            Arc::clone(&self.gpus),
-            self.secret().cloned(),
-        )))
+        let messages = match self.attached.get() {
+            Some(attached) if self.same_host(peer) => open_messages(
+                &fd_socket_name(peer.instance),
+                &peer.name,
+                &attached.name,
+                self.secret(),
+            )
+            .await
+            .map_err(|error| format!("no shared-memory message ring to the peer: {error}")),
+            _ => Err("the peer runs on another host".into()),
+        };
+        Ok(Arc::new(
+            NvlinkLink::new(
+                NVLINK,
+                peer.name.clone(),
+                peer.instance,
+                local_peer,
+                self.config,
+                Arc::clone(&self.gpus),
+                self.secret().cloned(),
+            )
+            .with_messages(messages),
+        ))
     }
 }
 
@@ -456,7 +479,7 @@ mod tests {
     #[test]
     fn an_export_that_does_not_map_here_is_declined_with_the_cause() {
         let vmm = Some(GpuExport::VmmFd {
-            socket: crate::fd_socket_name(OTHER_PROCESS),
+            socket: fd_socket_name(OTHER_PROCESS),
             region: 0x9000,
             offset: 0,
             pieces: vec![4096],

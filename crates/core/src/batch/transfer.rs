@@ -253,8 +253,7 @@ async fn run(
         }
     }
     if let Some(payload) = notification {
-        let control = peer.control(engine).await?;
-        tokio::time::timeout(limit, control.notify(&payload))
+        tokio::time::timeout(limit, peer.notify(engine, &payload))
             .await
             .map_err(|_| Error::Timeout {
                 what: format!("a notification to {}", peer.name()),

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::identity::InstanceId;
 use crate::memory::RegionTable;
 use crate::metadata::{MetadataStore, PeerToPeer};
-use crate::notify::Inbox;
+use crate::notify::{Inbox, InboxHandle};
 use crate::proto::SessionConfig;
 use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
 use crate::transport::{EngineContext, Transport};
@@ -265,12 +265,15 @@ impl EngineBuilder {
         let control: Arc<dyn Transport> = tcp;
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;
         transports.push(Arc::clone(&control));
+        let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
         let listener = {
             let _entered = runtime.enter();
             let context = EngineContext {
                 instance,
                 secret: secret.clone(),
                 runtime: runtime.handle().clone(),
+                name: name.clone(),
+                inbox: InboxHandle::new(inbox.clone()),
             };
             for transport in &transports {
                 transport.attach(&context)?;
@@ -278,7 +281,6 @@ impl EngineBuilder {
             tokio::net::TcpListener::from_std(listener)
                 .map_err(|error| Error::io("registering the listener", error))?
         };
-        let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
         let metadata = self
             .metadata
             .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout)));

@@ -331,8 +331,7 @@ impl Engine {
         let limit = self.inner.transfer_timeout;
         let name = peer.name().to_owned();
         self.run(async move {
-            let link = peer.control(&inner).await?;
-            tokio::time::timeout(limit, link.notify(&payload))
+            tokio::time::timeout(limit, peer.notify(&inner, &payload))
                 .await
                 .map_err(|_| Error::Timeout {
                     what: format!("a notification to {name}"),

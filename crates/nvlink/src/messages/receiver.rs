@@ -1,0 +1,106 @@
+//! The reading end of a message ring: one thread per ring that polls it while messages come
+//! and sleeps on its futex word when they stop, hands each message to the engine's inbox and
+//! answers the sender with the verdict.
+
+use super::ring::{Reader, AWAKE, SLEEPING, STATE_OFFSET};
+use super::shared::{futex_wait, SharedMemory};
+use super::Verdict;
+use ferry_core::{InboxHandle, MAX_NOTIFICATION_BYTES};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+/// How long the reader spins after the last message before it starts yielding its core.
+const SPIN: Duration = Duration::from_micros(50);
+/// How long after the last message the reader polls (yielding its core between looks)
+/// before it sleeps: waking a sleeping thread costs more than most messages take to come.
+const POLL: Duration = Duration::from_millis(5);
+/// How long one sleep lasts at most: the reader then checks that the sender and the engine
+/// are still there.
+const NAP: Duration = Duration::from_millis(100);
+/// How long the sender may leave verdicts unread before its ring is closed.
+const VERDICT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One ring being read.
+pub(crate) struct Incoming {
+    /// The ring's shared memory.
+    pub(crate) memory: SharedMemory,
+    /// The sender's engine name, as it claimed it.
+    pub(crate) from: String,
+    /// Where verdicts go; its closing ends the ring.
+    pub(crate) socket: UnixStream,
+    /// The engine's inbox.
+    pub(crate) inbox: InboxHandle,
+    /// Gone when the serving engine stops.
+    pub(crate) running: Weak<()>,
+}
+
+impl Incoming {
+    /// Reads the ring on a thread of its own until the sender or the engine is gone.
+    pub(crate) fn start(self) -> std::io::Result<()> {
+        self.socket.set_write_timeout(Some(VERDICT_TIMEOUT))?;
+        std::thread::Builder::new()
+            .name("ferry-messages".into())
+            .spawn(move || {
+                if let Err(reason) = self.run() {
+                    tracing::warn!(from = %self.from, %reason, "closed a message ring");
+                }
+            })
+            .map(drop)
+    }
+
+    fn run(&self) -> Result<(), String> {
+        let words = self.memory.words();
+        let state = self.memory.word32(STATE_OFFSET);
+        let mut reader = Reader::default();
+        let mut last = Instant::now();
+        loop {
+            match reader
+                .pop(words, MAX_NOTIFICATION_BYTES)
+                .map_err(|corrupt| corrupt.to_string())?
+            {
+                Some(payload) => {
+                    let verdict = match self.inbox.deliver(&self.from, payload) {
+                        Ok(()) => Verdict::Delivered,
+                        Err(reason) => Verdict::Refused(reason),
+                    };
+                    (&self.socket)
+                        .write_all(&verdict.encode())
+                        .map_err(|error| format!("answering the sender failed: {error}"))?;
+                    last = Instant::now();
+                }
+                None if last.elapsed() < SPIN => std::hint::spin_loop(),
+                None if last.elapsed() < POLL => std::thread::yield_now(),
+                None => {
+                    self.still_wanted()?;
+                    state.store(SLEEPING, Ordering::SeqCst);
+                    fence(Ordering::SeqCst);
+                    if !reader.has_news(words) {
+                        futex_wait(state, SLEEPING, NAP);
+                    }
+                    state.store(AWAKE, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    /// Whether the engine still runs and the sender still holds its end of the socket.
+    fn still_wanted(&self) -> Result<(), String> {
+        if self.running.strong_count() == 0 {
+            return Err("the engine stopped".into());
+        }
+        let mut byte = [0u8; 1];
+        match rustix::net::recv(
+            &self.socket,
+            &mut byte,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok((0, _)) => Err("the sender closed its end".into()),
+            Ok(_) => Err("the sender wrote to a socket it must only read".into()),
+            Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(error) => Err(format!("watching the sender's socket failed: {error}")),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Shared memory between two processes: a sealed memfd mapped into both, seen only as atomic
+//! words, since the other process writes it at any time. The only `unsafe` of the message
+//! path lives here.
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// A shared mapping of `len` bytes, unmapped on drop.
+pub(crate) struct SharedMemory {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is only ever reached through atomics, which any thread may use.
+unsafe impl Send for SharedMemory {}
+// SAFETY: as for Send.
+unsafe impl Sync for SharedMemory {}
+
+/// Seals a memory file must carry before it is mapped: the sender can then neither shrink it
+/// under the mapping (a read past its end would kill this process with SIGBUS) nor unseal it.
+const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+impl SharedMemory {
+    /// A fresh, zeroed, sealed memory file of `len` bytes (a multiple of the page size) and
+    /// its mapping here; the file is what the other process maps with [`Self::map`].
+    pub(crate) fn create(name: &str, len: usize) -> std::io::Result<(SharedMemory, OwnedFd)> {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)?;
+        let memory = SharedMemory::map_fd(&fd, len)?;
+        Ok((memory, fd))
+    }
+
+    /// Maps the memory file `fd` another process created, which must be sealed against
+    /// resizing and be exactly `len` bytes long.
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> Result<SharedMemory, String> {
+        let seals = rustix::fs::fcntl_get_seals(fd)
+            .map_err(|error| format!("the message ring is not a sealable memory file: {error}"))?;
+        if !seals.contains(REQUIRED_SEALS) {
+            return Err(format!(
+                "the message ring's memory file is not sealed against resizing (seals {seals:?})"
+            ));
+        }
+        let size = rustix::fs::fstat(fd)
+            .map_err(|error| format!("reading the message ring's size failed: {error}"))?
+            .st_size;
+        if u64::try_from(size).ok() != Some(len as u64) {
+            return Err(format!(
+                "the message ring's memory file holds {size} bytes, not {len}"
+            ));
+        }
+        SharedMemory::map_fd(fd, len)
+            .map_err(|error| format!("mapping the message ring failed: {error}"))
+    }
+
+    fn map_fd(fd: &OwnedFd, len: usize) -> std::io::Result<SharedMemory> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (null hint) aliases no Rust
+        // object; the file is sealed at `len` bytes, so every byte of it stays backed.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        let base = std::ptr::NonNull::new(base.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned a null mapping"))?;
+        Ok(SharedMemory { base, len })
+    }
+
+    /// The mapping as 64-bit words.
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is page aligned, `len / 8` words long and lives as long as
+        // `self`; AtomicU64 has the layout of u64, and atomics are the only access, so the
+        // other process writing at any time is no data race.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().cast::<AtomicU64>(), self.len / 8) }
+    }
+
+    /// The 32-bit word at byte `offset` (a multiple of 8 that [`Self::words`]' users leave
+    /// alone), for a futex.
+    pub(crate) fn word32(&self, offset: usize) -> &AtomicU32 {
+        let word = &self.words()[offset / 8];
+        // SAFETY: the 8-byte aligned word is inside the mapping and lives as long as `self`;
+        // callers use its first half only through this AtomicU32.
+        unsafe { &*(word as *const AtomicU64).cast::<AtomicU32>() }
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len` are the mapping made in `map_fd`, unmapped only here; no
+        // reference into it outlives `self`.
+        if let Err(error) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) } {
+            tracing::warn!(%error, "unmapping a message ring failed");
+        }
+    }
+}
+
+/// Sleeps while `word` holds `value`, for at most `timeout` (or until a wake).
+pub(crate) fn futex_wait(word: &AtomicU32, value: u32, timeout: std::time::Duration) {
+    let timeout = rustix::thread::futex::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // Shared, not private: the waker is another process. An early return (EAGAIN, EINTR,
+    // the timeout) is harmless: the caller looks at the ring again either way.
+    let _ = rustix::thread::futex::wait(
+        word,
+        rustix::thread::futex::Flags::empty(),
+        value,
+        Some(&timeout),
+    );
+}
+
+/// Wakes a thread of any process sleeping on `word` in [`futex_wait`].
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
+}
