@@ -34,6 +34,10 @@ pub struct NvlinkConfig {
     /// on at most this many multiprocessors, leaving the rest to the model's kernels (prefill
     /// computes while its KV leaves). Copies that go to the copy engines are not limited.
     pub kernel_max_sms: Option<u32>,
+    /// Whether notifications to engines of this host go through shared memory (the
+    /// default) rather than the control connection's TCP; off only to compare the two or to
+    /// rule shared memory out while diagnosing.
+    pub shared_memory_notifications: bool,
 }
 
 impl Default for NvlinkConfig {
@@ -44,6 +48,7 @@ impl Default for NvlinkConfig {
             kernel_blocks_per_sm: 2,
             kernel_chunk_bytes: 64 << 10,
             kernel_max_sms: None,
+            shared_memory_notifications: true,
         }
     }
 }
@@ -269,13 +274,15 @@ impl Transport for NvlinkTransport {
     }
 
     fn carries_notifications(&self, peer: &SegmentDescriptor) -> bool {
-        self.same_host(peer) && self.attached.get().is_some()
+        self.config.shared_memory_notifications
+            && self.same_host(peer)
+            && self.attached.get().is_some()
     }
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let local_peer = self.same_process(peer).then_some(peer.instance);
         let messages = match self.attached.get() {
-            Some(attached) if self.same_host(peer) => open_messages(
+            Some(attached) if self.carries_notifications(peer) => open_messages(
                 &fd_socket_name(peer.instance),
                 &peer.name,
                 &attached.name,
@@ -283,7 +290,7 @@ impl Transport for NvlinkTransport {
             )
             .await
             .map_err(|error| format!("no shared-memory message ring to the peer: {error}")),
-            _ => Err("the peer runs on another host".into()),
+            _ => Err("nvlink carries no notifications to this peer (it runs on another host, or shared-memory notifications are off)".into()),
         };
         Ok(Arc::new(
             NvlinkLink::new(

@@ -22,7 +22,7 @@ use ferry::{
     Notifications, NvlinkConfig, Peer, Region,
 };
 use indicatif::{ProgressBar, ProgressStyle};
-use report::{quantile, Report, Row};
+use report::{quantile, Notified, Report, Row};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -79,6 +79,10 @@ pub(crate) struct Options {
     /// given), leaving the rest to other kernels.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) kernel_max_sms: Option<u32>,
+    /// Send the prefill's notifications over the control connection's TCP instead of the
+    /// shared-memory ring (the same-run baseline of `small-write`'s notification path).
+    #[arg(long)]
+    pub(crate) notify_over_tcp: bool,
     /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
     #[arg(long, default_value = "auto", value_delimiter = ',')]
     pub(crate) paths: Vec<CopyPath>,
@@ -387,6 +391,7 @@ impl Side {
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
                 kernel_max_sms: options.kernel_max_sms,
+                shared_memory_notifications: !options.notify_over_tcp,
             });
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
@@ -454,6 +459,7 @@ impl Side {
         };
         self.prepare(&blocks, direction, base)?;
         let mut one_layer_us = None;
+        let mut notified = None;
         let (gbps, timing) = match shape {
             Shape::Paged(paged) if *workload == Workload::KvLayerwise => {
                 let compute = Duration::from_micros(options.layer_compute_us);
@@ -462,7 +468,12 @@ impl Side {
                 (None, timing)
             }
             Shape::Ping(len) => {
-                let latencies = self.ping(*len, options.rounds().max(200))?;
+                let (latencies, alone) = self.ping(*len, options.rounds().max(200))?;
+                notified = Some(Notified {
+                    through: self.peer.notifications_through().unwrap_or("-").to_owned(),
+                    alone_p50_us: quantile(&alone, 0.5),
+                    alone_p99_us: quantile(&alone, 0.99),
+                });
                 let timing = Timing {
                     latencies,
                     ..Timing::default()
@@ -492,6 +503,7 @@ impl Side {
             engine_us: median(&timing.inside),
             verified,
             one_layer_us,
+            notified,
         })
     }
 
@@ -697,10 +709,11 @@ impl Side {
 
     /// `rounds` writes of `len` bytes with a notification each, after 20 warm-up ones: the
     /// microseconds from the start of each submit until the decode process held the
-    /// notification, by the clock both processes share.
-    fn ping(&self, len: u64, rounds: usize) -> Result<Vec<f64>, BoxError> {
-        let mut inbox = self.inbox.borrow_mut();
+    /// notification, by the clock both processes share; and, interleaved with them, the same
+    /// for a notification sent alone ([`ferry::Engine::notify_blocking`]).
+    fn ping(&self, len: u64, rounds: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
         let mut latencies = Vec::with_capacity(rounds);
+        let mut alone = Vec::with_capacity(rounds);
         for round in 0..rounds + 20 {
             let sent = now_ns();
             self.carried(
@@ -710,20 +723,33 @@ impl Side {
                     .notify(format!("ping {sent}").into_bytes())
                     .submit_blocking()?,
             )?;
-            let echo = inbox
-                .recv_timeout_blocking(Duration::from_secs(10))?
-                .ok_or("the decode process did not echo a notification within 10 s")?;
-            let text = String::from_utf8_lossy(&echo.payload).into_owned();
-            let held: u64 = text
-                .rsplit(' ')
-                .next()
-                .and_then(|field| field.parse().ok())
-                .ok_or_else(|| format!("unexpected echo {text:?}"))?;
+            let held = self.echoed()?;
+            let sent_alone = now_ns();
+            self.engine
+                .notify_blocking(&self.peer, format!("alone {sent_alone}"))?;
+            let held_alone = self.echoed()?;
             if round >= 20 {
                 latencies.push(held.saturating_sub(sent) as f64 / 1e3);
+                alone.push(held_alone.saturating_sub(sent_alone) as f64 / 1e3);
             }
         }
-        Ok(latencies)
+        Ok((latencies, alone))
+    }
+
+    /// The time the decode process says it held the last notification, from its echo.
+    fn echoed(&self) -> Result<u64, BoxError> {
+        let echo = self
+            .inbox
+            .borrow_mut()
+            .recv_timeout_blocking(Duration::from_secs(10))?
+            .ok_or("the decode process did not echo a notification within 10 s")?;
+        let text = String::from_utf8_lossy(&echo.payload).into_owned();
+        let held = text
+            .rsplit(' ')
+            .next()
+            .and_then(|field| field.parse().ok())
+            .ok_or_else(|| format!("unexpected echo {text:?}"))?;
+        Ok(held)
     }
 
     /// Checks every destination block against what its source block carries.

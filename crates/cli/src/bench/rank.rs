@@ -122,6 +122,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
             kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
             kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
             kernel_max_sms: options.kernel_max_sms,
+            ..NvlinkConfig::default()
         })
         .build_blocking()?;
     let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;

@@ -33,6 +33,20 @@ pub(crate) struct Row {
     /// compute ended its last byte landed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) one_layer_us: Option<f64>,
+    /// `small-write` only: the path its notifications took and a notification alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) notified: Option<Notified>,
+}
+
+/// How notifications reached the decode process in a latency row.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct Notified {
+    /// The transport whose link carried them (`nvlink`: shared memory; `tcp`).
+    pub(crate) through: String,
+    /// A notification sent alone, from the call to the decode process holding it, p50 and
+    /// p99 microseconds.
+    pub(crate) alone_p50_us: f64,
+    pub(crate) alone_p99_us: f64,
 }
 
 /// A whole run.
@@ -129,6 +143,18 @@ impl Report {
                 row.p50_us / one_layer.max(f64::MIN_POSITIVE)
             );
         }
+        for (row, notified) in self
+            .rows
+            .iter()
+            .filter_map(|row| Some((row, row.notified.as_ref()?)))
+        {
+            let _ = writeln!(
+                out,
+                "{}: notifications took {}; one sent alone reached the decode process in {:.1} us \
+                 (p50), {:.1} us (p99)",
+                row.workload, notified.through, notified.alone_p50_us, notified.alone_p99_us
+            );
+        }
         out
     }
 }
@@ -164,6 +190,7 @@ pub(crate) mod tests {
             engine_us: 650.0,
             verified,
             one_layer_us: None,
+            notified: None,
         }
     }
 

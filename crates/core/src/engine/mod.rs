@@ -371,18 +371,30 @@ impl Engine {
         })
     }
 
-    /// Runs `work` on the engine's runtime and waits for it from any executor.
+    /// Runs `work` on the engine's runtime and waits for it from any executor. The first
+    /// step runs on the caller's thread, so that what it can do at once (a notification
+    /// written into a shared-memory ring, say) does not wait for a runtime worker to wake;
+    /// the runtime then drives the rest (its first poll registers the real wakers in place
+    /// of this no-op one).
     async fn run<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        self.inner
-            .handle
-            .spawn(work)
-            .await
-            .map_err(|_| Error::Shutdown {
-                what: "the request".into(),
-            })?
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let mut task = Box::pin(async move {
+            let _ = sender.send(work.await);
+        });
+        let first = {
+            let _runtime = self.inner.handle.enter();
+            task.as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        };
+        if first.is_pending() {
+            self.inner.handle.spawn(task);
+        }
+        receiver.await.map_err(|_| Error::Shutdown {
+            what: "the request".into(),
+        })?
     }
 }
 
