@@ -2,9 +2,10 @@
 # Runs the GPU suite that scripts/gpu-build.sh collected, on the GPU machine. Writes two files
 # into LOG_DIR (first argument, else $OUT, else dist/gpu/logs): summary.txt (one line per
 # step, then every test binary's result line) and full.log (everything every step printed).
-# Usage: gpu-run.sh [LOG_DIR] [all|tests|containers|bench|pairs]: `tests` runs the test binaries
-# and the demos, `containers` the namespace matrix, `bench` the single-pair benchmarks, `pairs`
-# the multi-pair ones; `all` (the default) runs them all. One device call is limited to
+# Usage: gpu-run.sh [LOG_DIR] [all|tests|containers|bench|contend|pairs]: `tests` runs the test
+# binaries and the demos, `containers` the namespace matrix, `bench` the single-pair benchmarks,
+# `contend` what a GEMM on the prefill GPU loses per multiprocessor cap of the copy kernel,
+# `pairs` the multi-pair ones; `all` (the default) runs them all. One device call is limited to
 # 10 minutes, so the parts are run as separate calls there.
 # Exits non-zero when any step failed.
 set -u
@@ -73,6 +74,16 @@ bench() {
     --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
 }
 
+# The curve multiprocessors -> GB/s -> GEMM slowdown: GPU0 -> GPU1, or within GPU0 on a machine
+# with one GPU.
+contend() {
+  local decode=1
+  [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || decode=0
+  step "ferry bench --contend" timeout 420 "$here/ferry" bench --contend \
+    --prefill-gpu 0 --decode-gpu "$decode" --workloads kv-llama70b-4k,kv-layerwise \
+    --kernel-max-sms 8,16,32,66,all --json "$logs/contend.json"
+}
+
 # Multi-pair ferry bench: one process per rank, every rank writing at once. The shapes that fit
 # the GPUs this machine has; several ranks may share a GPU.
 pairs() {
@@ -109,12 +120,13 @@ case ${2:-all} in
   tests) tests ;;
   containers) containers ;;
   bench) bench ;;
+  contend) contend ;;
   pairs) pairs ;;
-  *) tests; containers; bench; pairs ;;
+  *) tests; containers; bench; contend; pairs ;;
 esac
 {
   echo
-  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|path |  p[0-9]|  pair|workload|contiguous|blocks-|kv-llama|small-write|tp_demo|decode [0-9]|prefill [0-9])" "$full"
+  grep -E "^(=====|test result|verified:|[0-9.]+ GB/s|prefill|decode|cuda:|gpu |  gpu|  nvlink|  tcp|peer_copy|path |  p[0-9]|  pair|workload|contiguous|blocks-|kv-llama|small-write|bf16 GEMM|tp_demo|decode [0-9]|prefill [0-9])" "$full"
 } >>"$summary"
 cat "$summary"
 exit $status

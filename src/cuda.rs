@@ -1,11 +1,13 @@
 //! The CUDA helpers a server needs beside the engine: GPUs, contexts, device buffers, streams
-//! and events. Everything here is safe to call; memory is handed to the engine only through
-//! the `unsafe` [`ferry_core::Engine::register`].
+//! and events; and a bf16 [`Gemm`] that stands in for a model's compute in benchmarks.
+//! Everything here is safe to call; memory is handed to the engine only through the `unsafe`
+//! [`ferry_core::Engine::register`].
 
 use crate::{Error, Region};
 pub use ferry_core::cuda::{
     Context, CudaError, DeviceBuffer, DeviceInfo, Driver, DriverStatus, Event, GpuId,
 };
+pub use ferry_nvlink::{Gemm, GemmRate, GEMM_TILE};
 use std::sync::Arc;
 
 /// A non-blocking CUDA stream on one GPU, destroyed on drop, with only the operations whose

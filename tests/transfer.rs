@@ -375,6 +375,25 @@ async fn notifications_on_one_host_take_shared_memory_and_tcp_where_the_peer_has
     let pair = Pair::new(4096, 4096).await;
     let mut inbox = pair.decode.notifications().unwrap();
     assert_eq!(pair.peer.notifications_through(), None);
+    // Sent at once while the first one still opens the ring: they keep their order.
+    let sent: Vec<_> = (0..100u32)
+        .map(|index| {
+            pair.prefill
+                .batch(&pair.peer)
+                .notify(format!("burst {index}"))
+                .submit()
+                .unwrap()
+        })
+        .collect();
+    for transfer in sent {
+        transfer.await.unwrap();
+    }
+    for index in 0..100u32 {
+        assert_eq!(
+            inbox.recv().await.unwrap().payload,
+            format!("burst {index}").into_bytes()
+        );
+    }
     for round in 0..50u32 {
         let bytes = pattern(u64::from(round), 4096);
         pair.source.write_at(0, &bytes).unwrap();

@@ -7,6 +7,7 @@ use crate::transport::{Link, Transport};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::task::Poll;
 
 /// A remote engine this engine can move data to and from. Cheap to clone.
 #[derive(Clone)]
@@ -22,6 +23,9 @@ pub(crate) struct PeerInner {
     links: Mutex<HashMap<&'static str, Arc<dyn Link>>>,
     /// Which link notifications to the peer take.
     messages: Mutex<MessagePath>,
+    /// Taken, first come first served, to find the link a notification goes over: a link
+    /// still opening then holds back the notifications sent after the one that opens it.
+    message_turn: tokio::sync::Mutex<()>,
 }
 
 /// Which link carries the notifications to one peer. It changes at most twice (chosen, then
@@ -79,6 +83,7 @@ impl Peer {
                 control: Mutex::new(control),
                 links: Mutex::new(links),
                 messages: Mutex::new(MessagePath::Unchosen),
+                message_turn: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -157,6 +162,41 @@ impl Peer {
     /// # Cancel safety
     /// As [`Link::notify`].
     pub(crate) async fn notify(&self, engine: &EngineInner, payload: &[u8]) -> Result<()> {
+        // Notifications keep their order because each takes its turn here and its link's
+        // `notify` is first polled (which queues it there) before the next one's turn comes.
+        let turn = self.inner.message_turn.lock().await;
+        let (link, control) = self.message_link(engine).await?;
+        if let Some((transport, link)) = link {
+            let mut sending = link.notify(payload);
+            match futures::poll!(sending.as_mut()) {
+                Poll::Ready(Err(error @ Error::Unavailable { .. })) => {
+                    tracing::info!(peer = %self.name(), transport, %error, "notifications to this peer go over the control connection");
+                    *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
+                }
+                Poll::Ready(outcome) => return outcome,
+                Poll::Pending => {
+                    drop(turn);
+                    return sending.await;
+                }
+            }
+        }
+        let mut sending = control.notify(payload);
+        let first = futures::poll!(sending.as_mut());
+        drop(turn);
+        match first {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => sending.await,
+        }
+    }
+
+    /// The link of the transport that carries notifications to this peer (with its name),
+    /// if one does, and the control link.
+    async fn message_link(
+        &self,
+        engine: &EngineInner,
+    ) -> Result<(Option<(&'static str, Arc<dyn Link>)>, Arc<dyn Link>)> {
+        // The control link notices a peer that restarted, and then brings its new descriptor.
+        let control = self.control(engine).await?;
         let path = *self.inner.messages.lock();
         let path = match path {
             MessagePath::Unchosen => {
@@ -173,23 +213,17 @@ impl Peer {
             }
             chosen => chosen,
         };
-        // The control link notices a peer that restarted, and then brings its new descriptor.
-        let control = self.control(engine).await?;
-        if let MessagePath::Through(index, _) = path {
-            let transport = engine.transports[index].as_ref();
-            let sent = match self.link(transport).await {
-                Ok(link) => link.notify(payload).await,
-                Err(error) => Err(error),
-            };
-            match sent {
-                Err(error @ Error::Unavailable { .. }) => {
-                    tracing::info!(peer = %self.name(), transport = transport.name(), %error, "notifications to this peer go over the control connection");
-                    *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
-                }
-                outcome => return outcome,
+        let MessagePath::Through(index, name) = path else {
+            return Ok((None, control));
+        };
+        match self.link(engine.transports[index].as_ref()).await {
+            Ok(link) => Ok((Some((name, link)), control)),
+            Err(error) => {
+                tracing::info!(peer = %self.name(), transport = name, %error, "notifications to this peer go over the control connection");
+                *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
+                Ok((None, control))
             }
         }
-        control.notify(payload).await
     }
 
     /// The transport whose link carries notifications to this peer: one that has a path of

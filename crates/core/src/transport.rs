@@ -280,8 +280,11 @@ pub trait Link: Send + Sync + 'static {
     }
 
     /// Hands `payload` to the peer's inbox as a notification, once every byte sent through this
-    /// link before it is visible there. The engine sends notifications over its control
-    /// transport's link; transports that cannot carry them keep the default, which refuses.
+    /// link before it is visible there. Notifications arrive in the order their `notify`
+    /// futures were first polled. The engine sends notifications over its control transport's
+    /// link, or the link of a transport that carries them itself
+    /// ([`Transport::carries_notifications`]); transports that cannot carry them keep the
+    /// default, which refuses.
     ///
     /// # Errors
     /// [`Error::Unavailable`] from the default; the transport's error otherwise.

@@ -20,6 +20,9 @@
 //! An event recorded after the work completes the transfer through ferry-core's event poller,
 //! so no thread waits on the GPU.
 //!
+//! [`Gemm`] multiplies bf16 matrices on the tensor cores (`kernels/gemm.cu`), standing in for a
+//! model's compute when measuring what the copy kernel takes from it (`ferry bench --contend`).
+//!
 //! The `mnnvl` transport ([`MnnvlTransport`]) reuses the same link for VMM memory shared by
 //! FABRIC handles across the nodes of a multi-node NVLink domain. It has not run on GB200
 //! hardware yet: the H200 nodes it was built on refuse FABRIC allocations.
@@ -29,6 +32,7 @@ mod bounds;
 mod export;
 mod fabric_probe;
 mod fd_passing;
+mod gemm;
 mod import;
 mod kernels;
 mod link;
@@ -41,6 +45,7 @@ mod trial;
 pub use export::{GpuExport, EXPORT_VERSION};
 pub use fabric_probe::{probe_fabric, FabricSupport};
 pub use fd_passing::{fd_socket_name, FDS_PER_MESSAGE};
+pub use gemm::{Gemm, GemmRate, GEMM_TILE};
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};

@@ -15,22 +15,26 @@ mod workload;
 pub(crate) use rank::{run as run_rank, RankOptions};
 
 use crate::serve_child::ServeChild;
-use ferry::cuda::{Context, DeviceBuffer, Stream};
+use ferry::cuda::{Context, DeviceBuffer, Gemm, GemmRate, Stream};
 use ferry::transport::{Reach, RDMA, TCP};
 use ferry::{
     BlockCopy, BlockLayout, BufferDescriptor, Completion, CopyPath, Direction, Engine,
     Notifications, NvlinkConfig, Peer, Region,
 };
 use indicatif::{ProgressBar, ProgressStyle};
-use report::{quantile, Notified, Report, Row};
+use report::{quantile, Contention, Notified, Report, Row};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use workload::{random_bytes, Paged, Shape, SWEEP_SIZES};
 
 use workload::{Workload, ALL as ALL_WORKLOADS};
 
 const GIB: u64 = 1 << 30;
+
+/// How long `--contend` measures the GEMM alone before each row.
+const GEMM_ALONE: Duration = Duration::from_millis(500);
 
 /// How long a bench thread looks for a transfer's end before it parks.
 pub(crate) const WAIT_SPIN: Duration = Duration::from_millis(20);
@@ -75,10 +79,21 @@ pub(crate) struct Options {
     /// Bytes one warp of the copy kernel copies at a time, at most.
     #[arg(long, default_value_t = NvlinkConfig::default().kernel_chunk_bytes)]
     pub(crate) kernel_chunk_bytes: u64,
-    /// Multiprocessors the copy kernel may occupy at once, at most (all of them when not
-    /// given), leaving the rest to other kernels.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) kernel_max_sms: Option<u32>,
+    /// Multiprocessors the copy kernel may occupy at once, at most, leaving the rest to other
+    /// kernels: a number, or `all` for no cap. A comma-separated list (`8,16,32,66,all`) runs
+    /// every row once per cap (one cap only with `--plot` and the multi-pair mode).
+    #[arg(long, default_value = "all", value_delimiter = ',', value_parser = parse_sm_cap)]
+    pub(crate) kernel_max_sms: Vec<SmCap>,
+    /// Run a bf16 GEMM on the prefill GPU, on a stream and thread of its own, while each row's
+    /// timed rounds run, and report its TFLOP/s alone (measured just before the row) and
+    /// beside the transfers, and the slowdown; the row's GB/s are then those beside the GEMM.
+    /// With `--kernel-max-sms 8,16,32,66,all` this gives the curve multiprocessors -> GB/s ->
+    /// GEMM slowdown.
+    #[arg(long, conflicts_with_all = ["prefill_gpus", "tcp", "rdma"])]
+    pub(crate) contend: bool,
+    /// `--contend`: rows (and columns) of the GEMM's square matrices, a multiple of 128.
+    #[arg(long, default_value_t = 4096, requires = "contend")]
+    pub(crate) gemm_size: usize,
     /// Send the prefill's notifications over the control connection's TCP instead of the
     /// shared-memory ring (the same-run baseline of `small-write`'s notification path).
     #[arg(long)]
@@ -123,6 +138,22 @@ pub(crate) struct Options {
     pub(crate) secret: crate::secret_file::SecretFile,
 }
 
+/// A cap on the copy kernel's multiprocessors; `None` for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SmCap(pub(crate) Option<u32>);
+
+fn parse_sm_cap(text: &str) -> Result<SmCap, String> {
+    match text.trim() {
+        "all" => Ok(SmCap(None)),
+        number => match number.parse::<u32>() {
+            Ok(cap) if cap > 0 => Ok(SmCap(Some(cap))),
+            _ => Err(format!(
+                "{text:?}: give a number of multiprocessors (1 or more) or all"
+            )),
+        },
+    }
+}
+
 fn parse_direction(text: &str) -> Result<Direction, String> {
     match text {
         "write" => Ok(Direction::Write),
@@ -146,6 +177,19 @@ impl Options {
         }
     }
 
+    /// The one multiprocessor cap of a run that takes only one (the multi-pair mode, `--plot`).
+    fn single_cap(&self, mode: &str) -> Result<Option<u32>, BoxError> {
+        match self.kernel_max_sms[..] {
+            [] => Ok(None),
+            [SmCap(cap)] => Ok(cap),
+            _ => Err(format!(
+                "{mode} takes one --kernel-max-sms value, got {}; run it once per cap",
+                self.kernel_max_sms.len()
+            )
+            .into()),
+        }
+    }
+
     /// The workloads to run: the custom blocks when given, else the named ones.
     fn workloads(&self) -> Vec<Workload> {
         match self.block_bytes.zip(self.blocks) {
@@ -164,8 +208,12 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         rdma::check()?;
     }
     if !options.prefill_gpus.is_empty() {
+        options.single_cap("the multi-pair mode")?;
         gpus::check(&[&options.prefill_gpus[..], &options.decode_gpus[..]].concat())?;
         return pairs::run(options);
+    }
+    if options.plot.is_some() {
+        options.single_cap("--plot")?;
     }
     gpus::check(&[options.prefill_gpu, options.decode_gpu])?;
     let shapes: Vec<(Workload, Shape)> = options
@@ -195,7 +243,8 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .unwrap_or(0)
         .max(1);
     let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine, CopyPath::Batched];
-    let total = shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len();
+    let caps = options.kernel_max_sms.len().max(1);
+    let total = (shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len()) * caps;
     let progress = progress_bar(total as u64 + 1);
     progress.set_message(format!(
         "starting the decode process ({:.1} GiB on GPU{})",
@@ -222,6 +271,20 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
             )?)
         }
     };
+    let gemm = match options.contend {
+        true => {
+            progress.set_message(format!(
+                "loading the {n} x {n} GEMM on GPU{}",
+                options.prefill_gpu,
+                n = options.gemm_size
+            ));
+            Some(Gemm::new(
+                Context::get(options.prefill_gpu)?,
+                options.gemm_size,
+            )?)
+        }
+        false => None,
+    };
     progress.inc(1);
     let baseline = peer_copy_gbps.or(line_rate);
     let mut report = Report {
@@ -239,22 +302,29 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         }
     }
     let base = pattern(options.seed);
+    let caps = match options.kernel_max_sms.is_empty() {
+        true => vec![SmCap(None)],
+        false => options.kernel_max_sms.clone(),
+    };
     for path in paths {
-        let side = Side::new(options, path, area, check, &mut decode)?;
-        if options.paths.contains(&path) {
-            for (workload, shape) in &shapes {
-                progress.set_message(format!("{workload} ({path})"));
-                let row = side.row(workload, shape, path, options, baseline, &base)?;
-                report.rows.push(row);
-                progress.inc(1);
+        for &SmCap(cap) in &caps {
+            let side = Side::new(options, path, cap, area, check, &mut decode)?;
+            let sms = report::sms(cap);
+            if options.paths.contains(&path) {
+                for (workload, shape) in &shapes {
+                    progress.set_message(format!("{workload} ({path}, {sms} SMs)"));
+                    let row = side.row(workload, shape, options, baseline, &base, gemm.as_ref())?;
+                    report.rows.push(row);
+                    progress.inc(1);
+                }
             }
-        }
-        if sweep_paths.contains(&path) {
-            for (workload, shape) in &sweep {
-                progress.set_message(format!("sweep {workload} ({path})"));
-                let row = side.row(workload, shape, path, options, baseline, &base)?;
-                report.sweep.push(row);
-                progress.inc(1);
+            if sweep_paths.contains(&path) {
+                for (workload, shape) in &sweep {
+                    progress.set_message(format!("sweep {workload} ({path})"));
+                    let row = side.row(workload, shape, options, baseline, &base, None)?;
+                    report.sweep.push(row);
+                    progress.inc(1);
+                }
             }
         }
     }
@@ -345,6 +415,28 @@ struct Timing {
     inside: Vec<f64>,
 }
 
+/// What one row's timed rounds measured.
+struct Measured {
+    /// GB/s; absent for latency-only workloads.
+    gbps: Option<f64>,
+    timing: Timing,
+    /// `kv-layerwise`: one layer's transfer alone, p50 microseconds.
+    one_layer_us: Option<f64>,
+    /// `small-write`: the path its notifications took and one notification alone.
+    notified: Option<Notified>,
+}
+
+impl Measured {
+    fn new(gbps: Option<f64>, timing: Timing) -> Measured {
+        Measured {
+            gbps,
+            timing,
+            one_layer_us: None,
+            notified: None,
+        }
+    }
+}
+
 /// The prefill side of one copy path: an engine and its GPU memory.
 struct Side {
     engine: Engine,
@@ -363,6 +455,10 @@ struct Side {
     /// The one transport every transfer must take (`--rdma`, `--tcp`); any transport when
     /// `None`.
     only: Option<&'static str>,
+    /// The copy path asked for.
+    path: CopyPath,
+    /// The copy kernel's multiprocessor cap; `None` for all.
+    cap: Option<u32>,
     /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` and
     /// records the event a layer's blocks start after.
     computing: Stream,
@@ -374,6 +470,7 @@ impl Side {
     fn new(
         options: &Options,
         path: CopyPath,
+        cap: Option<u32>,
         area: u64,
         check: u64,
         decode: &mut ServeChild,
@@ -390,7 +487,7 @@ impl Side {
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
-                kernel_max_sms: options.kernel_max_sms,
+                kernel_max_sms: cap,
                 shared_memory_notifications: !options.notify_over_tcp,
             });
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
@@ -424,6 +521,8 @@ impl Side {
             remote,
             remote_buffer,
             only,
+            path,
+            cap,
             computing,
             gate,
         })
@@ -443,14 +542,16 @@ impl Side {
         }
     }
 
+    /// One row: `workload`'s rounds timed and its bytes verified; with `gemm`, the GEMM's rate
+    /// alone just before and beside the rounds.
     fn row(
         &self,
         workload: &Workload,
         shape: &Shape,
-        path: CopyPath,
         options: &Options,
         baseline: Option<f64>,
         base: &[u8],
+        gemm: Option<&Gemm>,
     ) -> Result<Row, BoxError> {
         let blocks = shape.blocks();
         let direction = match (shape, workload) {
@@ -458,52 +559,82 @@ impl Side {
             _ => options.direction,
         };
         self.prepare(&blocks, direction, base)?;
-        let mut one_layer_us = None;
-        let mut notified = None;
-        let (gbps, timing) = match shape {
-            Shape::Paged(paged) if *workload == Workload::KvLayerwise => {
-                let compute = Duration::from_micros(options.layer_compute_us);
-                let (timing, alone) = self.layerwise(paged, compute, options.rounds())?;
-                one_layer_us = Some(alone);
-                (None, timing)
-            }
-            Shape::Ping(len) => {
-                let (latencies, alone) = self.ping(*len, options.rounds().max(200))?;
-                notified = Some(Notified {
-                    through: self.peer.notifications_through().unwrap_or("-").to_owned(),
-                    alone_p50_us: quantile(&alone, 0.5),
-                    alone_p99_us: quantile(&alone, 0.99),
-                });
-                let timing = Timing {
-                    latencies,
-                    ..Timing::default()
-                };
-                (None, timing)
-            }
-            _ => {
-                let (gbps, timing) = self.measure(shape, direction, options.rounds())?;
-                (Some(gbps), timing)
+        let rounds = || self.rounds(workload, shape, direction, options);
+        let (measured, contention) = match gemm {
+            None => (rounds()?, None),
+            Some(gemm) => {
+                let alone = gemm.rate_for(GEMM_ALONE)?;
+                let (measured, during) = beside(gemm, rounds)?;
+                (measured, Some(Contention::new(&alone, &during)))
             }
         };
         let verified = self.verify(&blocks, direction, base)?;
         Ok(Row {
             workload: workload.to_string(),
-            path: self.only.map_or_else(|| path.to_string(), str::to_owned),
+            path: self
+                .only
+                .map_or_else(|| self.path.to_string(), str::to_owned),
             direction: match direction {
                 Direction::Write => "write".into(),
                 Direction::Read => "read".into(),
             },
             block_bytes: blocks.iter().map(|block| block.2).max().unwrap_or(0),
             bytes: shape.bytes(),
-            gbps,
-            ratio: gbps.zip(baseline).map(|(gbps, baseline)| gbps / baseline),
-            p50_us: quantile(&timing.latencies, 0.5),
-            p99_us: quantile(&timing.latencies, 0.99),
-            submit_us: median(&timing.submits),
-            engine_us: median(&timing.inside),
+            gbps: measured.gbps,
+            ratio: measured
+                .gbps
+                .zip(baseline)
+                .map(|(gbps, baseline)| gbps / baseline),
+            p50_us: quantile(&measured.timing.latencies, 0.5),
+            p99_us: quantile(&measured.timing.latencies, 0.99),
+            submit_us: median(&measured.timing.submits),
+            engine_us: median(&measured.timing.inside),
             verified,
-            one_layer_us,
-            notified,
+            one_layer_us: measured.one_layer_us,
+            notified: measured.notified,
+            kernel_max_sms: self.cap,
+            contention,
+        })
+    }
+
+    /// A row's timed rounds: its GB/s (absent for latency-only workloads), the rounds' times,
+    /// for `kv-layerwise` one layer's transfer alone, and for `small-write` how its
+    /// notifications went.
+    fn rounds(
+        &self,
+        workload: &Workload,
+        shape: &Shape,
+        direction: Direction,
+        options: &Options,
+    ) -> Result<Measured, BoxError> {
+        Ok(match shape {
+            Shape::Paged(paged) if *workload == Workload::KvLayerwise => {
+                let compute = Duration::from_micros(options.layer_compute_us);
+                let (timing, alone) = self.layerwise(paged, compute, options.rounds())?;
+                Measured {
+                    one_layer_us: Some(alone),
+                    ..Measured::new(None, timing)
+                }
+            }
+            Shape::Ping(len) => {
+                let (latencies, alone) = self.ping(*len, options.rounds().max(200))?;
+                let timing = Timing {
+                    latencies,
+                    ..Timing::default()
+                };
+                Measured {
+                    notified: Some(Notified {
+                        through: self.peer.notifications_through().unwrap_or("-").to_owned(),
+                        alone_p50_us: quantile(&alone, 0.5),
+                        alone_p99_us: quantile(&alone, 0.99),
+                    }),
+                    ..Measured::new(None, timing)
+                }
+            }
+            _ => {
+                let (gbps, timing) = self.measure(shape, direction, options.rounds())?;
+                Measured::new(Some(gbps), timing)
+            }
         })
     }
 
@@ -795,6 +926,31 @@ impl Side {
     }
 }
 
+/// Runs `work` on this thread while `gemm` multiplies back to back on a thread of its own
+/// (started first, so `work` begins with the GPU busy): `work`'s outcome and the GEMM's rate
+/// over the same time.
+fn beside<T>(
+    gemm: &Gemm,
+    work: impl FnOnce() -> Result<T, BoxError>,
+) -> Result<(T, GemmRate), BoxError> {
+    let stop = AtomicBool::new(false);
+    let (opened, open) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| {
+            gemm.rate_until(&stop, move || {
+                // The receiver waits below until this is sent or the thread has failed.
+                let _ = opened.send(());
+            })
+        });
+        // An error means the GEMM failed before its window opened: `join` reports it.
+        let _ = open.recv();
+        let outcome = work();
+        stop.store(true, Ordering::Release);
+        let rate = running.join().map_err(|_| "the GEMM thread panicked")??;
+        Ok((outcome?, rate))
+    })
+}
+
 /// Fails unless a batch between `local` and the peer's buffer `remote` takes the transport
 /// `wanted`, saying why `wanted` declined; so that a run asked to measure one transport stops
 /// before it measures another.
@@ -836,4 +992,68 @@ pub(crate) fn now_ns() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|since| since.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Options, SmCap};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Bench::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .map(|bench| bench.options)
+    }
+
+    #[test]
+    fn the_cap_list_takes_numbers_and_all_and_defaults_to_no_cap() {
+        let options = parse(&[]).unwrap();
+        assert_eq!(options.kernel_max_sms, [SmCap(None)]);
+        assert!(!options.contend);
+        let options = parse(&["--kernel-max-sms", "8,16,32,66,all"]).unwrap();
+        let caps: Vec<Option<u32>> = options.kernel_max_sms.iter().map(|cap| cap.0).collect();
+        assert_eq!(caps, [Some(8), Some(16), Some(32), Some(66), None]);
+        for bad in ["0", "many", "8,,16", "4294967296"] {
+            let error = parse(&["--kernel-max-sms", bad])
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                error.as_deref().is_some_and(|e| e.contains("or all")),
+                "{bad}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_cap_only_where_a_run_takes_one() {
+        let options = parse(&["--kernel-max-sms", "16"]).unwrap();
+        assert_eq!(options.single_cap("--plot").ok(), Some(Some(16)));
+        let options = parse(&["--kernel-max-sms", "16,all"]).unwrap();
+        let error = options.single_cap("--plot").map_err(|e| e.to_string());
+        assert_eq!(
+            error,
+            Err("--plot takes one --kernel-max-sms value, got 2; run it once per cap".into())
+        );
+    }
+
+    #[test]
+    fn contend_runs_over_nvlink_between_two_processes_only() {
+        let options = parse(&["--contend", "--gemm-size", "8192"]).unwrap();
+        assert!(options.contend);
+        assert_eq!(options.gemm_size, 8192);
+        assert_eq!(parse(&["--contend"]).unwrap().gemm_size, 4096);
+        for conflicting in [
+            &["--contend", "--tcp"][..],
+            &["--contend", "--rdma"],
+            &["--contend", "--prefill-gpus", "0", "--decode-gpus", "1"],
+            &["--gemm-size", "8192"],
+        ] {
+            assert!(parse(conflicting).is_err(), "{conflicting:?}");
+        }
+    }
 }

@@ -476,6 +476,7 @@ impl RankChild {
                 options
                     .kernel_max_sms
                     .iter()
+                    .filter_map(|cap| cap.0)
                     .flat_map(|most| ["--kernel-max-sms".to_string(), most.to_string()]),
             )
             .args(["--seed", &options.seed.to_string()])

@@ -1,5 +1,6 @@
 //! What `ferry bench` prints and writes: the table and the JSON rows (`plot` draws the SVG).
 
+use ferry::cuda::GemmRate;
 use std::fmt::Write as _;
 
 /// One measured row.
@@ -36,6 +37,11 @@ pub(crate) struct Row {
     /// `small-write` only: the path its notifications took and a notification alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) notified: Option<Notified>,
+    /// The copy kernel's multiprocessor cap (`--kernel-max-sms`); `null` for none (all).
+    pub(crate) kernel_max_sms: Option<u32>,
+    /// `--contend` only: the GEMM on the prefill GPU alone and beside the row's rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) contention: Option<Contention>,
 }
 
 /// How notifications reached the decode process in a latency row.
@@ -47,6 +53,49 @@ pub(crate) struct Notified {
     /// p99 microseconds.
     pub(crate) alone_p50_us: f64,
     pub(crate) alone_p99_us: f64,
+}
+
+/// What a bf16 GEMM on the prefill GPU lost while a row's timed rounds ran (`--contend`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct Contention {
+    /// The matrices are `gemm_n x gemm_n`.
+    pub(crate) gemm_n: usize,
+    /// TFLOP/s of the GEMM alone, measured just before the row.
+    pub(crate) alone_tflops: f64,
+    /// TFLOP/s of the GEMM while the row's rounds ran.
+    pub(crate) during_tflops: f64,
+    /// Multiplications that ended inside each window.
+    pub(crate) alone_gemms: u64,
+    pub(crate) during_gemms: u64,
+    /// How much slower the GEMM ran beside the transfers, percent of its rate alone;
+    /// absent when it did not run alone.
+    pub(crate) slowdown_pct: Option<f64>,
+}
+
+impl Contention {
+    /// The figures of a GEMM that ran at `alone` by itself and at `during` beside a row.
+    pub(crate) fn new(alone: &GemmRate, during: &GemmRate) -> Contention {
+        let (alone_tflops, during_tflops) = (alone.tflops(), during.tflops());
+        Contention {
+            gemm_n: alone.n,
+            alone_tflops,
+            during_tflops,
+            alone_gemms: alone.multiplications,
+            during_gemms: during.multiplications,
+            slowdown_pct: slowdown_percent(alone_tflops, during_tflops),
+        }
+    }
+}
+
+/// How much slower `during` is than `alone`, percent of `alone` (negative when faster); `None`
+/// when `alone` is not a positive rate.
+pub(crate) fn slowdown_percent(alone: f64, during: f64) -> Option<f64> {
+    (alone > 0.0).then(|| (1.0 - during / alone) * 100.0)
+}
+
+/// A multiprocessor cap as shown: the number, or `all` for none.
+pub(crate) fn sms(cap: Option<u32>) -> String {
+    cap.map_or_else(|| "all".to_owned(), |cap| cap.to_string())
 }
 
 /// A whole run.
@@ -94,9 +143,10 @@ impl Report {
             .map_or_else(|| "-".to_owned(), |gbps| format!("{gbps:.1}"));
         let _ = writeln!(
             out,
-            "{:<24} {:<11} {:<5} {:>8} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9}  verified",
+            "{:<24} {:<11} {:>4} {:<5} {:>8} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9}  verified",
             "workload",
             "path",
+            "SMs",
             "dir",
             "GB/s",
             "baseline",
@@ -115,9 +165,10 @@ impl Report {
                 .map_or_else(|| "-".to_owned(), |ratio| format!("{ratio:.3}"));
             let _ = writeln!(
                 out,
-                "{:<24} {:<11} {:<5} {:>8} {:>9} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}",
+                "{:<24} {:<11} {:>4} {:<5} {:>8} {:>9} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}",
                 row.workload,
                 row.path,
+                sms(row.kernel_max_sms),
                 row.direction,
                 gbps,
                 baseline,
@@ -155,7 +206,51 @@ impl Report {
                 row.workload, notified.through, notified.alone_p50_us, notified.alone_p99_us
             );
         }
+        self.contention_table(&mut out);
         out
+    }
+
+    /// `--contend`'s rows: per cap, the transfer's GB/s and what the GEMM lost meanwhile.
+    fn contention_table(&self, out: &mut String) {
+        let rows: Vec<(&Row, &Contention)> = self
+            .rows
+            .iter()
+            .filter_map(|row| Some((row, row.contention.as_ref()?)))
+            .collect();
+        let Some((_, first)) = rows.first() else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "bf16 GEMM {n} x {n} on GPU{}: TFLOP/s alone (just before each row) and while the \
+             row's rounds ran",
+            self.prefill_gpu,
+            n = first.gemm_n
+        );
+        let _ = writeln!(
+            out,
+            "{:<24} {:<11} {:>4} {:>8} {:>13} {:>14} {:>10}",
+            "workload", "path", "SMs", "GB/s", "GEMM alone", "GEMM beside", "slowdown"
+        );
+        for (row, contention) in rows {
+            let gbps = row
+                .gbps
+                .map_or_else(|| "-".to_owned(), |gbps| format!("{gbps:.1}"));
+            let slowdown = contention
+                .slowdown_pct
+                .map_or_else(|| "-".to_owned(), |pct| format!("{pct:.1}%"));
+            let _ = writeln!(
+                out,
+                "{:<24} {:<11} {:>4} {:>8} {:>13.1} {:>14.1} {:>10}",
+                row.workload,
+                row.path,
+                sms(row.kernel_max_sms),
+                gbps,
+                contention.alone_tflops,
+                contention.during_tflops,
+                slowdown
+            );
+        }
     }
 }
 
@@ -191,6 +286,8 @@ pub(crate) mod tests {
             verified,
             one_layer_us: None,
             notified: None,
+            kernel_max_sms: None,
+            contention: None,
         }
     }
 
@@ -245,8 +342,8 @@ pub(crate) mod tests {
         );
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(
-            cells[..6],
-            ["blocks-4K", "rdma", "write", "360.0", "-", "-"]
+            cells[..7],
+            ["blocks-4K", "rdma", "all", "write", "360.0", "-", "-"]
         );
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["peer_copy_gbps"], serde_json::Value::Null);
@@ -265,7 +362,7 @@ pub(crate) mod tests {
             "{table}"
         );
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
-        assert_eq!(cells[4], "50.0", "{table}");
+        assert_eq!(cells[5], "50.0", "{table}");
     }
 
     #[test]
@@ -275,6 +372,56 @@ pub(crate) mod tests {
         assert_eq!(json["rows"][0]["ratio"], 0.9);
         assert_eq!(json["rows"][1]["gbps"], serde_json::Value::Null);
         assert_eq!(json["sweep"].as_array().map(Vec::len), Some(4));
+    }
+
+    #[test]
+    fn contended_rows_show_their_cap_and_the_gemm_slowdown_in_the_table_and_json() {
+        let mut report = report();
+        report.sweep.clear();
+        let alone = GemmRate {
+            n: 4096,
+            multiplications: 400,
+            seconds: 0.5,
+        };
+        let during = GemmRate {
+            multiplications: 340,
+            ..alone
+        };
+        report.rows[0].kernel_max_sms = Some(16);
+        report.rows[0].contention = Some(Contention::new(&alone, &during));
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[2].split_whitespace().nth(2), Some("16"), "{table}");
+        assert_eq!(lines[3].split_whitespace().nth(2), Some("all"), "{table}");
+        assert!(
+            lines[4].starts_with("bf16 GEMM 4096 x 4096 on GPU0"),
+            "{table}"
+        );
+        let cells: Vec<&str> = lines[6].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["blocks-4K", "auto", "16", "360.0", "110.0", "93.5", "15.0%"],
+            "{table}"
+        );
+        assert_eq!(lines.len(), 7, "only contended rows are listed: {table}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["rows"][0]["kernel_max_sms"], 16);
+        assert_eq!(json["rows"][1]["kernel_max_sms"], serde_json::Value::Null);
+        let contention = &json["rows"][0]["contention"];
+        assert_eq!(contention["gemm_n"], 4096);
+        assert_eq!(contention["alone_gemms"], 400);
+        assert_eq!(contention["during_gemms"], 340);
+        let slowdown = contention["slowdown_pct"].as_f64().unwrap();
+        assert!((slowdown - 15.0).abs() < 1e-9, "{slowdown}");
+        assert!(json["rows"][1].get("contention").is_none());
+    }
+
+    #[test]
+    fn slowdown_is_the_share_of_the_rate_alone_that_was_lost() {
+        assert_eq!(slowdown_percent(200.0, 150.0), Some(25.0));
+        assert_eq!(slowdown_percent(200.0, 200.0), Some(0.0));
+        assert_eq!(slowdown_percent(100.0, 110.0).map(f64::round), Some(-10.0));
+        assert_eq!(slowdown_percent(0.0, 10.0), None);
     }
 
     #[test]

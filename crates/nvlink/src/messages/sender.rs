@@ -19,6 +19,9 @@ pub(crate) struct MessageSender {
     state: Arc<Mutex<SenderState>>,
     /// Signalled at each verdict, since each frees room in the ring.
     room: Arc<Notify>,
+    /// Taken first come first served to write a record, so that sends waiting for room
+    /// keep their order.
+    turn: tokio::sync::Mutex<()>,
     peer: String,
     verdicts: tokio::task::JoinHandle<()>,
 }
@@ -53,6 +56,7 @@ impl MessageSender {
             memory,
             state,
             room,
+            turn: tokio::sync::Mutex::new(()),
             peer,
             verdicts,
         }
@@ -73,6 +77,7 @@ impl MessageSender {
     /// Cancel safe: a record is written whole or not at all, so a dropped send leaves the
     /// ring usable; one already written is still delivered.
     pub(crate) async fn send(&self, payload: &[u8]) -> Result<()> {
+        let turn = self.turn.lock().await;
         let verdict = loop {
             let room = self.room.notified();
             let mut room = std::pin::pin!(room);
@@ -107,6 +112,7 @@ impl MessageSender {
             }
             room.await;
         };
+        drop(turn);
         match verdict.await {
             Ok(Verdict::Delivered) => Ok(()),
             Ok(Verdict::Refused(reason)) => Err(Error::Rejected {
