@@ -43,15 +43,17 @@ impl Incoming {
         self.socket.set_write_timeout(Some(VERDICT_TIMEOUT))?;
         std::thread::Builder::new()
             .name("ferry-messages".into())
-            .spawn(move || {
-                if let Err(reason) = self.run() {
-                    tracing::warn!(from = %self.from, %reason, "closed a message ring");
+            .spawn(move || match self.run() {
+                Ok(ended) => {
+                    tracing::debug!(from = %self.from, reason = ended, "a message ring ended")
                 }
+                Err(reason) => tracing::warn!(from = %self.from, %reason, "closed a message ring"),
             })
             .map(drop)
     }
 
-    fn run(&self) -> Result<(), String> {
+    /// Reads until the ring ends as rings do (why, in words), or must be closed (why).
+    fn run(&self) -> Result<&'static str, String> {
         let words = self.memory.words();
         let state = self.memory.word32(STATE_OFFSET);
         let mut reader = Reader::default();
@@ -74,7 +76,9 @@ impl Incoming {
                 None if last.elapsed() < SPIN => std::hint::spin_loop(),
                 None if last.elapsed() < POLL => std::thread::yield_now(),
                 None => {
-                    self.still_wanted()?;
+                    if let Some(ended) = self.ended()? {
+                        return Ok(ended);
+                    }
                     state.store(SLEEPING, Ordering::SeqCst);
                     fence(Ordering::SeqCst);
                     if !reader.has_news(words) {
@@ -86,10 +90,11 @@ impl Incoming {
         }
     }
 
-    /// Whether the engine still runs and the sender still holds its end of the socket.
-    fn still_wanted(&self) -> Result<(), String> {
+    /// Why the ring ended, if it did: the engine stopped, or the sender let go of its end of
+    /// the socket. A sender that writes to it breaks the protocol.
+    fn ended(&self) -> Result<Option<&'static str>, String> {
         if self.running.strong_count() == 0 {
-            return Err("the engine stopped".into());
+            return Ok(Some("the engine stopped"));
         }
         let mut byte = [0u8; 1];
         match rustix::net::recv(
@@ -97,9 +102,9 @@ impl Incoming {
             &mut byte,
             rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
         ) {
-            Ok((0, _)) => Err("the sender closed its end".into()),
+            Ok((0, _)) => Ok(Some("the sender closed its end")),
             Ok(_) => Err("the sender wrote to a socket it must only read".into()),
-            Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(rustix::io::Errno::AGAIN) => Ok(None),
             Err(error) => Err(format!("watching the sender's socket failed: {error}")),
         }
     }
