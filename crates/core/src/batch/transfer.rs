@@ -38,86 +38,6 @@ pub struct Completion {
 #[derive(Debug)]
 pub struct Transfer {
     receiver: oneshot::Receiver<Result<Completion>>,
-    /// The task moving the batch, which a thread waiting for it helps drive; `None` when
-    /// it finished in its first step.
-    task: Option<Arc<SharedTask>>,
-}
-
-/// How long a blocking wait watches for the outcome, helping drive the transfer, before it
-/// parks: waking a parked thread, or a runtime worker to finish the transfer's last steps,
-/// costs more than short transfers take.
-const WATCH: Duration = Duration::from_millis(1);
-
-type TaskFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// A transfer's task, driven by the engine's runtime and also, while a thread waits for the
-/// transfer, by that thread: the steps after a GPU copy completes (a notification, say) then
-/// run at once on the waiting thread instead of after a runtime worker has woken up.
-struct SharedTask {
-    future: parking_lot::Mutex<Option<TaskFuture>>,
-    /// The runtime's waker from its last poll: a helping thread polls with it, so whatever
-    /// becomes ready wakes the runtime's task as well, and the transfer never depends on
-    /// the helper going on helping.
-    waker: parking_lot::Mutex<Option<std::task::Waker>>,
-    handle: tokio::runtime::Handle,
-}
-
-impl std::fmt::Debug for SharedTask {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedTask").finish_non_exhaustive()
-    }
-}
-
-impl SharedTask {
-    /// Polls the task once on this thread, unless the runtime is polling it now or has not
-    /// polled it yet.
-    fn help(&self) {
-        let Some(waker) = self.waker.lock().clone() else {
-            return;
-        };
-        let Some(mut future) = self.future.try_lock() else {
-            return;
-        };
-        let _runtime = self.handle.enter();
-        if let Some(running) = future.as_mut() {
-            if running
-                .as_mut()
-                .poll(&mut Context::from_waker(&waker))
-                .is_ready()
-            {
-                *future = None;
-            }
-        }
-    }
-}
-
-/// The runtime's side of a [`SharedTask`].
-struct Driven(Arc<SharedTask>);
-
-impl Drop for Driven {
-    fn drop(&mut self) {
-        // The runtime dropped the task unfinished (it is shutting down): the transfer ends
-        // with it, as a task of the runtime's own would, instead of living on in the waiter's
-        // hands with nobody to drive it.
-        self.0.future.lock().take();
-    }
-}
-
-impl Future for Driven {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
-        *self.0.waker.lock() = Some(context.waker().clone());
-        let mut future = self.0.future.lock();
-        let Some(running) = future.as_mut() else {
-            return Poll::Ready(());
-        };
-        let polled = running.as_mut().poll(context);
-        if polled.is_ready() {
-            *future = None;
-        }
-        polled
-    }
 }
 
 impl Transfer {
@@ -127,12 +47,11 @@ impl Transfer {
     /// # Errors
     /// [`Error::ApiMisuse`] on a thread of a tokio runtime (await the transfer there; the
     /// refused transfer goes on as if dropped); otherwise as awaiting the transfer.
-    ///
-    /// The thread watches for the outcome for up to a millisecond, helping drive the
-    /// transfer's last steps, before it parks.
     pub fn wait(self) -> Result<Completion> {
         crate::blocking::refuse_on_runtime("Transfer::wait", "the Transfer")?;
-        self.watch_then_park(WATCH)
+        // The engine's runtime drives the transfer and sends its outcome down a oneshot, which
+        // needs no runtime to receive: the thread parks until the sender wakes it.
+        futures::executor::block_on(self)
     }
 
     /// [`Transfer::wait`] for a latency-critical thread: looks for the outcome for up to
@@ -143,19 +62,10 @@ impl Transfer {
     ///
     /// # Errors
     /// As [`Transfer::wait`].
-    pub fn wait_spinning(self, spin: Duration) -> Result<Completion> {
+    pub fn wait_spinning(mut self, spin: Duration) -> Result<Completion> {
         crate::blocking::refuse_on_runtime("Transfer::wait_spinning", "the Transfer")?;
-        self.watch_then_park(spin)
-    }
-
-    /// Looks for the outcome for up to `watch`, helping drive the transfer between looks,
-    /// then parks until the runtime sends it (the oneshot needs no runtime to receive).
-    fn watch_then_park(mut self, watch: Duration) -> Result<Completion> {
         let started = Instant::now();
-        while started.elapsed() < watch {
-            if let Some(task) = &self.task {
-                task.help();
-            }
+        while started.elapsed() < spin {
             match self.receiver.try_recv() {
                 Ok(outcome) => return outcome,
                 Err(oneshot::error::TryRecvError::Empty) => std::thread::yield_now(),
@@ -212,16 +122,10 @@ pub(super) fn start(
         task.as_mut()
             .poll(&mut Context::from_waker(std::task::Waker::noop()))
     };
-    let task = first.is_pending().then(|| {
-        let shared = Arc::new(SharedTask {
-            future: parking_lot::Mutex::new(Some(task)),
-            waker: parking_lot::Mutex::new(None),
-            handle: handle.clone(),
-        });
-        handle.spawn(Driven(Arc::clone(&shared)));
-        shared
-    });
-    Transfer { receiver, task }
+    if first.is_pending() {
+        handle.spawn(task);
+    }
+    Transfer { receiver }
 }
 
 /// Routes and moves `work`, then signals and notifies the peer; what a [`Transfer`] reports.

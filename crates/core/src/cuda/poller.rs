@@ -1,9 +1,8 @@
 //! One thread that turns finished CUDA events into woken futures, so no async worker ever
 //! blocks on the GPU. After new work, or work that finished, it spins, then yields its core,
-//! for a few milliseconds, also once nothing is outstanding, so that a busy engine's next job
-//! is taken without a wake-up. Most transfers finish within that time, and a sleep would add
-//! the kernel's timer slack, some 50 us, to every completion; past it the poller backs off to
-//! short sleeps, and it parks when nothing is outstanding.
+//! for a few milliseconds (most transfers finish within that, and a sleep would add the kernel's timer slack, some
+//! 50 us, to every completion); past that it backs off to short sleeps, and it parks when
+//! nothing is outstanding.
 
 use super::error::CudaError;
 use super::event::Event;
@@ -92,9 +91,7 @@ fn run(inbox: mpsc::Receiver<Job>) {
     let mut last_news = Instant::now();
     let mut nap = Duration::from_micros(5);
     loop {
-        // Idle past the yielding time, it parks until a job comes: a job that comes sooner is
-        // taken without a thread to wake.
-        if pending.is_empty() && last_news.elapsed() >= YIELD {
+        if pending.is_empty() {
             match inbox.recv() {
                 Ok(job) => pending.push(job),
                 Err(_) => return,
@@ -125,7 +122,6 @@ fn run(inbox: mpsc::Receiver<Job>) {
         }
         if pending.is_empty() {
             nap = Duration::from_micros(5);
-            std::thread::yield_now();
         } else if last_news.elapsed() < SPIN {
             std::hint::spin_loop();
         } else if last_news.elapsed() < YIELD {
