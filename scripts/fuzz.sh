@@ -13,6 +13,7 @@ targets=(
   "frame crates/core/tests/data/fuzz/frame"
   "session crates/core/tests/data/fuzz/session"
   "rdma_peer_input crates/rdma/tests/data/fuzz/peer_input"
+  "message_ring crates/nvlink/tests/data/fuzz/message_ring"
 )
 for entry in "${targets[@]}"; do
   read -r target seeds <<<"$entry"

@@ -32,6 +32,8 @@ mod bounds;
 mod export;
 mod fabric_probe;
 mod fd_passing;
+#[cfg(any(fuzzing, test))]
+pub mod fuzzing;
 mod gemm;
 mod import;
 mod kernels;

@@ -50,14 +50,11 @@ impl Verdict {
         match self {
             Verdict::Delivered => vec![0],
             Verdict::Refused(reason) => {
-                let mut end = reason.len().min(MAX_REASON_BYTES);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let mut bytes = Vec::with_capacity(3 + end);
+                let reason = cut(reason);
+                let mut bytes = Vec::with_capacity(3 + reason.len());
                 bytes.push(1);
-                bytes.extend_from_slice(&(end as u16).to_le_bytes());
-                bytes.extend_from_slice(&reason.as_bytes()[..end]);
+                bytes.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+                bytes.extend_from_slice(reason.as_bytes());
                 bytes
             }
         }
@@ -84,9 +81,9 @@ impl Verdict {
                 }
                 let mut reason = vec![0; len];
                 socket.read_exact(&mut reason).await?;
-                Ok(Verdict::Refused(
-                    String::from_utf8_lossy(&reason).into_owned(),
-                ))
+                // Invalid UTF-8 grows as it is replaced: cut again.
+                let reason = String::from_utf8_lossy(&reason);
+                Ok(Verdict::Refused(cut(&reason).to_owned()))
             }
             other => Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -94,6 +91,67 @@ impl Verdict {
             )),
         }
     }
+}
+
+/// What [`crate::fuzzing::message_ring`] runs: `data` as the words of a ring of 64 data words
+/// (8 bytes each, little-endian, missing bytes zero), read by a reader and then written by a
+/// writer, and again as a stream of verdicts.
+/// `reason`'s first [`MAX_REASON_BYTES`] bytes at most, ending on a character.
+fn cut(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_message_ring(data: &[u8]) -> usize {
+    use std::sync::atomic::AtomicU64;
+    const MAX_LEN: usize = 4096;
+    let word = |index: usize| {
+        let mut bytes = [0u8; 8];
+        for (offset, byte) in bytes.iter_mut().enumerate() {
+            *byte = data.get(index * 8 + offset).copied().unwrap_or(0);
+        }
+        u64::from_le_bytes(bytes)
+    };
+    let words: Vec<AtomicU64> = (0..ring::DATA + 64)
+        .map(|index| AtomicU64::new(word(index)))
+        .collect();
+    let mut accepted = 0;
+    let mut reader = ring::Reader::default();
+    for _ in 0..128 {
+        match reader.pop(&words, MAX_LEN) {
+            Ok(Some(record)) => {
+                assert!(
+                    record.len() <= MAX_LEN,
+                    "a record of {} bytes",
+                    record.len()
+                );
+                accepted += 1;
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let mut writer = ring::Writer::default();
+    for chunk in data.chunks(37).take(16) {
+        if writer.push(&words, chunk).is_err() {
+            break;
+        }
+    }
+    let mut reading = data;
+    while let Ok(verdict) = futures::executor::block_on(Verdict::read(&mut reading)) {
+        let encoded = verdict.encode();
+        let again = futures::executor::block_on(Verdict::read(&mut encoded.as_slice()));
+        assert_eq!(
+            again.ok(),
+            Some(verdict),
+            "a verdict that does not read back"
+        );
+        accepted += 1;
+    }
+    accepted
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ const PUBLISHED: usize = 0;
 const TAKEN: usize = 8;
 /// Byte offset of the reader's futex word.
 pub(crate) const STATE_OFFSET: usize = 16 * 8;
-const DATA: usize = 32;
+/// Index of the first data word.
+pub(crate) const DATA: usize = 32;
 
 /// The reader is polling the ring.
 pub(crate) const AWAKE: u32 = 0;
