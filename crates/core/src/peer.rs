@@ -28,9 +28,9 @@ pub(crate) struct PeerInner {
     message_turn: tokio::sync::Mutex<()>,
 }
 
-/// Which link carries the notifications to one peer. It changes at most twice (chosen, then
-/// given up for the control link), and never while a notification on it could still be
-/// overtaken: a link gives up only before it sent anything.
+/// Which link carries the notifications to one peer: chosen at the first notification, given
+/// up for the control link when that link answers `Unavailable` (before it sent anything, and
+/// once nothing it sent can still arrive), and chosen again for a peer that restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MessagePath {
     /// Chosen at the first notification.
@@ -148,8 +148,9 @@ impl Peer {
         let mut links = self.inner.links.lock();
         if view.descriptor.instance != before {
             // A new engine answers at the name (the peer restarted): every other link still
-            // leads to the old one.
+            // leads to the old one, and its notifications may take another path.
             links.clear();
+            *self.inner.messages.lock() = MessagePath::Unchosen;
         }
         links.insert(transport.name(), Arc::clone(&fresh));
         Ok(fresh)

@@ -279,9 +279,11 @@ pub trait Link: Send + Sync + 'static {
         })
     }
 
-    /// Hands `payload` to the peer's inbox as a notification, once every byte sent through this
-    /// link before it is visible there. Notifications arrive in the order their `notify`
-    /// futures were first polled. The engine sends notifications over its control transport's
+    /// Hands `payload` to the peer's inbox as a notification. The engine calls it once the data
+    /// of the batch it belongs to is visible at the peer. Notifications arrive in the order
+    /// their `notify` futures were first polled. [`Error::Unavailable`] says the link cannot
+    /// carry it, and must come before anything of it was sent and only once nothing this link
+    /// sent before can still arrive, since the engine then sends it another way. The engine sends notifications over its control transport's
     /// link, or the link of a transport that carries them itself
     /// ([`Transport::carries_notifications`]); transports that cannot carry them keep the
     /// default, which refuses.

@@ -297,10 +297,9 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
             return refuse(&mut stream, &reason).await;
         }
     };
-    stream
-        .write_u8(0)
-        .await
-        .map_err(|error| io("accepting the message ring", error))?;
+    // The reader runs before the sender hears yes, so that a reader that cannot start
+    // (a container's thread limit, say) is a refusal the sender falls back from, not a ring
+    // that swallows what it is sent.
     let socket = stream
         .into_std()
         .and_then(|socket| {
@@ -308,15 +307,31 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
             Ok(socket)
         })
         .map_err(|error| io("handing the socket to the ring's reader", error))?;
-    Incoming {
+    let answer = socket
+        .try_clone()
+        .map_err(|error| io("handing the socket to the ring's reader", error))?;
+    let started = Incoming {
         memory,
         from,
         socket,
         inbox: serving.inbox.clone(),
         running: serving.running.clone(),
     }
-    .start()
-    .map_err(|error| io("starting the ring's reader", error))
+    .start();
+    let status = match &started {
+        Ok(()) => vec![0],
+        Err(error) => {
+            let mut refusal = vec![1];
+            refusal.extend_from_slice(
+                format!("this engine could not start a thread to read the ring: {error}")
+                    .as_bytes(),
+            );
+            refusal
+        }
+    };
+    rustix::net::send(&answer, &status, SendFlags::NOSIGNAL)
+        .map_err(|error| io("answering the ring's sender", error.into()))?;
+    started.map_err(|error| io("starting the ring's reader", error))
 }
 
 /// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
@@ -508,14 +523,21 @@ async fn connect(
             source,
         }
     };
-    let address = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(failed("naming"))?;
-    // Connecting to a Unix socket does not wait on the network: it succeeds or fails at once.
-    let stream =
-        std::os::unix::net::UnixStream::connect_addr(&address).map_err(failed("connecting to"))?;
-    stream
-        .set_nonblocking(true)
-        .map_err(failed("configuring"))?;
-    let mut stream = UnixStream::from_std(stream).map_err(failed("registering"))?;
+    let mut stream = connect_nonblocking(socket).map_err(failed("connecting to"))?;
+    // The socket's name is only a name: after its engine is gone, a process of another user
+    // could have bound it. The server checks the client's user; the client checks the server's.
+    let server = stream
+        .peer_cred()
+        .map_err(failed("reading the credentials of"))?;
+    let own = rustix::process::getuid().as_raw();
+    if server.uid() != own {
+        return Err(ImportError::Refused {
+            reason: format!(
+                "the socket is served by uid {}, not by this engine's uid {own}: it is not the peer engine's",
+                server.uid()
+            ),
+        });
+    }
     stream
         .write_u8(u8::from(secret.is_some()))
         .await
@@ -533,6 +555,29 @@ async fn connect(
         .await
         .map_err(failed("writing to"))?;
     Ok(stream)
+}
+
+/// Connects to the abstract socket `name` without ever blocking: a listener whose backlog is
+/// full (its engine stopped accepting) is an error at once, not a thread asleep.
+fn connect_nonblocking(name: &str) -> std::io::Result<UnixStream> {
+    let socket = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let address = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    match rustix::net::connect(&socket, &address) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::AGAIN) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "its backlog is full: the engine behind it is not accepting",
+            ))
+        }
+        Err(error) => return Err(error.into()),
+    }
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(socket))
 }
 
 /// Hands the peer behind fd socket `socket` (engine `peer`) a fresh message ring to read,
@@ -685,7 +730,7 @@ mod tests {
         });
         assert!(sent.iter().all(Result::is_ok), "{sent:?}");
         assert_eq!(received, big);
-        assert!(sender.is_alive());
+        assert_eq!(sender.closed(), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -734,10 +779,29 @@ mod tests {
             matches!(error, ferry_core::Error::PeerGone { .. }),
             "{error}"
         );
-        assert!(!sender.is_alive());
+        assert!(sender.closed().is_some());
         // The listener closes at the next connection it takes, which it then drops.
         let error = open_messages(&name, "decode", "prefill:1", Some(&secret("a"))).await;
         assert!(error.is_err(), "a stopped server took a ring");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closed_ring_says_so_and_takes_nothing_more() {
+        let (server, mut inbox) = server_with_inbox(None, 16);
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        sender.send(b"before").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"before");
+        sender.close();
+        assert!(sender.closed().is_some());
+        let error = sender.send(b"after").await.unwrap_err();
+        assert!(
+            matches!(error, ferry_core::Error::PeerGone { .. }),
+            "{error}"
+        );
+        let nothing = tokio::time::timeout(Duration::from_millis(200), inbox.recv()).await;
+        assert!(nothing.is_err(), "a closed ring delivered {nothing:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

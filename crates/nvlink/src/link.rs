@@ -533,23 +533,31 @@ impl Link for NvlinkLink {
     }
 
     async fn notify(&self, payload: &[u8]) -> Result<()> {
-        match &self.messages {
-            Ok(sender) => sender.send(payload).await,
-            Err(reason) => Err(Error::Unavailable {
-                local: format!("a notification of {} bytes", payload.len()),
-                peer: self.peer.clone(),
-                reason: reason.clone(),
-            }),
-        }
+        let reason = match &self.messages {
+            Ok(sender) => match sender.closed() {
+                None => return sender.send(payload).await,
+                Some(reason) => format!("its message ring closed: {reason}"),
+            },
+            Err(reason) => reason.clone(),
+        };
+        // A closed ring delivers nothing more, so what goes another way next cannot be
+        // overtaken by it.
+        Err(Error::Unavailable {
+            local: format!("a notification of {} bytes", payload.len()),
+            peer: self.peer.clone(),
+            reason,
+        })
     }
 
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
-            && self.messages.as_ref().map_or(true, MessageSender::is_alive)
     }
 
     fn close(&self) {
         self.alive.store(false, Ordering::Release);
+        if let Ok(sender) = &self.messages {
+            sender.close();
+        }
         self.mappings.lock().clear();
     }
 }

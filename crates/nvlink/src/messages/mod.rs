@@ -93,9 +93,6 @@ impl Verdict {
     }
 }
 
-/// What [`crate::fuzzing::message_ring`] runs: `data` as the words of a ring of 64 data words
-/// (8 bytes each, little-endian, missing bytes zero), read by a reader and then written by a
-/// writer, and again as a stream of verdicts.
 /// `reason`'s first [`MAX_REASON_BYTES`] bytes at most, ending on a character.
 fn cut(reason: &str) -> &str {
     let mut end = reason.len().min(MAX_REASON_BYTES);
@@ -105,6 +102,9 @@ fn cut(reason: &str) -> &str {
     &reason[..end]
 }
 
+/// What [`crate::fuzzing::message_ring`] runs: `data` as the words of a ring of 64 data words
+/// (8 bytes each, little-endian, missing bytes zero), read by a reader and then written by a
+/// writer, and again as a stream of verdicts.
 #[cfg(any(fuzzing, test))]
 pub(crate) fn fuzz_message_ring(data: &[u8]) -> usize {
     use std::sync::atomic::AtomicU64;

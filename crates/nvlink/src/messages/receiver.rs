@@ -6,7 +6,6 @@ use super::ring::{Reader, AWAKE, SLEEPING, STATE_OFFSET};
 use super::shared::{futex_wait, SharedMemory};
 use super::Verdict;
 use ferry_core::{InboxHandle, MAX_NOTIFICATION_BYTES};
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Weak;
@@ -63,13 +62,13 @@ impl Incoming {
                 .pop(words, MAX_NOTIFICATION_BYTES)
                 .map_err(|corrupt| corrupt.to_string())?
             {
+                Some(_) if reader.is_closed(words) => return Ok("the sender closed the ring"),
                 Some(payload) => {
                     let verdict = match self.inbox.deliver(&self.from, payload) {
                         Ok(()) => Verdict::Delivered,
                         Err(reason) => Verdict::Refused(reason),
                     };
-                    (&self.socket)
-                        .write_all(&verdict.encode())
+                    self.answer(&verdict.encode())
                         .map_err(|error| format!("answering the sender failed: {error}"))?;
                     last = Instant::now();
                 }
@@ -90,11 +89,27 @@ impl Incoming {
         }
     }
 
+    /// Sends `verdict` whole. Without SIGPIPE: a sender that closed its end mid-verdict must
+    /// not kill this process.
+    fn answer(&self, mut verdict: &[u8]) -> rustix::io::Result<()> {
+        while !verdict.is_empty() {
+            match rustix::net::send(&self.socket, verdict, rustix::net::SendFlags::NOSIGNAL) {
+                Ok(sent) => verdict = &verdict[sent..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
     /// Why the ring ended, if it did: the engine stopped, or the sender let go of its end of
     /// the socket. A sender that writes to it breaks the protocol.
     fn ended(&self) -> Result<Option<&'static str>, String> {
         if self.running.strong_count() == 0 {
             return Ok(Some("the engine stopped"));
+        }
+        if Reader::default().is_closed(self.memory.words()) {
+            return Ok(Some("the sender closed the ring"));
         }
         let mut byte = [0u8; 1];
         match rustix::net::recv(

@@ -7,6 +7,8 @@
 //! - word 0: bytes the writer has published (only the writer stores it);
 //! - word 8: bytes the reader has taken (only the reader stores it);
 //! - word 16: the reader's futex word ([`AWAKE`] or [`SLEEPING`]), reached as a 32-bit atomic;
+//! - word 24: nonzero once the writer has closed the ring (only the writer stores it): the
+//!   reader then delivers nothing more from it;
 //! - from word 32: the data, a circle of records, each a length word and the payload padded
 //!   to whole words; a record may wrap around the circle's end.
 
@@ -18,13 +20,15 @@ const TAKEN: usize = 8;
 pub(crate) const STATE_OFFSET: usize = 16 * 8;
 /// Index of the first data word.
 pub(crate) const DATA: usize = 32;
+/// Index of the word the writer sets when it closes the ring.
+const CLOSED: usize = 24;
 
 /// The reader is polling the ring.
 pub(crate) const AWAKE: u32 = 0;
 /// The reader sleeps on its futex word until the writer wakes it.
 pub(crate) const SLEEPING: u32 = 1;
 
-/// Bytes of shared memory one ring takes: the header and 1 MiB of data, room for sixteen of
+/// Bytes of shared memory one ring takes: the header and 1 MiB of data, room for fifteen of
 /// the largest notifications.
 pub(crate) const RING_BYTES: usize = (DATA * 8) + (1 << 20);
 
@@ -58,6 +62,11 @@ pub(crate) enum Pushed {
 }
 
 impl Writer {
+    /// Marks the ring closed: the reader delivers no record it has not delivered yet.
+    pub(crate) fn close(&self, words: &[AtomicU64]) {
+        words[CLOSED].store(1, Ordering::SeqCst);
+    }
+
     /// Appends `payload` as one record and publishes it, or reports the ring full. Payloads
     /// larger than the ring can ever hold are refused as corrupt use.
     pub(crate) fn push(&mut self, words: &[AtomicU64], payload: &[u8]) -> Result<Pushed, Corrupt> {
@@ -142,6 +151,11 @@ impl Reader {
         Ok(Some(payload))
     }
 
+    /// Whether the writer has closed the ring.
+    pub(crate) fn is_closed(&self, words: &[AtomicU64]) -> bool {
+        words[CLOSED].load(Ordering::SeqCst) != 0
+    }
+
     /// Whether the writer has published a record not yet taken.
     pub(crate) fn has_news(&self, words: &[AtomicU64]) -> bool {
         words[PUBLISHED].load(Ordering::SeqCst) != self.taken
@@ -193,6 +207,9 @@ mod tests {
         }
         assert!(expected.is_empty());
         assert!(!reader.has_news(&words));
+        assert!(!reader.is_closed(&words));
+        writer.close(&words);
+        assert!(reader.is_closed(&words));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the reader if it sleeps, and resolves once the reader's verdict comes back over the
 //! socket the ring was handed over on.
 
-use super::ring::{Pushed, Writer, SLEEPING, STATE_OFFSET};
+use super::ring::{Pushed, Writer, AWAKE, SLEEPING, STATE_OFFSET};
 use super::shared::{futex_wake, SharedMemory};
 use super::Verdict;
 use ferry_core::{Error, ProtocolViolation, Refusal, Result};
@@ -62,9 +62,31 @@ impl MessageSender {
         }
     }
 
-    /// False once the reader has gone or broke the protocol.
-    pub(crate) fn is_alive(&self) -> bool {
-        self.state.lock().closed.is_none()
+    /// Why the ring no longer carries messages (the reader has gone or broke the protocol,
+    /// or [`Self::close`] closed it); `None` while it does.
+    pub(crate) fn closed(&self) -> Option<String> {
+        let state = self.state.lock();
+        if state.closed.is_some() {
+            // However it closed, a reader still reading delivers nothing more from it.
+            state.writer.close(self.memory.words());
+        }
+        state.closed.clone()
+    }
+
+    /// Closes the ring: sends waiting for a verdict fail with [`Error::PeerGone`], and the
+    /// reader delivers no record it has not delivered yet, so nothing sent through this ring
+    /// can arrive after what is sent next through another path.
+    pub(crate) fn close(&self) {
+        let mut state = self.state.lock();
+        state.writer.close(self.memory.words());
+        state
+            .closed
+            .get_or_insert_with(|| "the link was closed".into());
+        state.waiting.clear();
+        drop(state);
+        self.verdicts.abort();
+        self.room.notify_waiters();
+        self.wake_reader();
     }
 
     /// Hands `payload` to the peer's inbox; resolves when the peer took it.
@@ -133,11 +155,12 @@ impl MessageSender {
 
     /// Wakes the reader if it went to sleep. The fence pairs with the reader's between
     /// declaring itself asleep and looking at the ring once more, so that one of the two
-    /// always sees the other.
+    /// always sees the other. The word is set back to awake before the wake, so a reader that
+    /// had not reached its futex yet does not sleep on it.
     fn wake_reader(&self) {
         fence(Ordering::SeqCst);
         let state = self.memory.word32(STATE_OFFSET);
-        if state.load(Ordering::SeqCst) == SLEEPING {
+        if state.swap(AWAKE, Ordering::SeqCst) == SLEEPING {
             futex_wake(state);
         }
     }

@@ -25,8 +25,8 @@ const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK
     .union(SealFlags::SEAL);
 
 impl SharedMemory {
-    /// A fresh, zeroed, sealed memory file of `len` bytes (a multiple of the page size) and
-    /// its mapping here; the file is what the other process maps with [`Self::map`].
+    /// A fresh, zeroed, sealed memory file of `len` bytes (a multiple of 8) and its mapping
+    /// here; the file is what the other process maps with [`Self::map`].
     pub(crate) fn create(name: &str, len: usize) -> std::io::Result<(SharedMemory, OwnedFd)> {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
