@@ -6,7 +6,7 @@ use crate::cuda::{Event, Poller};
 use crate::descriptor::BufferDescriptor;
 use crate::error::{RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
-use crate::transport::{Direction, OpParts, TransferOp};
+use crate::transport::{Direction, TransferOp, TransferOps};
 use std::sync::Arc;
 
 /// How one side's pools are laid out, for the general form [`BlockCopy::new`]: every pool of
@@ -482,29 +482,62 @@ impl BlockOps {
 
     /// The same copy as one op per block, with blocks that continue each other on both sides
     /// merged: for transports that take address lists.
-    pub fn into_ops(self) -> Vec<TransferOp> {
-        let mut ops: Vec<TransferOp> = Vec::with_capacity(self.pools.len() * self.local_ids.len());
-        for pool in &self.pools {
+    ///
+    /// # Panics
+    /// When the pools span 2^32 or more distinct regions or buffers.
+    pub fn into_ops(self) -> TransferOps {
+        // Pools mostly share a region and a buffer: each is in its table once, so blocks that
+        // continue each other across pools still merge.
+        let mut regions: Vec<Arc<RegionUse>> = Vec::new();
+        let mut remotes: Vec<Arc<BufferDescriptor>> = Vec::new();
+        let indices: Vec<(u32, u32)> = self
+            .pools
+            .iter()
+            .map(|pool| {
+                (
+                    table_index(&mut regions, &pool.region),
+                    table_index(&mut remotes, &pool.remote),
+                )
+            })
+            .collect();
+        let mut ops = TransferOps::new(
+            regions.into(),
+            remotes.into(),
+            self.pools.len() * self.local_ids.len(),
+        );
+        for (pool, &(region, remote_buffer)) in self.pools.iter().zip(&indices) {
             for (&local, &remote) in self.local_ids.iter().zip(self.remote_ids.iter()) {
                 let local_addr =
                     pool.local_base + u64::from(local) * self.local_stride + self.local_offset;
                 let remote_addr =
                     pool.remote_base + u64::from(remote) * self.remote_stride + self.remote_offset;
-                TransferOp::push_merged(
-                    &mut ops,
-                    OpParts {
-                        direction: self.direction,
-                        region: &pool.region,
-                        local_addr,
-                        remote_addr,
-                        remote: &pool.remote,
-                        len: self.len,
-                    },
-                );
+                ops.push_merged(TransferOp {
+                    direction: self.direction,
+                    region,
+                    local_addr,
+                    remote_addr,
+                    remote: remote_buffer,
+                    len: self.len,
+                });
             }
         }
         ops
     }
+}
+
+/// The index of `item` in `table`, appending it first when it is not there yet.
+///
+/// # Panics
+/// When the table would hold 2^32 entries.
+fn table_index<T>(table: &mut Vec<Arc<T>>, item: &Arc<T>) -> u32 {
+    let index = match table.iter().position(|known| Arc::ptr_eq(known, item)) {
+        Some(index) => index,
+        None => {
+            table.push(Arc::clone(item));
+            table.len() - 1
+        }
+    };
+    u32::try_from(index).expect("fewer than 2^32 distinct regions and buffers")
 }
 
 #[cfg(test)]

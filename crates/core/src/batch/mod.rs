@@ -290,7 +290,7 @@ impl Batch {
             ..
         } = state;
         let work = Work {
-            uses,
+            uses: uses.into(),
             entries,
             blocks,
             signal,
@@ -370,7 +370,7 @@ fn read_overlap(entries: &[Entry]) -> Option<usize> {
 
 /// What a submitted batch moves.
 struct Work {
-    uses: Vec<Arc<RegionUse>>,
+    uses: Arc<[Arc<RegionUse>]>,
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
     signal: Option<(u64, u32)>,

@@ -7,12 +7,12 @@ use crate::descriptor::BufferDescriptor;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
 use crate::peer::{Peer, PeerView};
-use crate::transport::{OpParts, Reach, TransferOp, Transport};
+use crate::transport::{Reach, TransferOp, TransferOps, Transport};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The ops of one batch for each transport (by index).
-type Routed = (Vec<(usize, Vec<TransferOp>)>, Vec<(usize, BlockOps)>);
+type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
 
 /// Routes every entry and block copy of `work` over the buffers of `view`.
 pub(super) fn route_all(
@@ -32,24 +32,37 @@ pub(super) fn route_all(
 fn route(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
-    uses: &[Arc<RegionUse>],
+    uses: &Arc<[Arc<RegionUse>]>,
     entries: &[Entry],
     peer: &str,
-) -> Result<Vec<(usize, Vec<TransferOp>)>> {
-    let mut groups: Vec<Vec<TransferOp>> = transports.iter().map(|_| Vec::new()).collect();
+) -> Result<Vec<(usize, TransferOps)>> {
+    let mut groups: Vec<TransferOps> = transports
+        .iter()
+        .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(view.buffers()), 0))
+        .collect();
+    if u32::try_from(view.buffers().len()).is_err() {
+        return Err(Error::Unavailable {
+            local: "a batch".into(),
+            peer: peer.to_owned(),
+            reason:
+                "the peer publishes more than 2^32 buffers; ask it to register fewer, larger ones"
+                    .into(),
+        });
+    }
     let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
     let mut last_choice: Option<((u32, u64), usize)> = None;
     for (index, entry) in entries.iter().enumerate() {
         let region = &uses[entry.region as usize];
         let local = &region.entry.info;
-        let remote =
-            view.covering(entry.remote_addr, entry.len)
+        let remote_index =
+            view.covering_index(entry.remote_addr, entry.len)
                 .ok_or(RangeError::NotRegistered {
                     index,
                     side: Side::Remote,
                     addr: entry.remote_addr,
                     len: entry.len,
                 })?;
+        let remote = &view.buffers()[remote_index];
         let key = (entry.region, remote.addr);
         let transport = match last_choice {
             Some((last, transport)) if last == key => transport,
@@ -71,17 +84,15 @@ fn route(
             // At most one op per entry left: a single transport's group never grows again.
             group.reserve_exact(entries.len() - index);
         }
-        TransferOp::push_merged(
-            group,
-            OpParts {
-                direction: entry.direction,
-                region,
-                local_addr: local.addr + entry.offset,
-                remote_addr: entry.remote_addr,
-                remote,
-                len: entry.len,
-            },
-        );
+        group.push_merged(TransferOp {
+            direction: entry.direction,
+            region: entry.region,
+            local_addr: local.addr + entry.offset,
+            remote_addr: entry.remote_addr,
+            // Checked above: every buffer index fits.
+            remote: remote_index as u32,
+            len: entry.len,
+        });
     }
     Ok(groups
         .into_iter()
