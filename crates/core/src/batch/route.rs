@@ -26,6 +26,23 @@ pub(super) fn route_all(
     Ok((groups, blocks))
 }
 
+/// How an entry was routed, kept for the entries after it.
+#[derive(Clone, Copy)]
+struct LastRoute {
+    /// The batch's index of the local region.
+    region: u32,
+    /// The index of the remote buffer in the view's buffers.
+    remote: u32,
+    /// The remote buffer's first byte.
+    remote_start: u64,
+    /// The remote buffer's end (exclusive).
+    remote_end: u64,
+    /// The local region's first byte.
+    local_base: u64,
+    /// The chosen transport.
+    transport: usize,
+}
+
 /// Picks the cheapest transport for every entry and turns entries into ops, merging entries
 /// that continue each other on both sides. A remote range outside every buffer of `view` is
 /// [`RangeError::NotRegistered`], naming the entry.
@@ -49,24 +66,34 @@ fn route(
                     .into(),
         });
     }
-    let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
-    let mut last_choice: Option<((u32, u64), usize)> = None;
+    let buffers = view.buffers();
+    let mut choice_cache: HashMap<(u32, usize), usize> = HashMap::new();
+    // Consecutive entries mostly share their region and remote buffer, so their route too:
+    // an entry inside the previous entry's buffer skips the search and the choice.
+    let mut last: Option<LastRoute> = None;
     for (index, entry) in entries.iter().enumerate() {
-        let region = &uses[entry.region as usize];
-        let local = &region.entry.info;
-        let remote_index =
-            view.covering_index(entry.remote_addr, entry.len)
-                .ok_or(RangeError::NotRegistered {
-                    index,
-                    side: Side::Remote,
-                    addr: entry.remote_addr,
-                    len: entry.len,
-                })?;
-        let remote = &view.buffers()[remote_index];
-        let key = (entry.region, remote.addr);
-        let transport = match last_choice {
-            Some((last, transport)) if last == key => transport,
-            _ => {
+        let inside = |last: &LastRoute| {
+            last.region == entry.region
+                && entry.remote_addr >= last.remote_start
+                && entry
+                    .remote_addr
+                    .checked_add(entry.len)
+                    .is_some_and(|end| end <= last.remote_end)
+        };
+        let route = match last.filter(inside) {
+            Some(route) => route,
+            None => {
+                let remote_index = view.covering_index(entry.remote_addr, entry.len).ok_or(
+                    RangeError::NotRegistered {
+                        index,
+                        side: Side::Remote,
+                        addr: entry.remote_addr,
+                        len: entry.len,
+                    },
+                )?;
+                let remote = &buffers[remote_index];
+                let local = &uses[entry.region as usize].entry.info;
+                let key = (entry.region, remote_index);
                 let transport = match choice_cache.get(&key) {
                     Some(&transport) => transport,
                     None => {
@@ -75,11 +102,20 @@ fn route(
                         transport
                     }
                 };
-                last_choice = Some((key, transport));
-                transport
+                let route = LastRoute {
+                    region: entry.region,
+                    // Checked above: every buffer index fits.
+                    remote: remote_index as u32,
+                    remote_start: remote.addr,
+                    remote_end: remote.addr.saturating_add(remote.len),
+                    local_base: local.addr,
+                    transport,
+                };
+                last = Some(route);
+                route
             }
         };
-        let group = &mut groups[transport];
+        let group = &mut groups[route.transport];
         if group.capacity() == 0 {
             // At most one op per entry left: a single transport's group never grows again.
             group.reserve_exact(entries.len() - index);
@@ -87,10 +123,9 @@ fn route(
         group.push_merged(TransferOp {
             direction: entry.direction,
             region: entry.region,
-            local_addr: local.addr + entry.offset,
+            local_addr: route.local_base + entry.offset,
             remote_addr: entry.remote_addr,
-            // Checked above: every buffer index fits.
-            remote: remote_index as u32,
+            remote: route.remote,
             len: entry.len,
         });
     }
