@@ -542,7 +542,72 @@ fn table_index<T>(table: &mut Vec<Arc<T>>, item: &Arc<T>) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::all_below;
+    use super::{all_below, BlockOps, BlockPoolOp};
+    use crate::descriptor::BufferDescriptor;
+    use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
+    use crate::transport::Direction;
+    use std::sync::Arc;
+
+    fn region_use(addr: u64) -> Arc<RegionUse> {
+        let info = RegionInfo {
+            addr,
+            len: 0x1000,
+            location: Location::Host { pinned: false },
+        };
+        let entry = Arc::new(RegionEntry::new(info, 0, 1, Vec::new(), Vec::new(), None));
+        Arc::new(entry.acquire().expect("a fresh region is open"))
+    }
+
+    fn buffer(addr: u64) -> Arc<BufferDescriptor> {
+        Arc::new(BufferDescriptor {
+            addr,
+            len: 0x1000,
+            location: Location::Host { pinned: false },
+            name: None,
+            exports: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn into_ops_names_each_region_and_buffer_once_and_merges_across_pools_that_share_them() {
+        let (region, other_region) = (region_use(0x1_0000), region_use(0x2_0000));
+        let remote = buffer(0x9_0000);
+        let pool = |region: &Arc<RegionUse>, local_base, remote_base| BlockPoolOp {
+            region: Arc::clone(region),
+            local_base,
+            remote: Arc::clone(&remote),
+            remote_base,
+        };
+        let blocks = BlockOps {
+            direction: Direction::Write,
+            // The second pool starts where the first one's last block ends, on both sides.
+            pools: vec![
+                pool(&region, 0x1_0000, 0x9_0000),
+                pool(&region, 0x1_0200, 0x9_0200),
+                pool(&other_region, 0x2_0000, 0x9_0400),
+            ],
+            len: 0x100,
+            local_stride: 0x100,
+            local_offset: 0,
+            remote_stride: 0x100,
+            remote_offset: 0,
+            local_ids: vec![0, 1].into(),
+            remote_ids: vec![0, 1].into(),
+            after: None,
+        };
+        let ops = blocks.into_ops();
+        assert_eq!(ops.regions().len(), 2);
+        assert_eq!(ops.remotes().len(), 1);
+        let shape: Vec<(u64, u64, u64)> = ops
+            .iter()
+            .map(|op| (ops.region(op).info().addr, op.local_addr, op.len))
+            .collect();
+        assert_eq!(
+            shape,
+            [(0x1_0000, 0x1_0000, 0x400), (0x2_0000, 0x2_0000, 0x200)]
+        );
+        assert!(ops.iter().all(|op| Arc::ptr_eq(ops.remote(op), &remote)));
+    }
 
     #[test]
     fn all_below_finds_an_id_at_the_limit_in_a_chunk_and_in_the_remainder() {
