@@ -11,7 +11,7 @@
 //! kernel arguments and the launch (`ferry bench` shows the whole cost as `submit us`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use ferry::transport::{BlockOps, Endpoint, Link, Reach, TransferOp, Transport};
+use ferry::transport::{BlockOps, Endpoint, Link, Reach, TransferOps, Transport};
 use ferry::{
     BlockCopy, BlockLayout, BufferDescriptor, Engine, Location, Peer, Region, RegionInfo,
     SegmentDescriptor,
@@ -48,7 +48,7 @@ impl Transport for Counting {
 
 #[async_trait::async_trait]
 impl Link for Counting {
-    async fn transfer(&self, ops: Vec<TransferOp>) -> ferry::Result<()> {
+    async fn transfer(&self, ops: TransferOps) -> ferry::Result<()> {
         let bytes: u64 = ops.iter().map(|op| op.len).sum();
         assert!(bytes > 0);
         Ok(())

@@ -130,7 +130,7 @@ pub mod metadata {
 pub mod transport {
     pub use ferry_core::{
         BlockOps, BlockPoolOp, Endpoint, EngineContext, Export, ExportGuard, Exported,
-        HostIdentity, InstanceId, Link, Reach, RegionUse, TransferOp, Transport,
+        HostIdentity, InstanceId, Link, Reach, RegionUse, TransferOp, TransferOps, Transport,
         DESCRIPTOR_VERSION, TCP,
     };
     pub use ferry_nvlink::{

@@ -5,7 +5,7 @@
 mod common;
 
 use common::engine;
-use ferry::transport::{Endpoint, Link, Reach, TransferOp, Transport};
+use ferry::transport::{Endpoint, Link, Reach, TransferOps, Transport};
 use ferry::{BufferDescriptor, Error, ProtocolViolation, RegionInfo, SegmentDescriptor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ impl Transport for Hostile {
 
 #[async_trait::async_trait]
 impl Link for HostileLink {
-    async fn transfer(&self, _ops: Vec<TransferOp>) -> ferry::Result<()> {
+    async fn transfer(&self, _ops: TransferOps) -> ferry::Result<()> {
         Err(Error::Protocol {
             peer: self.peer.clone(),
             violation: ProtocolViolation::Descriptor {

@@ -6,7 +6,7 @@ use crate::cuda::{Event, Poller};
 use crate::descriptor::BufferDescriptor;
 use crate::error::{RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
-use crate::transport::{Direction, OpParts, TransferOp};
+use crate::transport::{Direction, TransferOp, TransferOps};
 use std::sync::Arc;
 
 /// How one side's pools are laid out, for the general form [`BlockCopy::new`]: every pool of
@@ -482,34 +482,132 @@ impl BlockOps {
 
     /// The same copy as one op per block, with blocks that continue each other on both sides
     /// merged: for transports that take address lists.
-    pub fn into_ops(self) -> Vec<TransferOp> {
-        let mut ops: Vec<TransferOp> = Vec::with_capacity(self.pools.len() * self.local_ids.len());
-        for pool in &self.pools {
+    ///
+    /// # Panics
+    /// When the pools span 2^32 or more distinct regions or buffers.
+    pub fn into_ops(self) -> TransferOps {
+        // Pools mostly share a region and a buffer: each is in its table once, so blocks that
+        // continue each other across pools still merge.
+        let mut regions: Vec<Arc<RegionUse>> = Vec::new();
+        let mut remotes: Vec<Arc<BufferDescriptor>> = Vec::new();
+        let indices: Vec<(u32, u32)> = self
+            .pools
+            .iter()
+            .map(|pool| {
+                (
+                    table_index(&mut regions, &pool.region),
+                    table_index(&mut remotes, &pool.remote),
+                )
+            })
+            .collect();
+        let mut ops = TransferOps::new(
+            regions.into(),
+            remotes.into(),
+            self.pools.len() * self.local_ids.len(),
+        );
+        for (pool, &(region, remote_buffer)) in self.pools.iter().zip(&indices) {
             for (&local, &remote) in self.local_ids.iter().zip(self.remote_ids.iter()) {
                 let local_addr =
                     pool.local_base + u64::from(local) * self.local_stride + self.local_offset;
                 let remote_addr =
                     pool.remote_base + u64::from(remote) * self.remote_stride + self.remote_offset;
-                TransferOp::push_merged(
-                    &mut ops,
-                    OpParts {
-                        direction: self.direction,
-                        region: &pool.region,
-                        local_addr,
-                        remote_addr,
-                        remote: &pool.remote,
-                        len: self.len,
-                    },
-                );
+                ops.push_merged(TransferOp {
+                    direction: self.direction,
+                    region,
+                    local_addr,
+                    remote_addr,
+                    remote: remote_buffer,
+                    len: self.len,
+                });
             }
         }
         ops
     }
 }
 
+/// The index of `item` in `table`, appending it first when it is not there yet.
+///
+/// # Panics
+/// When the table would hold 2^32 entries.
+fn table_index<T>(table: &mut Vec<Arc<T>>, item: &Arc<T>) -> u32 {
+    let index = match table.iter().position(|known| Arc::ptr_eq(known, item)) {
+        Some(index) => index,
+        None => {
+            table.push(Arc::clone(item));
+            table.len() - 1
+        }
+    };
+    u32::try_from(index).expect("fewer than 2^32 distinct regions and buffers")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::all_below;
+    use super::{all_below, BlockOps, BlockPoolOp};
+    use crate::descriptor::BufferDescriptor;
+    use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
+    use crate::transport::Direction;
+    use std::sync::Arc;
+
+    fn region_use(addr: u64) -> Arc<RegionUse> {
+        let info = RegionInfo {
+            addr,
+            len: 0x1000,
+            location: Location::Host { pinned: false },
+        };
+        let entry = Arc::new(RegionEntry::new(info, 0, 1, Vec::new(), Vec::new(), None));
+        Arc::new(entry.acquire().expect("a fresh region is open"))
+    }
+
+    fn buffer(addr: u64) -> Arc<BufferDescriptor> {
+        Arc::new(BufferDescriptor {
+            addr,
+            len: 0x1000,
+            location: Location::Host { pinned: false },
+            name: None,
+            exports: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn into_ops_names_each_region_and_buffer_once_and_merges_across_pools_that_share_them() {
+        let (region, other_region) = (region_use(0x1_0000), region_use(0x2_0000));
+        let remote = buffer(0x9_0000);
+        let pool = |region: &Arc<RegionUse>, local_base, remote_base| BlockPoolOp {
+            region: Arc::clone(region),
+            local_base,
+            remote: Arc::clone(&remote),
+            remote_base,
+        };
+        let blocks = BlockOps {
+            direction: Direction::Write,
+            // The second pool starts where the first one's last block ends, on both sides.
+            pools: vec![
+                pool(&region, 0x1_0000, 0x9_0000),
+                pool(&region, 0x1_0200, 0x9_0200),
+                pool(&other_region, 0x2_0000, 0x9_0400),
+            ],
+            len: 0x100,
+            local_stride: 0x100,
+            local_offset: 0,
+            remote_stride: 0x100,
+            remote_offset: 0,
+            local_ids: vec![0, 1].into(),
+            remote_ids: vec![0, 1].into(),
+            after: None,
+        };
+        let ops = blocks.into_ops();
+        assert_eq!(ops.regions().len(), 2);
+        assert_eq!(ops.remotes().len(), 1);
+        let shape: Vec<(u64, u64, u64)> = ops
+            .iter()
+            .map(|op| (ops.region(op).info().addr, op.local_addr, op.len))
+            .collect();
+        assert_eq!(
+            shape,
+            [(0x1_0000, 0x1_0000, 0x400), (0x2_0000, 0x2_0000, 0x200)]
+        );
+        assert!(ops.iter().all(|op| Arc::ptr_eq(ops.remote(op), &remote)));
+    }
 
     #[test]
     fn all_below_finds_an_id_at_the_limit_in_a_chunk_and_in_the_remainder() {

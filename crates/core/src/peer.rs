@@ -45,7 +45,8 @@ enum MessagePath {
 /// A descriptor with its buffers sorted by address, for quick lookups.
 pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
-    sorted: Vec<Arc<BufferDescriptor>>,
+    /// The descriptor's buffers by address, shared with the ops that name them by index.
+    sorted: Arc<[Arc<BufferDescriptor>]>,
 }
 
 impl PeerView {
@@ -54,15 +55,30 @@ impl PeerView {
         let mut sorted: Vec<Arc<BufferDescriptor>> =
             descriptor.buffers.iter().cloned().map(Arc::new).collect();
         sorted.sort_by_key(|buffer| buffer.addr);
-        PeerView { descriptor, sorted }
+        PeerView {
+            descriptor,
+            sorted: sorted.into(),
+        }
     }
 
     /// The buffer holding all of `addr..addr+len`.
     pub(crate) fn covering(&self, addr: u64, len: u64) -> Option<&Arc<BufferDescriptor>> {
+        self.covering_index(addr, len)
+            .map(|index| &self.sorted[index])
+    }
+
+    /// The index in [`PeerView::buffers`] of the buffer holding all of `addr..addr+len`.
+    pub(crate) fn covering_index(&self, addr: u64, len: u64) -> Option<usize> {
         let end = addr.checked_add(len)?;
         let index = self.sorted.partition_point(|buffer| buffer.addr <= addr);
-        let buffer = self.sorted.get(index.checked_sub(1)?)?;
-        (end <= buffer.addr.saturating_add(buffer.len)).then_some(buffer)
+        let index = index.checked_sub(1)?;
+        let buffer = self.sorted.get(index)?;
+        (end <= buffer.addr.saturating_add(buffer.len)).then_some(index)
+    }
+
+    /// The descriptor's buffers, sorted by address.
+    pub(crate) fn buffers(&self) -> &Arc<[Arc<BufferDescriptor>]> {
+        &self.sorted
     }
 }
 

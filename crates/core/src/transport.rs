@@ -2,7 +2,7 @@
 //!
 //! For every (local region, remote buffer) pair the engine asks each [`Transport`] whether it can
 //! reach it and how cheaply ([`Reach`]), picks the cheapest, opens a [`Link`] to the peer through
-//! it once, and hands it validated [`TransferOp`]s.
+//! it once, and hands it validated [`TransferOp`]s ([`TransferOps`]).
 
 use crate::auth::Secret;
 use crate::blocks::BlockOps;
@@ -76,29 +76,76 @@ pub enum Direction {
 }
 
 /// One validated, contiguous piece of a batch: both ranges were checked against registrations.
+///
+/// The op names its local region and remote buffer by index into the tables of the
+/// [`TransferOps`] that holds it ([`TransferOps::region`], [`TransferOps::remote`]), so building
+/// and handing over an op touches no reference count.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct TransferOp {
     /// Which way the bytes go.
     pub direction: Direction,
-    /// Keeps the local region registered until the op is dropped.
-    pub region: Arc<RegionUse>,
+    /// Index of the local region in [`TransferOps::regions`].
+    pub region: u32,
     /// First local byte.
     pub local_addr: u64,
     /// First remote byte.
     pub remote_addr: u64,
-    /// The peer's buffer holding the remote range, with how to map it.
-    pub remote: Arc<BufferDescriptor>,
+    /// Index of the peer's buffer holding the remote range in [`TransferOps::remotes`].
+    pub remote: u32,
     /// Bytes to move.
     pub len: u64,
 }
 
-impl TransferOp {
-    /// Appends `op` to `ops`, or lengthens the last op instead when `op` continues it on both
-    /// sides (same direction, local registration and peer buffer), so the two move as one.
-    pub(crate) fn push_merged(ops: &mut Vec<TransferOp>, op: OpParts<'_>) {
-        if let Some(last) = ops.last_mut() {
+impl std::fmt::Debug for TransferOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferOp")
+            .field("direction", &self.direction)
+            .field("region", &self.region)
+            .field("local_addr", &format_args!("{:#x}", self.local_addr))
+            .field("remote_addr", &format_args!("{:#x}", self.remote_addr))
+            .field("remote", &self.remote)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// The ops of one transfer with the registrations they name, as [`Link::transfer`] receives
+/// them.
+///
+/// The tables keep every local region registered and every remote buffer's descriptor alive
+/// until this value is dropped; every op's indices are inside them.
+#[derive(Clone)]
+pub struct TransferOps {
+    regions: Arc<[Arc<RegionUse>]>,
+    remotes: Arc<[Arc<BufferDescriptor>]>,
+    ops: Vec<TransferOp>,
+}
+
+impl TransferOps {
+    /// No ops yet, over the given tables.
+    pub(crate) fn new(
+        regions: Arc<[Arc<RegionUse>]>,
+        remotes: Arc<[Arc<BufferDescriptor>]>,
+        capacity: usize,
+    ) -> Self {
+        TransferOps {
+            regions,
+            remotes,
+            ops: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Appends `op`, or lengthens the last op instead when `op` continues it on both sides
+    /// (same direction, local region and peer buffer), so the two move as one.
+    ///
+    /// The caller passes indices inside the tables.
+    pub(crate) fn push_merged(&mut self, op: TransferOp) {
+        debug_assert!((op.region as usize) < self.regions.len());
+        debug_assert!((op.remote as usize) < self.remotes.len());
+        if let Some(last) = self.ops.last_mut() {
             if last.direction == op.direction
-                && Arc::ptr_eq(&last.region, op.region)
-                && Arc::ptr_eq(&last.remote, op.remote)
+                && last.region == op.region
+                && last.remote == op.remote
                 && last.local_addr + last.len == op.local_addr
                 && last.remote_addr + last.len == op.remote_addr
             {
@@ -106,35 +153,81 @@ impl TransferOp {
                 return;
             }
         }
-        // Only an op that starts a new piece pays for holding its registrations.
-        ops.push(TransferOp {
-            direction: op.direction,
-            region: Arc::clone(op.region),
-            local_addr: op.local_addr,
-            remote_addr: op.remote_addr,
-            remote: Arc::clone(op.remote),
-            len: op.len,
-        });
+        self.ops.push(op);
+    }
+
+    /// Reserves room for at least `additional` more ops.
+    pub(crate) fn reserve_exact(&mut self, additional: usize) {
+        self.ops.reserve_exact(additional);
+    }
+
+    /// Room for ops without reallocating.
+    pub(crate) fn capacity(&self) -> usize {
+        self.ops.capacity()
+    }
+
+    /// The ops, in batch order.
+    pub fn ops(&self) -> &[TransferOp] {
+        &self.ops
+    }
+
+    /// Iterates over the ops, in batch order.
+    pub fn iter(&self) -> std::slice::Iter<'_, TransferOp> {
+        self.ops.iter()
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether there are no ops.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The local regions the ops name by index.
+    pub fn regions(&self) -> &[Arc<RegionUse>] {
+        &self.regions
+    }
+
+    /// The peer's buffers the ops name by index.
+    pub fn remotes(&self) -> &[Arc<BufferDescriptor>] {
+        &self.remotes
+    }
+
+    /// The local region `op` reads or writes.
+    ///
+    /// # Panics
+    /// When `op` is not one of these ops' (its index is outside the table).
+    pub fn region(&self, op: &TransferOp) -> &Arc<RegionUse> {
+        &self.regions[op.region as usize]
+    }
+
+    /// The peer's buffer holding `op`'s remote range, with how to map it.
+    ///
+    /// # Panics
+    /// When `op` is not one of these ops' (its index is outside the table).
+    pub fn remote(&self, op: &TransferOp) -> &Arc<BufferDescriptor> {
+        &self.remotes[op.remote as usize]
     }
 }
 
-/// A [`TransferOp`] whose registrations are borrowed, for [`TransferOp::push_merged`].
-pub(crate) struct OpParts<'a> {
-    pub(crate) direction: Direction,
-    pub(crate) region: &'a Arc<RegionUse>,
-    pub(crate) local_addr: u64,
-    pub(crate) remote_addr: u64,
-    pub(crate) remote: &'a Arc<BufferDescriptor>,
-    pub(crate) len: u64,
+impl<'a> IntoIterator for &'a TransferOps {
+    type Item = &'a TransferOp;
+    type IntoIter = std::slice::Iter<'a, TransferOp>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.ops.iter()
+    }
 }
 
-impl std::fmt::Debug for TransferOp {
+impl std::fmt::Debug for TransferOps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransferOp")
-            .field("direction", &self.direction)
-            .field("local_addr", &format_args!("{:#x}", self.local_addr))
-            .field("remote_addr", &format_args!("{:#x}", self.remote_addr))
-            .field("len", &self.len)
+        f.debug_struct("TransferOps")
+            .field("regions", &self.regions.len())
+            .field("remotes", &self.remotes.len())
+            .field("ops", &self.ops)
             .finish()
     }
 }
@@ -221,7 +314,9 @@ pub trait Transport: Send + Sync + 'static {
 /// An open path to one peer through one transport.
 #[async_trait::async_trait]
 pub trait Link: Send + Sync + 'static {
-    /// Moves every op; resolves once all bytes are visible at their destinations.
+    /// Moves every op; resolves once all bytes are visible at their destinations. `ops`
+    /// holds the regions and remote buffers its ops name by index; an implementation keeps it
+    /// (or its tables) until no queued work touches those ranges any more.
     ///
     /// # Errors
     /// The first failure among the ops; the others still ran or were abandoned.
@@ -235,7 +330,7 @@ pub trait Link: Send + Sync + 'static {
     /// writes. The future is dropped unfinished only when the engine's runtime shuts down;
     /// an implementation must then still not release memory under queued GPU copies (wait
     /// for its streams in `Drop`, as `launch_all` does).
-    async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()>;
+    async fn transfer(&self, ops: TransferOps) -> Result<()>;
 
     /// Moves a paged block copy; resolves once all bytes are visible at their destinations.
     /// No byte may move before [`BlockOps::after`] has fired. The default waits for it on the

@@ -10,7 +10,7 @@ use ferry_core::auth::Secret;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
     BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location,
-    ProtocolViolation, Result, TransferOp,
+    ProtocolViolation, Result, TransferOp, TransferOps,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -312,18 +312,20 @@ impl NvlinkLink {
     }
 
     /// Turns the ops of one local GPU into copies between addresses of this process, each
-    /// remote range checked against what its buffer's mapping really holds.
+    /// remote range checked against what its buffer's mapping really holds. `ops` are among
+    /// `all`, whose tables name their buffers.
     fn copies(
         &self,
         lane: &GpuLane,
         ordinal: u32,
+        all: &TransferOps,
         ops: &[&TransferOp],
         held: &mut Held,
     ) -> Result<Vec<plan::Copy>> {
         let mut copies = Vec::with_capacity(ops.len());
         let mut last = None;
         for op in ops {
-            let resolved = self.resolve(lane, ordinal, &op.remote, &mut last, held)?;
+            let resolved = self.resolve(lane, ordinal, all.remote(op), &mut last, held)?;
             let remote = resolved
                 .buffer
                 .translate(op.remote_addr, op.len)
@@ -446,11 +448,11 @@ impl NvlinkLink {
 
 #[async_trait::async_trait]
 impl Link for NvlinkLink {
-    async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
+    async fn transfer(&self, ops: TransferOps) -> Result<()> {
         // Usually one GPU, at most a handful: a short list beats a map here.
         let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
         for op in &ops {
-            let Location::Device { ordinal, .. } = op.region.info().location else {
+            let Location::Device { ordinal, .. } = ops.region(op).info().location else {
                 return Err(self.refused("a local range is not GPU memory"));
             };
             match by_gpu.iter_mut().find(|(gpu, _)| *gpu == ordinal) {
@@ -459,7 +461,7 @@ impl Link for NvlinkLink {
             }
         }
         for (ordinal, gpu_ops) in &by_gpu {
-            self.map_all(gpu_ops.iter().map(|op| &op.remote), *ordinal)
+            self.map_all(gpu_ops.iter().map(|op| ops.remote(op)), *ordinal)
                 .await?;
         }
         // Everything that can fail before the GPUs get work: lanes, mappings, every check.
@@ -469,7 +471,7 @@ impl Link for NvlinkLink {
         let mut work = Vec::new();
         for (ordinal, gpu_ops) in &by_gpu {
             let lane = self.lane(*ordinal)?;
-            let copies = self.copies(&lane, *ordinal, gpu_ops, &mut held)?;
+            let copies = self.copies(&lane, *ordinal, &ops, gpu_ops, &mut held)?;
             let planned = plan::launches(
                 &copies,
                 self.config.copy_path,

@@ -60,6 +60,7 @@ struct State {
 
 impl State {
     /// The batch's index of `region`, added on first use.
+    #[inline]
     fn region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
         // Consecutive entries mostly use one region: skip the map for a repeat.
         if let Some(last) = self.entries.last() {
@@ -67,6 +68,12 @@ impl State {
                 return last.region;
             }
         }
+        self.new_region_index(region, position)
+    }
+
+    /// [`State::region_index`] for a region other than the last entry's.
+    #[cold]
+    fn new_region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
         if region.table_id != self.engine.table.id() && self.foreign_region.is_none() {
             self.foreign_region = Some(position);
         }
@@ -79,6 +86,7 @@ impl State {
         index
     }
 
+    #[inline]
     fn push(
         &mut self,
         direction: Direction,
@@ -290,7 +298,7 @@ impl Batch {
             ..
         } = state;
         let work = Work {
-            uses,
+            uses: uses.into(),
             entries,
             blocks,
             signal,
@@ -370,7 +378,7 @@ fn read_overlap(entries: &[Entry]) -> Option<usize> {
 
 /// What a submitted batch moves.
 struct Work {
-    uses: Vec<Arc<RegionUse>>,
+    uses: Arc<[Arc<RegionUse>]>,
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
     signal: Option<(u64, u32)>,

@@ -7,12 +7,12 @@ use crate::descriptor::BufferDescriptor;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
 use crate::peer::{Peer, PeerView};
-use crate::transport::{OpParts, Reach, TransferOp, Transport};
+use crate::transport::{Reach, TransferOp, TransferOps, Transport};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The ops of one batch for each transport (by index).
-type Routed = (Vec<(usize, Vec<TransferOp>)>, Vec<(usize, BlockOps)>);
+type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
 
 /// Routes every entry and block copy of `work` over the buffers of `view`.
 pub(super) fn route_all(
@@ -26,34 +26,74 @@ pub(super) fn route_all(
     Ok((groups, blocks))
 }
 
+/// How an entry was routed, kept for the entries after it.
+#[derive(Clone, Copy)]
+struct LastRoute {
+    /// The batch's index of the local region.
+    region: u32,
+    /// The index of the remote buffer in the view's buffers.
+    remote: u32,
+    /// The remote buffer's first byte.
+    remote_start: u64,
+    /// The remote buffer's end (exclusive).
+    remote_end: u64,
+    /// The local region's first byte.
+    local_base: u64,
+    /// The chosen transport.
+    transport: usize,
+}
+
 /// Picks the cheapest transport for every entry and turns entries into ops, merging entries
 /// that continue each other on both sides. A remote range outside every buffer of `view` is
 /// [`RangeError::NotRegistered`], naming the entry.
 fn route(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
-    uses: &[Arc<RegionUse>],
+    uses: &Arc<[Arc<RegionUse>]>,
     entries: &[Entry],
     peer: &str,
-) -> Result<Vec<(usize, Vec<TransferOp>)>> {
-    let mut groups: Vec<Vec<TransferOp>> = transports.iter().map(|_| Vec::new()).collect();
-    let mut choice_cache: HashMap<(u32, u64), usize> = HashMap::new();
-    let mut last_choice: Option<((u32, u64), usize)> = None;
+) -> Result<Vec<(usize, TransferOps)>> {
+    let mut groups: Vec<TransferOps> = transports
+        .iter()
+        .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(view.buffers()), 0))
+        .collect();
+    if u32::try_from(view.buffers().len()).is_err() {
+        return Err(Error::Unavailable {
+            local: "a batch".into(),
+            peer: peer.to_owned(),
+            reason:
+                "the peer publishes more than 2^32 buffers; ask it to register fewer, larger ones"
+                    .into(),
+        });
+    }
+    let buffers = view.buffers();
+    let mut choice_cache: HashMap<(u32, usize), usize> = HashMap::new();
+    // Consecutive entries mostly share their region and remote buffer, so their route too:
+    // an entry inside the previous entry's buffer skips the search and the choice.
+    let mut last: Option<LastRoute> = None;
     for (index, entry) in entries.iter().enumerate() {
-        let region = &uses[entry.region as usize];
-        let local = &region.entry.info;
-        let remote =
-            view.covering(entry.remote_addr, entry.len)
-                .ok_or(RangeError::NotRegistered {
-                    index,
-                    side: Side::Remote,
-                    addr: entry.remote_addr,
-                    len: entry.len,
-                })?;
-        let key = (entry.region, remote.addr);
-        let transport = match last_choice {
-            Some((last, transport)) if last == key => transport,
-            _ => {
+        let inside = |last: &LastRoute| {
+            last.region == entry.region
+                && entry.remote_addr >= last.remote_start
+                && entry
+                    .remote_addr
+                    .checked_add(entry.len)
+                    .is_some_and(|end| end <= last.remote_end)
+        };
+        let route = match last.filter(inside) {
+            Some(route) => route,
+            None => {
+                let remote_index = view.covering_index(entry.remote_addr, entry.len).ok_or(
+                    RangeError::NotRegistered {
+                        index,
+                        side: Side::Remote,
+                        addr: entry.remote_addr,
+                        len: entry.len,
+                    },
+                )?;
+                let remote = &buffers[remote_index];
+                let local = &uses[entry.region as usize].entry.info;
+                let key = (entry.region, remote_index);
                 let transport = match choice_cache.get(&key) {
                     Some(&transport) => transport,
                     None => {
@@ -62,26 +102,32 @@ fn route(
                         transport
                     }
                 };
-                last_choice = Some((key, transport));
-                transport
+                let route = LastRoute {
+                    region: entry.region,
+                    // Checked above: every buffer index fits.
+                    remote: remote_index as u32,
+                    remote_start: remote.addr,
+                    remote_end: remote.addr.saturating_add(remote.len),
+                    local_base: local.addr,
+                    transport,
+                };
+                last = Some(route);
+                route
             }
         };
-        let group = &mut groups[transport];
+        let group = &mut groups[route.transport];
         if group.capacity() == 0 {
             // At most one op per entry left: a single transport's group never grows again.
             group.reserve_exact(entries.len() - index);
         }
-        TransferOp::push_merged(
-            group,
-            OpParts {
-                direction: entry.direction,
-                region,
-                local_addr: local.addr + entry.offset,
-                remote_addr: entry.remote_addr,
-                remote,
-                len: entry.len,
-            },
-        );
+        group.push_merged(TransferOp {
+            direction: entry.direction,
+            region: entry.region,
+            local_addr: route.local_base + entry.offset,
+            remote_addr: entry.remote_addr,
+            remote: route.remote,
+            len: entry.len,
+        });
     }
     Ok(groups
         .into_iter()

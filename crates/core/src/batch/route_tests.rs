@@ -8,7 +8,7 @@ use crate::descriptor::{
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
 use crate::peer::PeerView;
-use crate::transport::{Direction, Link, Reach, TransferOp, Transport};
+use crate::transport::{Direction, Link, Reach, TransferOps, Transport};
 use std::sync::Arc;
 
 /// The one local region every entry uses (batch index 0).
@@ -63,7 +63,7 @@ fn host(addr: u64) -> RegionInfo {
     }
 }
 
-fn local_use() -> Vec<Arc<RegionUse>> {
+fn local_use() -> Arc<[Arc<RegionUse>]> {
     let entry = Arc::new(RegionEntry::new(
         host(LOCAL),
         0,
@@ -72,7 +72,7 @@ fn local_use() -> Vec<Arc<RegionUse>> {
         Vec::new(),
         None,
     ));
-    vec![Arc::new(entry.acquire().expect("a fresh region is open"))]
+    vec![Arc::new(entry.acquire().expect("a fresh region is open"))].into()
 }
 
 fn peer_view() -> PeerView {
@@ -118,16 +118,22 @@ fn read(offset: u64, remote_addr: u64, len: u64) -> Entry {
 fn route_entries(
     transports: &[Arc<dyn Transport>],
     entries: &[Entry],
-) -> Result<Vec<(usize, Vec<TransferOp>)>> {
+) -> Result<Vec<(usize, TransferOps)>> {
     route(transports, &peer_view(), &local_use(), entries, PEER)
 }
 
 /// Each op as (direction, offset into the local region, remote address, its buffer, length).
-fn shape(ops: &[TransferOp]) -> Vec<(Direction, u64, u64, u64, u64)> {
+fn shape(ops: &TransferOps) -> Vec<(Direction, u64, u64, u64, u64)> {
     ops.iter()
         .map(|op| {
             let offset = op.local_addr - LOCAL;
-            (op.direction, offset, op.remote_addr, op.remote.addr, op.len)
+            (
+                op.direction,
+                offset,
+                op.remote_addr,
+                ops.remote(op).addr,
+                op.len,
+            )
         })
         .collect()
 }

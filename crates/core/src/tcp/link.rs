@@ -5,7 +5,7 @@ use super::tracker::{Ticket, Tracker};
 use super::{TcpConfig, TcpTransport};
 use crate::error::{Error, Result};
 use crate::memory::{RegionUse, Span};
-use crate::transport::{Direction, Link, TransferOp};
+use crate::transport::{Direction, Link, TransferOps};
 use crate::wire::{self, Header, Kind, WriteManyEntry};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -105,15 +105,16 @@ struct Piece {
     len: u32,
 }
 
-fn slice(ops: Vec<TransferOp>, slice_bytes: u32) -> Vec<Piece> {
+fn slice(ops: &TransferOps, slice_bytes: u32) -> Vec<Piece> {
     let mut pieces = Vec::with_capacity(ops.len());
     for op in ops {
+        let region = ops.region(op);
         let mut done = 0u64;
         while done < op.len {
             let len = (op.len - done).min(u64::from(slice_bytes)) as u32;
             pieces.push(Piece {
                 direction: op.direction,
-                region: Arc::clone(&op.region),
+                region: Arc::clone(region),
                 local_addr: op.local_addr + done,
                 remote_addr: op.remote_addr + done,
                 len,
@@ -208,8 +209,10 @@ impl TcpLink {
 
 #[async_trait::async_trait]
 impl Link for TcpLink {
-    async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
-        let frames = self.plan(slice(ops, self.config.slice_bytes))?;
+    async fn transfer(&self, ops: TransferOps) -> Result<()> {
+        let frames = self.plan(slice(&ops, self.config.slice_bytes))?;
+        // The frames' spans hold the regions they touch from here on.
+        drop(ops);
         let (tracker, done) = Tracker::new(frames.len());
         for frame in frames {
             self.dispatch(Outgoing {

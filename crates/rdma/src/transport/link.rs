@@ -16,7 +16,7 @@ use super::queue::QueuePair;
 use super::registry::Registry;
 use crate::verbs::Verbs;
 use crate::work::{RemoteSegment, SendOpcode, SendRequest, Sge, WorkCompletion};
-use ferry_core::{Direction, Error, Link, Result, TransferOp};
+use ferry_core::{BufferDescriptor, Direction, Error, Link, RegionUse, Result, TransferOps};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -201,17 +201,17 @@ struct KeySet {
 
 impl<V: Verbs> Shared<V> {
     /// The pieces of `ops` with their key sets.
-    fn pieces(&self, ops: &[TransferOp]) -> Result<(Vec<Piece>, Vec<KeySet>)> {
+    fn pieces(&self, ops: &TransferOps) -> Result<(Vec<Piece>, Vec<KeySet>)> {
         let mut sets: Vec<KeySet> = Vec::new();
         let mut index: HashMap<(u64, usize), usize> = HashMap::new();
         let mut pieces = Vec::with_capacity(ops.len());
         for op in ops {
-            let region = op.region.info().addr;
-            let remote = Arc::as_ptr(&op.remote) as usize;
+            let region = ops.region(op).info().addr;
+            let remote = Arc::as_ptr(ops.remote(op)) as usize;
             let keys = match index.get(&(region, remote)) {
                 Some(keys) => *keys,
                 None => {
-                    sets.push(self.key_set(op)?);
+                    sets.push(self.key_set(ops.region(op), ops.remote(op))?);
                     index.insert((region, remote), sets.len() - 1);
                     sets.len() - 1
                 }
@@ -227,8 +227,8 @@ impl<V: Verbs> Shared<V> {
         Ok((pieces, sets))
     }
 
-    fn key_set(&self, op: &TransferOp) -> Result<KeySet> {
-        let info = op.region.info();
+    fn key_set(&self, region: &RegionUse, remote: &BufferDescriptor) -> Result<KeySet> {
+        let info = region.info();
         let lkeys = self
             .keys
             .registry
@@ -245,7 +245,7 @@ impl<V: Verbs> Shared<V> {
                 ),
             })?;
         let export = exports
-            .buffer(op.remote.addr)
+            .buffer(remote.addr)
             .map_err(|reason| self.unavailable(reason))?;
         let rkeys = self
             .remote_nics
@@ -511,7 +511,7 @@ impl<V: Verbs> Shared<V> {
 
 #[async_trait::async_trait]
 impl<V: Verbs + 'static> Link for RdmaLink<V> {
-    async fn transfer(&self, ops: Vec<TransferOp>) -> Result<()> {
+    async fn transfer(&self, ops: TransferOps) -> Result<()> {
         let shared = &self.shared;
         if !shared.alive.load(Ordering::SeqCst) {
             return Err(shared
