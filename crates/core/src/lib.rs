@@ -74,7 +74,7 @@ pub use identity::InstanceId;
 pub use local::{is_local_engine, local_engine_registered};
 pub use memory::{Location, Region, RegionInfo, RegionUse};
 pub use metadata::{MetadataStore, PeerToPeer};
-pub use notify::{InboxHandle, Notification, Notifications, MAX_NOTIFICATION_BYTES};
+pub use notify::{InboxHandle, Notification, Notifications, Reserved, MAX_NOTIFICATION_BYTES};
 pub use peer::Peer;
 pub use route::Route;
 pub use tcp::{TcpConfig, TCP};

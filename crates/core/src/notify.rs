@@ -125,10 +125,12 @@ impl InboxHandle {
         (InboxHandle { inbox }, stream)
     }
 
-    /// Queues a notification with `payload` from the engine named `from` (the sender's own
-    /// claim), or says why it was refused: the inbox is full, or the engine is shutting
-    /// down. Never waits.
-    pub fn deliver(&self, from: &str, payload: Vec<u8>) -> std::result::Result<(), String> {
+    /// Takes room for a notification with `payload` from the engine named `from` (the
+    /// sender's own claim), or says why there is none: the inbox is full, or the engine is
+    /// shutting down. Never waits. Answer the sender first, then [`Reserved::deliver`]: a
+    /// receiver that acts on the notification at once (and exits, say) must not cut the
+    /// sender off before it heard the answer.
+    pub fn reserve(&self, from: &str, payload: Vec<u8>) -> std::result::Result<Reserved, String> {
         if payload.len() > MAX_NOTIFICATION_BYTES {
             return Err(format!(
                 "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit",
@@ -136,11 +138,36 @@ impl InboxHandle {
             ));
         }
         let room = self.inbox.reserve(from, &payload)?;
-        room.deliver(Notification {
-            from: from.to_owned(),
-            payload,
-        });
-        Ok(())
+        Ok(Reserved {
+            room,
+            notification: Notification {
+                from: from.to_owned(),
+                payload,
+            },
+        })
+    }
+}
+
+/// A notification with room taken for it in the inbox ([`InboxHandle::reserve`]); dropped
+/// undelivered, it gives the room back.
+pub struct Reserved {
+    room: Room,
+    notification: Notification,
+}
+
+impl Reserved {
+    /// Hands the notification to the engine's reader.
+    pub fn deliver(self) {
+        self.room.deliver(self.notification);
+    }
+}
+
+impl std::fmt::Debug for Reserved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reserved")
+            .field("from", &self.notification.from)
+            .field("bytes", &self.notification.payload.len())
+            .finish()
     }
 }
 

@@ -64,12 +64,18 @@ impl Incoming {
             {
                 Some(_) if reader.is_closed(words) => return Ok("the sender closed the ring"),
                 Some(payload) => {
-                    let verdict = match self.inbox.deliver(&self.from, payload) {
-                        Ok(()) => Verdict::Delivered,
-                        Err(reason) => Verdict::Refused(reason),
+                    // The sender hears the verdict before the notification is handed over, as
+                    // over TCP: a receiver that acts on it at once (and exits, say) must not
+                    // cut the sender off before its answer left.
+                    let (verdict, reserved) = match self.inbox.reserve(&self.from, payload) {
+                        Ok(reserved) => (Verdict::Delivered, Some(reserved)),
+                        Err(reason) => (Verdict::Refused(reason), None),
                     };
                     self.answer(&verdict.encode())
                         .map_err(|error| format!("answering the sender failed: {error}"))?;
+                    if let Some(reserved) = reserved {
+                        reserved.deliver();
+                    }
                     last = Instant::now();
                 }
                 None if last.elapsed() < SPIN => std::hint::spin_loop(),
