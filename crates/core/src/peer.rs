@@ -187,8 +187,7 @@ impl Peer {
             let mut sending = link.notify(payload);
             match futures::poll!(sending.as_mut()) {
                 Poll::Ready(Err(error @ Error::Unavailable { .. })) => {
-                    tracing::info!(peer = %self.name(), transport, %error, "notifications to this peer go over the control connection");
-                    *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
+                    self.notify_over_control(engine, transport, &error);
                 }
                 Poll::Ready(outcome) => return outcome,
                 Poll::Pending => {
@@ -204,6 +203,13 @@ impl Peer {
             Poll::Ready(outcome) => outcome,
             Poll::Pending => sending.await,
         }
+    }
+
+    /// Sends this peer's notifications over the control link from now on, since `transport`'s
+    /// link could not carry them (`error` says why).
+    fn notify_over_control(&self, engine: &EngineInner, transport: &str, error: &Error) {
+        tracing::info!(peer = %self.name(), transport, %error, "notifications to this peer go over the control connection");
+        *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
     }
 
     /// The link of the transport that carries notifications to this peer (with its name),
@@ -236,8 +242,7 @@ impl Peer {
         match self.link(engine.transports[index].as_ref()).await {
             Ok(link) => Ok((Some((name, link)), control)),
             Err(error) => {
-                tracing::info!(peer = %self.name(), transport = name, %error, "notifications to this peer go over the control connection");
-                *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
+                self.notify_over_control(engine, name, &error);
                 Ok((None, control))
             }
         }

@@ -462,13 +462,7 @@ async fn fetch(
     count: usize,
     secret: Option<&Secret>,
 ) -> Result<Vec<OwnedFd>, ImportError> {
-    let failed = |action: &'static str| {
-        move |source: std::io::Error| ImportError::Socket {
-            socket: socket.to_owned(),
-            action,
-            source,
-        }
-    };
+    let failed = |action| socket_error(socket, action);
     let mut stream = connect(socket, secret, FETCH_FDS).await?;
     stream
         .write_u64_le(region)
@@ -509,6 +503,19 @@ async fn fetch(
     Ok(fds)
 }
 
+/// Turns an I/O error met while doing `action` on the peer's fd socket `socket` into an
+/// [`ImportError`].
+fn socket_error<'a>(
+    socket: &'a str,
+    action: &'static str,
+) -> impl Fn(std::io::Error) -> ImportError + 'a {
+    move |source| ImportError::Socket {
+        socket: socket.to_owned(),
+        action,
+        source,
+    }
+}
+
 /// Connects to the peer's fd socket `socket`, proves `secret` when there is one, and sends
 /// `request`.
 async fn connect(
@@ -516,13 +523,7 @@ async fn connect(
     secret: Option<&Secret>,
     request: u8,
 ) -> Result<UnixStream, ImportError> {
-    let failed = |action: &'static str| {
-        move |source: std::io::Error| ImportError::Socket {
-            socket: socket.to_owned(),
-            action,
-            source,
-        }
-    };
+    let failed = |action| socket_error(socket, action);
     let mut stream = connect_nonblocking(socket).map_err(failed("connecting to"))?;
     // The socket's name is only a name: after its engine is gone, a process of another user
     // could have bound it. The server checks the client's user; the client checks the server's.
@@ -592,13 +593,7 @@ pub(crate) async fn open_messages(
     secret: Option<&Secret>,
 ) -> Result<MessageSender, ImportError> {
     let opened = async {
-        let failed = |action: &'static str| {
-            move |source: std::io::Error| ImportError::Socket {
-                socket: socket.to_owned(),
-                action,
-                source,
-            }
-        };
+        let failed = |action| socket_error(socket, action);
         let (memory, fd) = crate::messages::create_ring().map_err(failed("making a ring for"))?;
         let mut stream = connect(socket, secret, OPEN_MESSAGES).await?;
         let name = &name.as_bytes()[..name.len().min(MAX_SENDER_NAME)];

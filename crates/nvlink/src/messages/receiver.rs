@@ -2,7 +2,7 @@
 //! and sleeps on its futex word when they stop, hands each message to the engine's inbox and
 //! answers the sender with the verdict.
 
-use super::ring::{Reader, AWAKE, SLEEPING, STATE_OFFSET};
+use super::ring::{is_closed, Reader, AWAKE, SLEEPING, STATE_OFFSET};
 use super::shared::{futex_wait, SharedMemory};
 use super::Verdict;
 use ferry_core::{InboxHandle, MAX_NOTIFICATION_BYTES};
@@ -62,7 +62,7 @@ impl Incoming {
                 .pop(words, MAX_NOTIFICATION_BYTES)
                 .map_err(|corrupt| corrupt.to_string())?
             {
-                Some(_) if reader.is_closed(words) => return Ok("the sender closed the ring"),
+                Some(_) if is_closed(words) => return Ok("the sender closed the ring"),
                 Some(payload) => {
                     // The sender hears the verdict before the notification is handed over, as
                     // over TCP: a receiver that acts on it at once (and exits, say) must not
@@ -114,7 +114,7 @@ impl Incoming {
         if self.running.strong_count() == 0 {
             return Ok(Some("the engine stopped"));
         }
-        if Reader::default().is_closed(self.memory.words()) {
+        if is_closed(self.memory.words()) {
             return Ok(Some("the sender closed the ring"));
         }
         let mut byte = [0u8; 1];

@@ -46,6 +46,11 @@ fn data_words(words: &[AtomicU64]) -> &[AtomicU64] {
     words.get(DATA..).unwrap_or(&[])
 }
 
+/// Whether the writer has closed the ring ([`Writer::close`]).
+pub(crate) fn is_closed(words: &[AtomicU64]) -> bool {
+    words[CLOSED].load(Ordering::SeqCst) != 0
+}
+
 /// The writing end's state: where its next record goes.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
@@ -151,11 +156,6 @@ impl Reader {
         Ok(Some(payload))
     }
 
-    /// Whether the writer has closed the ring.
-    pub(crate) fn is_closed(&self, words: &[AtomicU64]) -> bool {
-        words[CLOSED].load(Ordering::SeqCst) != 0
-    }
-
     /// Whether the writer has published a record not yet taken.
     pub(crate) fn has_news(&self, words: &[AtomicU64]) -> bool {
         words[PUBLISHED].load(Ordering::SeqCst) != self.taken
@@ -207,9 +207,9 @@ mod tests {
         }
         assert!(expected.is_empty());
         assert!(!reader.has_news(&words));
-        assert!(!reader.is_closed(&words));
+        assert!(!is_closed(&words));
         writer.close(&words);
-        assert!(reader.is_closed(&words));
+        assert!(is_closed(&words));
     }
 
     #[test]
