@@ -99,9 +99,11 @@ pub(super) fn start(
     notification: Option<Vec<u8>>,
 ) -> Transfer {
     let (sender, receiver) = oneshot::channel();
-    let handle = engine.handle.clone();
+    let owner = Arc::clone(&engine);
     let span = crate::telemetry::transfer_span(peer.name(), notification.as_deref());
-    let mut task = Box::pin(async move {
+    // Routed and launched on the caller's thread, so the copies start without waiting for a
+    // runtime worker to wake; what follows the copies runs on the thread that sees them end.
+    owner.start_task(async move {
         let ran = run(&engine, &peer, work, notification)
             .instrument(span)
             .await;
@@ -114,17 +116,6 @@ pub(super) fn start(
         crate::telemetry::transfer_finished(&peer.shared_name(), &outcome);
         let _ = sender.send(outcome);
     });
-    // Route and launch on the caller's thread, so the copies start without waiting for a
-    // runtime worker to wake; the runtime then drives the rest (its first poll registers
-    // the real wakers in place of this no-op one).
-    let first = {
-        let _runtime = handle.enter();
-        task.as_mut()
-            .poll(&mut Context::from_waker(std::task::Waker::noop()))
-    };
-    if first.is_pending() {
-        handle.spawn(task);
-    }
     Transfer { receiver }
 }
 

@@ -7,6 +7,7 @@
 
 mod builder;
 mod liveness;
+pub(crate) mod task;
 
 pub use builder::EngineBuilder;
 
@@ -58,6 +59,18 @@ pub(crate) struct EngineInner {
 }
 
 impl EngineInner {
+    /// Runs `future` as one of the engine's tasks ([`task`]), its first step on this thread;
+    /// dropped unpolled once the engine is shutting down.
+    pub(crate) fn start_task(self: &Arc<Self>, future: impl Future<Output = ()> + Send + 'static) {
+        let engine = Arc::downgrade(self);
+        let stopping = move || {
+            engine
+                .upgrade()
+                .is_none_or(|engine| engine.shutting_down.load(Ordering::Acquire))
+        };
+        task::start(&self.handle, stopping, future);
+    }
+
     /// Lets every transport read a peer's descriptor the engine has just learned.
     pub(crate) async fn import(&self, descriptor: &SegmentDescriptor) {
         for transport in &self.transports {
@@ -371,27 +384,18 @@ impl Engine {
         })
     }
 
-    /// Runs `work` on the engine's runtime and waits for it from any executor. The first
-    /// step runs on the caller's thread, so that what it can do at once (a notification
-    /// written into a shared-memory ring, say) does not wait for a runtime worker to wake;
-    /// the runtime then drives the rest (its first poll registers the real wakers in place
-    /// of this no-op one).
+    /// Runs `work` as one of the engine's tasks and waits for it from any executor. Its first
+    /// step runs on the caller's thread ([`task`]), so that what it can do at once (a
+    /// notification written into a shared-memory ring, say) does not wait for a runtime
+    /// worker to wake.
     async fn run<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         let (sender, receiver) = tokio::sync::oneshot::channel();
-        let mut task = Box::pin(async move {
+        self.inner.start_task(async move {
             let _ = sender.send(work.await);
         });
-        let first = {
-            let _runtime = self.inner.handle.enter();
-            task.as_mut()
-                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-        };
-        if first.is_pending() {
-            self.inner.handle.spawn(task);
-        }
         receiver.await.map_err(|_| Error::Shutdown {
             what: "the request".into(),
         })?
