@@ -13,7 +13,7 @@ const MIN_BUFFER: usize = 64 << 10;
 pub(crate) struct ArgumentPool {
     context: Arc<Context>,
     /// Buffers with the event after the last launch that reads them.
-    free: Mutex<Vec<(PinnedBuffer, Event)>>,
+    free: Mutex<Vec<(PinnedBuffer, Arc<Event>)>>,
 }
 
 impl ArgumentPool {
@@ -46,7 +46,7 @@ impl ArgumentPool {
     }
 
     /// Returns `buffer` for reuse once `fence` (recorded after the launch reading it) fires.
-    pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Event) {
+    pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Arc<Event>) {
         self.free.lock().push((buffer, fence));
     }
 }

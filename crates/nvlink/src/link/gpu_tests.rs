@@ -19,7 +19,7 @@ struct FailingAt<'a> {
 }
 
 impl Launcher for FailingAt<'_> {
-    type Fence = Event;
+    type Fence = Arc<Event>;
     type Error = Error;
 
     fn count(&self) -> usize {
@@ -39,7 +39,7 @@ impl Launcher for FailingAt<'_> {
         }
     }
 
-    fn fence(&mut self, stream: usize) -> Result<Event> {
+    fn fence(&mut self, stream: usize) -> Result<Arc<Event>> {
         self.inner.fence(stream)
     }
 
@@ -117,6 +117,7 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
             streams: 4,
             lanes: vec![Arc::clone(&lane)],
             work,
+            last_kernels: Vec::new(),
         },
         fail_at: FAIL_AT,
     };
@@ -126,7 +127,7 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
         fired: Arc::clone(&fired),
         fired_at_release: Arc::clone(&fired_at_release),
     };
-    let wait = |event: Event| {
+    let wait = |event: Arc<Event>| {
         let fired = Arc::clone(&fired);
         async move {
             let outcome = Poller::global().wait(event).await;

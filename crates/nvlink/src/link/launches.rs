@@ -10,9 +10,9 @@ use ferry_core::{Error, Result};
 use std::sync::Arc;
 
 impl NvlinkLink {
-    /// Launches `kernel` on the lane's first stream with its large arguments in a pinned
+    /// Launches `kernel` on the lane's stream `stream` with its large arguments in a pinned
     /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
-    /// returning the launch's arguments.
+    /// returning the launch's arguments. Returns the event recorded right after the launch.
     ///
     /// The caller vouches that the returned arguments match `kernel`'s parameters and that
     /// every range they name was checked against live registrations reachable from this GPU.
@@ -24,7 +24,7 @@ impl NvlinkLink {
         grid: u32,
         arg_bytes: usize,
         fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
-    ) -> Result<()> {
+    ) -> Result<Arc<Event>> {
         let mut args = lane.args.take(arg_bytes)?;
         let base = args.addr();
         let launch_args = fill(args.as_mut_slice(), base);
@@ -34,20 +34,22 @@ impl NvlinkLink {
         // stream it gave work has finished); the pinned argument buffer goes back to the pool
         // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
         let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
-        match Event::record(stream) {
-            Ok(fence) => lane.args.give_back(args, fence),
+        let fence = match Event::record(stream) {
+            Ok(fence) => Arc::new(fence),
             Err(error) => {
                 // The launch may still read the arguments: leak them rather than free them
                 // under the GPU.
                 std::mem::forget(args);
                 return Err(error.into());
             }
-        }
-        launched
+        };
+        lane.args.give_back(args, Arc::clone(&fence));
+        launched.map(|()| fence)
     }
 
-    /// Queues one launch of a transfer on `lane`.
-    fn launch(&self, lane: &GpuLane, work: &Work) -> Result<()> {
+    /// Queues one launch of a transfer on `lane`; for a kernel, returns the event recorded
+    /// right after it.
+    fn launch(&self, lane: &GpuLane, work: &Work) -> Result<Option<Arc<Event>>> {
         match work {
             Work::Copies(Launch::Kernel(entries)) => {
                 let kernels = lane
@@ -71,6 +73,7 @@ impl NvlinkLink {
                         vec![KernelArg::U64(base), KernelArg::U64(count)]
                     },
                 )
+                .map(Some)
             }
             Work::Copies(Launch::Batch { stream, copies }) => {
                 let dsts: Vec<u64> = copies.iter().map(|copy| copy.dst).collect();
@@ -81,7 +84,7 @@ impl NvlinkLink {
                     .collect::<Result<Vec<_>>>()?;
                 // SAFETY: as for the single copies below, for every copy of the list.
                 unsafe { lane.streams[*stream].copy_batch(&dsts, &srcs, &sizes)? };
-                Ok(())
+                Ok(None)
             }
             Work::Copies(Launch::Single { stream, copy }) => {
                 let len = self.host_len(copy.len)?;
@@ -91,7 +94,7 @@ impl NvlinkLink {
                 // (the ops' RegionUses, the held mappings) until every stream it gave work has
                 // finished; the two belong to different registrations, so they do not overlap.
                 unsafe { lane.streams[*stream].copy(copy.dst, copy.src, len)? };
-                Ok(())
+                Ok(None)
             }
             Work::Paged(paged) => {
                 let kernels = lane
@@ -130,6 +133,7 @@ impl NvlinkLink {
                         ]
                     },
                 )
+                .map(Some)
             }
             Work::Signal { addr, value } => {
                 // SAFETY: the engine checked that the word lies inside the peer's registered
@@ -137,7 +141,7 @@ impl NvlinkLink {
                 // buffer's checked mapping, which this GPU reaches; the transfer holds the
                 // mapping until the stream has finished.
                 unsafe { lane.streams[0].write_value32(*addr, *value)? };
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -156,8 +160,9 @@ impl NvlinkLink {
             streams: self.config.streams_per_gpu.max(1) + 1,
             lanes,
             work,
+            last_kernels: Vec::new(),
         };
-        let wait = |event: Event| Poller::global().wait(event);
+        let wait = |event: Arc<Event>| Poller::global().wait(event);
         launch_all(launches, wait, keep).await?;
         self.still_alive()
     }
@@ -218,6 +223,9 @@ pub(super) struct Launches<'a> {
     pub(super) streams: usize,
     pub(super) lanes: Vec<Arc<GpuLane>>,
     pub(super) work: Vec<(usize, Work)>,
+    /// Streams whose last launch was a kernel, with the event recorded right after it: that
+    /// event is already the stream's fence, and recording another costs a few microseconds.
+    pub(super) last_kernels: Vec<(usize, Arc<Event>)>,
 }
 
 impl Launches<'_> {
@@ -227,7 +235,7 @@ impl Launches<'_> {
 }
 
 impl Launcher for Launches<'_> {
-    type Fence = Event;
+    type Fence = Arc<Event>;
     type Error = Error;
 
     fn count(&self) -> usize {
@@ -240,12 +248,25 @@ impl Launcher for Launches<'_> {
     }
 
     fn launch(&mut self, index: usize) -> Result<()> {
+        let stream = self.stream(index);
+        self.last_kernels
+            .retain(|(kernel_stream, _)| *kernel_stream != stream);
         let (lane, work) = &self.work[index];
-        self.link.launch(&self.lanes[*lane], work)
+        if let Some(fence) = self.link.launch(&self.lanes[*lane], work)? {
+            self.last_kernels.push((stream, fence));
+        }
+        Ok(())
     }
 
-    fn fence(&mut self, stream: usize) -> Result<Event> {
-        Ok(Event::record(self.stream_of(stream))?)
+    fn fence(&mut self, stream: usize) -> Result<Arc<Event>> {
+        match self
+            .last_kernels
+            .iter()
+            .position(|(kernel_stream, _)| *kernel_stream == stream)
+        {
+            Some(index) => Ok(self.last_kernels.swap_remove(index).1),
+            None => Ok(Arc::new(Event::record(self.stream_of(stream))?)),
+        }
     }
 
     fn drain(&mut self, stream: usize) -> Result<()> {
