@@ -31,10 +31,17 @@ impl ArgumentPool {
             let mut index = 0;
             while index < free.len() {
                 let (buffer, fence) = &free[index];
+                // The size first: a query costs about a microsecond, and after a burst of small
+                // launches (80 layers at once, say) the list holds many buffers too small for
+                // a large one.
+                if buffer.len() < len {
+                    index += 1;
+                    continue;
+                }
                 // A fence that reports an error leaves the buffer's state unknown: drop it.
                 match fence.query() {
-                    Ok(true) if buffer.len() >= len => return Ok(free.swap_remove(index).0),
-                    Ok(_) => index += 1,
+                    Ok(true) => return Ok(free.swap_remove(index).0),
+                    Ok(false) => index += 1,
                     Err(_) => drop(free.swap_remove(index)),
                 }
             }
