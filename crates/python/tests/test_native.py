@@ -13,6 +13,7 @@ import select
 import subprocess
 import sys
 import textwrap
+import types
 import weakref
 from collections.abc import Iterator
 
@@ -201,6 +202,18 @@ def test_block_ids_of_the_wrong_shape_are_refused(pair: tuple[Engine, Engine]) -
         sender.batch(peer).write_blocks([(region, 0, 0)], array.array("d", [1.0]), [0], block_bytes=256, pool_bytes=1024)
     with pytest.raises(ValueError, match="block_bytes"):
         sender.batch(peer).write_blocks([(region, 0, 0)], [0], [0])
+
+
+def test_after_refuses_a_stream_of_no_gpu(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    peer = sender.connect(receiver.name)
+
+    class CpuStream:
+        cuda_stream = 0
+        device = types.SimpleNamespace(type="cpu", index=None)
+
+    with pytest.raises(ValueError, match="names no GPU index"):
+        sender.batch(peer).after(CpuStream())
 
 
 def test_a_block_pool_where_the_peer_has_no_buffer_is_refused_naming_the_pool(pair: tuple[Engine, Engine]) -> None:

@@ -57,6 +57,11 @@ impl Context {
         }
     }
 
+    /// The driver's handle, for the other wrappers of this layer.
+    pub(super) fn raw(&self) -> CUcontext {
+        self.raw
+    }
+
     /// The GPU ordinal this context belongs to.
     pub fn ordinal(&self) -> u32 {
         self.ordinal

@@ -1,7 +1,7 @@
 use super::context::Context;
 use super::error::CudaError;
 use super::stream::Stream;
-use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUresult};
+use cudarc::driver::sys::{self, CUcontext, CUevent, CUevent_flags, CUresult, CUstream};
 use std::sync::Arc;
 
 /// A CUDA event without timing, recorded after work to learn when it finished.
@@ -31,6 +31,56 @@ impl Event {
         // SAFETY: both handles are valid and belong to the current context.
         CudaError::check("cuEventRecord", unsafe {
             sys::cuEventRecord(event.raw, stream.raw())
+        })?;
+        Ok(event)
+    }
+
+    /// Records a new event after everything queued so far on a stream another library owns
+    /// (PyTorch's `torch.cuda.Stream.cuda_stream`, say), named by its driver handle: `0` is
+    /// the legacy default stream and `2` the per-thread one, of `context`'s GPU.
+    ///
+    /// # Errors
+    /// [`CudaError`] when the driver refuses the handle, or `CUDA_ERROR_INVALID_CONTEXT` when
+    /// the stream belongs to a context other than `context` (another GPU's, or one that is not
+    /// a primary context).
+    ///
+    /// # Safety
+    /// `handle` must be `0`, `2`, or a stream handle that stays alive until this call returns:
+    /// the driver cannot tell a made-up or destroyed handle from a live one.
+    pub unsafe fn record_on_handle(
+        context: &Arc<Context>,
+        handle: usize,
+    ) -> Result<Event, CudaError> {
+        context.bind()?;
+        let stream = handle as CUstream;
+        if handle != 0 && handle != 2 {
+            let mut owner: CUcontext = std::ptr::null_mut();
+            // SAFETY: the caller vouches that `stream` is a live stream handle; `owner` is a
+            // valid place for the context handle.
+            CudaError::check("cuStreamGetCtx", unsafe {
+                sys::cuStreamGetCtx(stream, &mut owner)
+            })?;
+            if owner != context.raw() {
+                return Err(CudaError {
+                    call: "cuStreamGetCtx",
+                    code: Some(CUresult::CUDA_ERROR_INVALID_CONTEXT as u32),
+                    name: "CUDA_ERROR_INVALID_CONTEXT".into(),
+                });
+            }
+        }
+        let mut raw: CUevent = std::ptr::null_mut();
+        // SAFETY: the context is current and `raw` is a valid place for the handle.
+        CudaError::check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+        })?;
+        let event = Event {
+            raw,
+            context: Arc::clone(context),
+        };
+        // SAFETY: the event is valid in the current context, and the stream is a default
+        // stream or (checked above) a live stream of that same context.
+        CudaError::check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.raw, stream)
         })?;
         Ok(event)
     }

@@ -222,6 +222,21 @@ class Batch:
         self._inner.signal(remote_addr, value)
         return self
 
+    def after(self, stream: Any) -> Batch:
+        """Lets the batch's data move only once the work queued on ``stream`` so far has
+        finished, without blocking the host: prefill queues a layer's compute, calls this with
+        its stream, submits, and goes on computing. ``stream`` is a ``torch.cuda.Stream`` or
+        any object with ``cuda_stream`` (the driver's handle) and ``device``. Block copies
+        that nvlink's copy kernel carries wait for it on the GPU and start the moment the
+        data is written; everything else waits for it on the host. If the stream's work never
+        finishes, neither does the transfer."""
+        device = stream.device
+        index = device if isinstance(device, int) else device.index
+        if index is None:
+            raise ValueError(f"the stream's device {device!r} names no GPU index; pass a stream of a CUDA device")
+        self._inner.after_stream(int(stream.cuda_stream), int(index))
+        return self
+
     def notify(self, payload: bytes | bytearray | memoryview | str) -> Batch:
         """Sends ``payload`` (at most 64 KiB; text as UTF-8) once the batch's data is visible."""
         self._inner.notify(_payload(payload))

@@ -4,6 +4,7 @@ use super::region::Region;
 use super::transfer::Transfer;
 use crate::errors::{to_py, FerryError, RangeError};
 use parking_lot::Mutex;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// One side's pool layout as Python passes it: `(pool_bytes, block_stride, offset)`.
@@ -160,6 +161,28 @@ impl Batch {
     /// data is visible there, for a peer stream waiting on that word (nvlink batches only).
     fn signal(&self, remote_addr: u64, value: u32) -> PyResult<()> {
         self.update(|batch| Ok(batch.signal(remote_addr, value)))
+    }
+
+    /// Lets the batch's data move only once the work queued so far on the CUDA stream
+    /// `handle` of GPU `device` has finished ([`ferry::Batch::after`] says where each part
+    /// waits). `handle` is a driver handle (`torch.cuda.Stream.cuda_stream`;
+    /// 0 and 2 are the default streams) that must stay alive until this call returns.
+    fn after_stream(&self, handle: usize, device: u32) -> PyResult<()> {
+        let context = ferry::cuda::Context::get(device).map_err(|error| {
+            PyValueError::new_err(format!(
+                "GPU {device} cannot be used for the stream: {error}"
+            ))
+        })?;
+        // SAFETY: the caller passes a live stream handle, as `Batch.after` documents (it
+        // reads the handle of a torch stream object the caller holds across this call).
+        let event = unsafe { ferry::cuda::Event::record_on_handle(&context, handle) }.map_err(
+            |error| {
+                PyValueError::new_err(format!(
+                    "stream {handle:#x} could not be waited for on GPU {device} ({error}); pass a stream of the GPU the batch's memory is on, e.g. torch.cuda.current_stream(device)"
+                ))
+            },
+        )?;
+        self.update(|batch| Ok(batch.after(event)))
     }
 
     /// Sends `payload` (at most 64 KiB) to the peer once the batch's data is visible there.

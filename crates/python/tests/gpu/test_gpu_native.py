@@ -133,6 +133,41 @@ def run_pair(prefill_gpu, decode_gpu, allocator_conf):
 
 
 
+def test_after_holds_the_block_copy_until_the_stream_has_written_the_source():
+    """The source is written on a stream that first sleeps ~0.1 s on the GPU: only a block
+    copy that waits for that stream (``Batch.after``) carries the written bytes, not zeros."""
+    assert GPUS >= 1, "no CUDA GPU is visible: this GPU test cannot run here"
+    import ferry_kv
+
+    device = torch.device("cuda:0")
+    torch.cuda.set_device(device)
+    source = torch.zeros(TENSOR_BYTES, dtype=torch.uint8, device=device)
+    target = torch.zeros(TENSOR_BYTES, dtype=torch.uint8, device=device)
+    torch.cuda.synchronize(device)
+    with ferry_kv.Engine() as decode, ferry_kv.Engine() as prefill:
+        landing = decode.register(target)
+        inbox = decode.notifications()
+        region = prefill.register(source)
+        peer = prefill.connect(decode.name)
+        compute = torch.cuda.Stream(device)
+        with torch.cuda.stream(compute):
+            torch.cuda._sleep(200_000_000)
+            source.copy_(pattern(1, device))
+        done = (
+            prefill.batch(peer)
+            .after(compute)
+            .write_blocks([(region, 0, landing.addr)], SOURCE_IDS, TARGET_IDS,
+                          block_bytes=BLOCK, pool_bytes=TENSOR_BYTES)
+            .notify(b"after")
+            .submit()
+            .wait(timeout=TIMEOUT)
+        )
+        assert "nvlink" in done.transports, done
+        assert inbox.recv(timeout=TIMEOUT).payload == b"after"
+        torch.cuda.synchronize(device)
+        assert torch.equal(target, expected(1, device))
+
+
 def test_native_api_same_gpu_default_allocator():
     run_pair(0, 0, None)
 
