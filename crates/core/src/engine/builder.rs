@@ -304,6 +304,7 @@ impl EngineBuilder {
             transfer_timeout: self.transfer_timeout,
             gpus,
             shutting_down: AtomicBool::new(false),
+            tasks: super::task::Tasks::default(),
         });
         crate::local::remember(instance, &inner.table);
         let describer = Arc::downgrade(&inner);

@@ -56,6 +56,8 @@ pub(crate) struct EngineInner {
     /// Set when the engine is dropped, before its runtime stops: a transfer that fails from
     /// then on failed because of the shutdown (its connections closing under it).
     pub(crate) shutting_down: AtomicBool,
+    /// The tasks it started ([`EngineInner::start_task`]), dropped when it stops.
+    pub(crate) tasks: task::Tasks,
 }
 
 impl EngineInner {
@@ -68,7 +70,7 @@ impl EngineInner {
                 .upgrade()
                 .is_none_or(|engine| engine.shutting_down.load(Ordering::Acquire))
         };
-        task::start(&self.handle, stopping, future);
+        self.tasks.start(&self.handle, stopping, future);
     }
 
     /// Lets every transport read a peer's descriptor the engine has just learned.
@@ -434,6 +436,7 @@ impl std::fmt::Debug for Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.inner.shutting_down.store(true, Ordering::Release);
+        self.inner.tasks.stop();
         crate::local::forget(self.inner.instance);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();

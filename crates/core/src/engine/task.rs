@@ -8,7 +8,13 @@
 //! part of a small write's latency and of a layer's tail. The poller's thread is awake
 //! already, so it marks itself ([`run_wakes_here`]) and takes the step itself. Every other
 //! waker (sockets, timers, channels) hands the step to the runtime as before: a waker called
-//! there may hold a lock that the task's next step takes.
+//! there may hold a lock that the task's next step takes. A task that keeps waking itself
+//! (`yield_now`) goes to the runtime after a few steps, so neither a caller nor the poller
+//! spins for it.
+//!
+//! The runtime does not own these tasks, so [`Tasks`] keeps track of them: when the engine
+//! stops, a task that nothing will wake again (its event never fires, say) is dropped all the
+//! same, as the runtime's shutdown drops its own tasks.
 
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -16,7 +22,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 thread_local! {
@@ -33,6 +39,23 @@ pub(crate) fn run_wakes_here() {
     RUNS_WAKES.set(true);
 }
 
+/// Drops `value` on a thread of its own when called on a thread that runs wakes (where a
+/// blocking drop, freeing GPU memory say, would hold up every GPU completion of the process),
+/// else right here.
+pub(crate) fn drop_off_waking_thread<T: Send + 'static>(value: T) {
+    if !RUNS_WAKES.get() {
+        return drop(value);
+    }
+    let slot = Arc::new(Mutex::new(Some(value)));
+    let taken = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("ferry-drop".into())
+        .spawn(move || drop(taken.lock().take()));
+    if spawned.is_err() {
+        drop(slot.lock().take());
+    }
+}
+
 /// No step runs and no wake is pending.
 const IDLE: u8 = 0;
 /// A thread runs steps (or is about to).
@@ -42,22 +65,70 @@ const WOKEN: u8 = 2;
 /// The future finished or was dropped.
 const DONE: u8 = 3;
 
+/// Steps a task takes in a row on one thread because it woke itself, before the rest go to
+/// the runtime.
+const SELF_WAKES_HERE: u32 = 2;
+
 type Steps = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Runs `future` as a task of the runtime `handle`: its first step now, on this thread.
-/// From the first step on which `stopping` says true, the future is dropped unpolled.
-pub(crate) fn start(
-    handle: &tokio::runtime::Handle,
-    stopping: impl Fn() -> bool + Send + Sync + 'static,
-    future: impl Future<Output = ()> + Send + 'static,
-) {
-    let task = Arc::new(Task {
-        state: AtomicU8::new(RUNNING),
-        future: Mutex::new(Some(Box::pin(future))),
-        handle: handle.clone(),
-        stopping: Box::new(stopping),
-    });
-    task.run();
+/// The tasks an engine started, so that stopping it drops those nothing will wake.
+#[derive(Default)]
+pub(crate) struct Tasks {
+    live: Mutex<Vec<Weak<Task>>>,
+}
+
+impl Tasks {
+    /// Runs `future` as a task of the runtime `handle`: its first step now, on this thread.
+    /// From the first step on which `stopping` says true, the future is dropped unpolled.
+    pub(crate) fn start(
+        &self,
+        handle: &tokio::runtime::Handle,
+        stopping: impl Fn() -> bool + Send + Sync + 'static,
+        future: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let task = Arc::new(Task {
+            state: AtomicU8::new(RUNNING),
+            future: Mutex::new(Some(Box::pin(future))),
+            handle: handle.clone(),
+            stopping: Box::new(stopping),
+        });
+        {
+            let mut live = self.live.lock();
+            // Finished tasks leave dead entries: clear them whenever the list doubles, so it
+            // stays about as long as the tasks alive.
+            if live.len() == live.capacity() {
+                live.retain(|task| task.strong_count() > 0);
+            }
+            live.push(Arc::downgrade(&task));
+        }
+        task.run();
+    }
+
+    /// Drops the future of every task that waits for a wake, on a thread of its own: a
+    /// transfer's drop waits for the GPU streams it used, which the caller (an engine being
+    /// dropped) must not. A task whose step runs now drops its own future at its next step,
+    /// the engine stopping by then.
+    pub(crate) fn stop(&self) {
+        let tasks: Vec<Arc<Task>> = std::mem::take(&mut *self.live.lock())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let futures: Vec<Steps> = tasks
+            .iter()
+            .filter_map(|task| task.take_waiting())
+            .collect();
+        if futures.is_empty() {
+            return;
+        }
+        let slot = Arc::new(Mutex::new(futures));
+        let taken = Arc::clone(&slot);
+        let spawned = std::thread::Builder::new()
+            .name("ferry-drop".into())
+            .spawn(move || drop(std::mem::take(&mut *taken.lock())));
+        if spawned.is_err() {
+            drop(std::mem::take(&mut *slot.lock()));
+        }
+    }
 }
 
 struct Task {
@@ -68,20 +139,43 @@ struct Task {
     stopping: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
+/// Restores [`IN_STEP`] when a run ends, also by a panic.
+struct InStep(bool);
+
+impl InStep {
+    fn enter() -> InStep {
+        InStep(IN_STEP.replace(true))
+    }
+}
+
+impl Drop for InStep {
+    fn drop(&mut self) {
+        IN_STEP.set(self.0);
+    }
+}
+
 impl Task {
     /// Takes steps until the future waits with no wake pending, or ends; the caller set
     /// [`RUNNING`]. Once it is `stopping` (the engine shutting down), drops the future instead
-    /// of polling it, as the runtime's shutdown drops its own tasks.
+    /// of polling it, as the runtime's shutdown drops its own tasks. A task that woke itself
+    /// [`SELF_WAKES_HERE`] times goes on on the runtime.
     fn run(self: &Arc<Self>) {
         let waker = Waker::from(Arc::clone(self));
         let mut context = Context::from_waker(&waker);
-        let outer = IN_STEP.replace(true);
+        let _in_step = InStep::enter();
         let _runtime = self.handle.enter();
+        let mut self_wakes = 0;
         loop {
             if self.step(&mut context) {
                 let future = self.future.lock().take();
                 self.state.store(DONE, Ordering::Release);
-                drop(future);
+                // A future's drop may block (a transfer's waits for its streams) or panic.
+                let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    drop_off_waking_thread(future);
+                }));
+                if dropped.is_err() {
+                    tracing::error!("dropping an engine task panicked");
+                }
                 break;
             }
             match self
@@ -89,32 +183,48 @@ impl Task {
                 .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => break,
-                Err(_) => self.state.store(RUNNING, Ordering::Release),
+                Err(_) => {
+                    self.state.store(RUNNING, Ordering::Release);
+                    self_wakes += 1;
+                    if self_wakes >= SELF_WAKES_HERE {
+                        drop(self.handle.spawn(Resume(Some(Arc::clone(self)))));
+                        break;
+                    }
+                }
             }
         }
-        IN_STEP.set(outer);
     }
 
     /// One poll; whether the future is finished with (ended, panicked, or stopping).
     fn step(&self, context: &mut Context<'_>) -> bool {
-        if (self.stopping)() {
-            return true;
-        }
-        let mut future = self.future.lock();
-        let Some(future) = future.as_mut() else {
-            return true;
-        };
         // A panic here would otherwise end the waking thread: the CUDA event poller, whose
         // end fails every later GPU transfer of the process. The task ends instead, as a
         // runtime task that panicked would, and its outcome's sender goes with it.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(context))) {
-            Ok(Poll::Ready(())) => true,
-            Ok(Poll::Pending) => false,
-            Err(_) => {
-                tracing::error!("an engine task panicked; its caller gets a shutdown error");
-                true
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if (self.stopping)() {
+                return true;
             }
-        }
+            let mut future = self.future.lock();
+            match future.as_mut() {
+                Some(future) => future.as_mut().poll(context).is_ready(),
+                None => true,
+            }
+        }));
+        stepped.unwrap_or_else(|_| {
+            tracing::error!("an engine task panicked; its caller gets a shutdown error");
+            true
+        })
+    }
+
+    /// The future of a task that waits for a wake, which is then done; `None` for a task
+    /// that runs or ended.
+    fn take_waiting(&self) -> Option<Steps> {
+        self.state
+            .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        let future = self.future.lock().take();
+        self.state.store(DONE, Ordering::Release);
+        future
     }
 }
 
@@ -182,6 +292,8 @@ mod tests {
     use std::thread::ThreadId;
     use std::time::Duration;
 
+    const WAIT: Duration = Duration::from_secs(5);
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -190,189 +302,201 @@ mod tests {
             .expect("a test runtime")
     }
 
-    /// Starts a task that reports the thread of each step and waits for `wake` to fire
-    /// `steps` times before it ends.
-    fn stepping_task(
+    /// Reports on its channel when dropped.
+    struct Dropped(mpsc::Sender<()>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+
+    /// Where a pending task left its waker.
+    type Registered = Arc<Mutex<Option<Waker>>>;
+
+    /// Wakes the task that left its waker in `registered`, holding no lock meanwhile (a step
+    /// run inside the wake registers the waker again).
+    fn wake(registered: &Registered) {
+        let waker = registered.lock().take().expect("the task waits");
+        waker.wake();
+    }
+
+    /// Starts a task that reports the thread of each step, registers its waker, and ends at
+    /// its second step; and the receiver of the report that its future was dropped.
+    fn two_step_task(
+        tasks: &Tasks,
         handle: &tokio::runtime::Handle,
-        wakes: mpsc::Receiver<()>,
-        steps: usize,
-    ) -> (
-        mpsc::Receiver<ThreadId>,
-        Arc<Mutex<Option<Waker>>>,
-        mpsc::Receiver<()>,
-    ) {
+        stopping: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> (mpsc::Receiver<ThreadId>, Registered, mpsc::Receiver<()>) {
         let (threads, stepped) = mpsc::channel();
-        let (ended, end) = mpsc::channel();
-        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
-        let registered = Arc::clone(&waker);
-        let mut seen = 0;
-        start(
+        let (dropped, gone) = mpsc::channel();
+        let guard = Dropped(dropped);
+        let registered: Registered = Arc::default();
+        let waker = Arc::clone(&registered);
+        let mut steps = 0;
+        tasks.start(
             handle,
-            || false,
+            stopping,
             std::future::poll_fn(move |context| {
-                threads
-                    .send(std::thread::current().id())
-                    .expect("the test listens");
-                while wakes.try_recv().is_ok() {
-                    seen += 1;
-                }
-                if seen >= steps {
-                    ended.send(()).expect("the test listens");
+                let _held = &guard;
+                let _ = threads.send(std::thread::current().id());
+                steps += 1;
+                if steps == 2 {
                     return Poll::Ready(());
                 }
-                *registered.lock() = Some(context.waker().clone());
+                *waker.lock() = Some(context.waker().clone());
                 Poll::Pending
             }),
         );
-        (stepped, waker, end)
-    }
-
-    fn wake(waker: &Arc<Mutex<Option<Waker>>>) {
-        waker.lock().take().expect("the task waits").wake();
+        (stepped, registered, gone)
     }
 
     #[test]
     fn the_first_step_runs_on_the_caller_and_a_marked_thread_runs_the_step_it_wakes() {
         let runtime = runtime();
-        let (fire, wakes) = mpsc::channel();
-        let (stepped, waker, end) = stepping_task(runtime.handle(), wakes, 1);
-        assert_eq!(stepped.recv().unwrap(), std::thread::current().id());
-        let marked = std::thread::spawn(move || {
-            run_wakes_here();
-            fire.send(()).unwrap();
-            wake(&waker);
-            std::thread::current().id()
-        })
-        .join()
-        .unwrap();
+        let tasks = Tasks::default();
+        let (stepped, registered, gone) = two_step_task(&tasks, runtime.handle(), || false);
         assert_eq!(
-            stepped.recv_timeout(Duration::from_secs(5)).unwrap(),
-            marked
+            stepped.recv_timeout(WAIT).unwrap(),
+            std::thread::current().id()
         );
-        end.recv_timeout(Duration::from_secs(5)).unwrap();
+        let (marked, waker_thread) = mpsc::channel();
+        std::thread::spawn(move || {
+            run_wakes_here();
+            wake(&registered);
+            let _ = marked.send(std::thread::current().id());
+        });
+        let waker_thread = waker_thread.recv_timeout(WAIT).unwrap();
+        assert_eq!(stepped.recv_timeout(WAIT).unwrap(), waker_thread);
+        gone.recv_timeout(WAIT).unwrap();
     }
 
     #[test]
     fn an_unmarked_thread_hands_the_step_it_wakes_to_the_runtime() {
         let runtime = runtime();
-        let (fire, wakes) = mpsc::channel();
-        let (stepped, waker, end) = stepping_task(runtime.handle(), wakes, 1);
-        stepped.recv().unwrap();
-        fire.send(()).unwrap();
-        wake(&waker);
-        let step = stepped.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert_ne!(step, std::thread::current().id());
-        end.recv_timeout(Duration::from_secs(5)).unwrap();
+        let tasks = Tasks::default();
+        let (stepped, registered, gone) = two_step_task(&tasks, runtime.handle(), || false);
+        stepped.recv_timeout(WAIT).unwrap();
+        wake(&registered);
+        assert_ne!(
+            stepped.recv_timeout(WAIT).unwrap(),
+            std::thread::current().id()
+        );
+        gone.recv_timeout(WAIT).unwrap();
     }
 
     #[test]
-    fn a_task_that_wakes_itself_inside_its_step_is_stepped_again_not_lost() {
+    fn a_task_that_keeps_waking_itself_goes_to_the_runtime_after_a_few_steps_here() {
         let runtime = runtime();
-        let (done, ended) = mpsc::channel();
+        let (threads, stepped) = mpsc::channel();
         let mut polls = 0;
-        start(
+        Tasks::default().start(
             runtime.handle(),
             || false,
             std::future::poll_fn(move |context| {
                 polls += 1;
+                let _ = threads.send(std::thread::current().id());
                 if polls == 100 {
-                    done.send(std::thread::current().id()).unwrap();
                     return Poll::Ready(());
                 }
                 context.waker().wake_by_ref();
                 Poll::Pending
             }),
         );
-        // Every step ran on this thread: the wakes came while the step ran.
-        assert_eq!(ended.try_recv().unwrap(), std::thread::current().id());
+        let here = std::thread::current().id();
+        let steps: Vec<ThreadId> = (0..100)
+            .map(|_| stepped.recv_timeout(WAIT).unwrap())
+            .collect();
+        let on_caller = steps.iter().filter(|&&thread| thread == here).count();
+        assert_eq!(on_caller, SELF_WAKES_HERE as usize, "{steps:?}");
+        assert!(steps[..on_caller].iter().all(|&thread| thread == here));
     }
 
     #[test]
     fn a_stopping_engine_drops_the_future_instead_of_stepping_it() {
-        struct Dropped(mpsc::Sender<()>);
-        impl Drop for Dropped {
-            fn drop(&mut self) {
-                let _ = self.0.send(());
-            }
-        }
         let runtime = runtime();
         let stopping = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stopping);
-        let (dropped, gone) = mpsc::channel();
-        let guard = Dropped(dropped);
-        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
-        let registered = Arc::clone(&waker);
-        let (stepped, steps) = mpsc::channel();
-        start(
-            runtime.handle(),
-            move || flag.load(Ordering::SeqCst),
-            std::future::poll_fn(move |context| {
-                let _held = &guard;
-                stepped.send(()).unwrap();
-                *registered.lock() = Some(context.waker().clone());
-                Poll::<()>::Pending
-            }),
-        );
-        steps.recv().unwrap();
+        let (stepped, registered, gone) =
+            two_step_task(&Tasks::default(), runtime.handle(), move || {
+                flag.load(Ordering::SeqCst)
+            });
+        stepped.recv_timeout(WAIT).unwrap();
         stopping.store(true, Ordering::SeqCst);
-        wake(&waker);
-        gone.recv_timeout(Duration::from_secs(5)).unwrap();
+        wake(&registered);
+        gone.recv_timeout(WAIT).unwrap();
         assert!(
-            steps.try_recv().is_err(),
+            stepped.try_recv().is_err(),
             "the stopping task was polled again"
+        );
+    }
+
+    #[test]
+    fn stopping_the_tasks_drops_one_that_nothing_will_wake() {
+        let runtime = runtime();
+        let tasks = Tasks::default();
+        let (stepped, _registered, gone) = two_step_task(&tasks, runtime.handle(), || false);
+        stepped.recv_timeout(WAIT).unwrap();
+        assert!(
+            gone.try_recv().is_err(),
+            "the waiting task's future was dropped early"
+        );
+        tasks.stop();
+        gone.recv_timeout(WAIT).unwrap();
+        assert!(
+            stepped.try_recv().is_err(),
+            "the stopped task was polled again"
         );
     }
 
     #[test]
     fn a_panicking_step_ends_its_task_and_spares_the_waking_thread() {
         let runtime = runtime();
-        let (sender, receiver) = tokio::sync::oneshot::channel::<()>();
-        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
-        let registered = Arc::clone(&waker);
+        let (dropped, gone) = mpsc::channel();
+        let guard = Dropped(dropped);
+        let registered: Registered = Arc::default();
+        let waker = Arc::clone(&registered);
         let mut first = true;
-        start(
+        Tasks::default().start(
             runtime.handle(),
             || false,
             std::future::poll_fn(move |context| {
-                let _sender = &sender;
+                let _held = &guard;
                 if first {
                     first = false;
-                    *registered.lock() = Some(context.waker().clone());
+                    *waker.lock() = Some(context.waker().clone());
                     return Poll::Pending;
                 }
                 panic!("a step that panics");
             }),
         );
-        let survived = std::thread::spawn(move || {
+        let (survived, alive) = mpsc::channel();
+        std::thread::spawn(move || {
             run_wakes_here();
-            wake(&waker);
-            true
-        })
-        .join();
-        assert!(matches!(survived, Ok(true)));
-        assert!(futures::executor::block_on(receiver).is_err());
+            wake(&registered);
+            let _ = survived.send(IN_STEP.get());
+        });
+        assert!(
+            !alive.recv_timeout(WAIT).unwrap(),
+            "the thread was left inside a step"
+        );
+        gone.recv_timeout(WAIT).unwrap();
     }
 
     #[test]
-    fn a_step_queued_on_a_runtime_that_shuts_down_still_drops_the_future() {
+    fn a_step_queued_on_a_runtime_that_shut_down_still_drops_the_future() {
         let runtime = runtime();
         let stopping = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stopping);
-        let (sender, receiver) = tokio::sync::oneshot::channel::<()>();
-        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
-        let registered = Arc::clone(&waker);
-        start(
-            runtime.handle(),
-            move || flag.load(Ordering::SeqCst),
-            std::future::poll_fn(move |context| {
-                let _sender = &sender;
-                *registered.lock() = Some(context.waker().clone());
-                Poll::<()>::Pending
-            }),
-        );
+        let (stepped, registered, gone) =
+            two_step_task(&Tasks::default(), runtime.handle(), move || {
+                flag.load(Ordering::SeqCst)
+            });
+        stepped.recv_timeout(WAIT).unwrap();
         stopping.store(true, Ordering::SeqCst);
         runtime.shutdown_background();
-        wake(&waker);
-        assert!(futures::executor::block_on(receiver).is_err());
+        // The step goes to a runtime that no longer runs anything: only dropping it runs it.
+        wake(&registered);
+        gone.recv_timeout(WAIT).unwrap();
     }
 }

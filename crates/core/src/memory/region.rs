@@ -62,12 +62,12 @@ pub(crate) struct RegionEntry {
     /// What each transport publishes for peers to reach it.
     pub(crate) exports: Vec<Export>,
     /// What the transports keep alive while it is registered; dropped before owned memory.
-    _guards: Vec<ExportGuard>,
+    guards: Vec<ExportGuard>,
     /// One event after each [`Region::wait_value32`] that a stream may not have passed yet;
     /// dropping the [`Region`] waits for them.
     stream_waits: parking_lot::Mutex<Vec<crate::cuda::Event>>,
     /// Memory the engine allocated on the caller's behalf; freed once the last use ends.
-    _owned: Option<OwnedMemory>,
+    owned: Option<OwnedMemory>,
 }
 
 /// Memory an engine allocated itself ([`crate::Engine::allocate`],
@@ -96,9 +96,9 @@ impl RegionEntry {
             closed: AtomicBool::new(false),
             name: parking_lot::Mutex::new(None),
             exports,
-            _guards: guards,
+            guards,
             stream_waits: parking_lot::Mutex::new(Vec::new()),
-            _owned: owned,
+            owned,
         }
     }
 
@@ -156,6 +156,18 @@ impl RegionUse {
     /// The region this use keeps registered.
     pub fn info(&self) -> RegionInfo {
         self.entry.info
+    }
+}
+
+impl Drop for RegionEntry {
+    fn drop(&mut self) {
+        // The last use may end on the CUDA event poller's thread, where freeing GPU memory
+        // could wait for the whole device and hold up every completion of the process.
+        let guards = std::mem::take(&mut self.guards);
+        match self.owned.take() {
+            Some(owned) => crate::engine::task::drop_off_waking_thread((guards, owned)),
+            None => drop(guards),
+        }
     }
 }
 
