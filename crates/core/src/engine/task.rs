@@ -71,6 +71,17 @@ const SELF_WAKES_HERE: u32 = 2;
 
 type Steps = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// What one poll of a task's future came to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// It waits for a wake.
+    Pending,
+    /// It finished.
+    Ended,
+    /// It is given up half-way: the engine is stopping, or the poll panicked.
+    Abandoned,
+}
+
 /// The tasks an engine started, so that stopping it drops those nothing will wake.
 #[derive(Default)]
 pub(crate) struct Tasks {
@@ -166,12 +177,16 @@ impl Task {
         let _runtime = self.handle.enter();
         let mut self_wakes = 0;
         loop {
-            if self.step(&mut context) {
+            let step = self.step(&mut context);
+            if step != Step::Pending {
                 let future = self.future.lock().take();
                 self.state.store(DONE, Ordering::Release);
-                // A future's drop may block (a transfer's waits for its streams) or panic.
-                let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    drop_off_waking_thread(future);
+                // A future that ended holds little; one given up half-way may block in its
+                // drop (a transfer's waits for its streams), so it goes off a waking thread.
+                // Either may panic there.
+                let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| match step {
+                    Step::Abandoned => drop_off_waking_thread(future),
+                    _ => drop(future),
                 }));
                 if dropped.is_err() {
                     tracing::error!("dropping an engine task panicked");
@@ -195,24 +210,24 @@ impl Task {
         }
     }
 
-    /// One poll; whether the future is finished with (ended, panicked, or stopping).
-    fn step(&self, context: &mut Context<'_>) -> bool {
+    /// One poll.
+    fn step(&self, context: &mut Context<'_>) -> Step {
         // A panic here would otherwise end the waking thread: the CUDA event poller, whose
         // end fails every later GPU transfer of the process. The task ends instead, as a
         // runtime task that panicked would, and its outcome's sender goes with it.
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if (self.stopping)() {
-                return true;
+                return Step::Abandoned;
             }
             let mut future = self.future.lock();
-            match future.as_mut() {
-                Some(future) => future.as_mut().poll(context).is_ready(),
-                None => true,
+            match future.as_mut().map(|future| future.as_mut().poll(context)) {
+                Some(Poll::Pending) => Step::Pending,
+                Some(Poll::Ready(())) | None => Step::Ended,
             }
         }));
         stepped.unwrap_or_else(|_| {
             tracing::error!("an engine task panicked; its caller gets a shutdown error");
-            true
+            Step::Abandoned
         })
     }
 
