@@ -427,9 +427,15 @@ mod tests {
         assert!(steps[..on_caller].iter().all(|&thread| thread == here));
     }
 
-    #[test]
-    fn a_stopping_engine_drops_the_future_instead_of_stepping_it() {
-        let runtime = runtime();
+    /// [`two_step_task`] stopping once the returned flag is set, after its first step.
+    fn stoppable_task(
+        runtime: &tokio::runtime::Runtime,
+    ) -> (
+        Arc<AtomicBool>,
+        mpsc::Receiver<ThreadId>,
+        Registered,
+        mpsc::Receiver<()>,
+    ) {
         let stopping = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stopping);
         let (stepped, registered, gone) =
@@ -437,6 +443,13 @@ mod tests {
                 flag.load(Ordering::SeqCst)
             });
         stepped.recv_timeout(WAIT).unwrap();
+        (stopping, stepped, registered, gone)
+    }
+
+    #[test]
+    fn a_stopping_engine_drops_the_future_instead_of_stepping_it() {
+        let runtime = runtime();
+        let (stopping, stepped, registered, gone) = stoppable_task(&runtime);
         stopping.store(true, Ordering::SeqCst);
         wake(&registered);
         gone.recv_timeout(WAIT).unwrap();
@@ -501,13 +514,7 @@ mod tests {
     #[test]
     fn a_step_queued_on_a_runtime_that_shut_down_still_drops_the_future() {
         let runtime = runtime();
-        let stopping = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stopping);
-        let (stepped, registered, gone) =
-            two_step_task(&Tasks::default(), runtime.handle(), move || {
-                flag.load(Ordering::SeqCst)
-            });
-        stepped.recv_timeout(WAIT).unwrap();
+        let (stopping, _stepped, registered, gone) = stoppable_task(&runtime);
         stopping.store(true, Ordering::SeqCst);
         runtime.shutdown_background();
         // The step goes to a runtime that no longer runs anything: only dropping it runs it.
