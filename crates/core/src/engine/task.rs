@@ -15,6 +15,10 @@
 //! The runtime does not own these tasks, so [`Tasks`] keeps track of them: when the engine
 //! stops, a task that nothing will wake again (its event never fires, say) is dropped all the
 //! same, as the runtime's shutdown drops its own tasks.
+//!
+//! Known costs on the poller's thread: a batch of flat entries with `Batch::after` plans and
+//! launches its copies there once the event fires, and a transfer that outlives its engine
+//! drops the engine's last handle there.
 
 use parking_lot::Mutex;
 use std::cell::Cell;
