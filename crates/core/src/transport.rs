@@ -378,10 +378,10 @@ pub trait Link: Send + Sync + 'static {
     /// of the batch it belongs to is visible at the peer. Notifications arrive in the order
     /// their `notify` futures were first polled. [`Error::Unavailable`] says the link cannot
     /// carry it, and must come before anything of it was sent and only once nothing this link
-    /// sent before can still arrive, since the engine then sends it another way. The engine sends notifications over its control transport's
-    /// link, or the link of a transport that carries them itself
-    /// ([`Transport::carries_notifications`]); transports that cannot carry them keep the
-    /// default, which refuses.
+    /// sent before can still arrive, since the engine then sends it another way. The engine
+    /// sends notifications over its control transport's link, or the link of a transport that
+    /// carries them itself ([`Transport::carries_notifications`]); transports that cannot
+    /// carry them keep the default, which refuses.
     ///
     /// # Errors
     /// [`Error::Unavailable`] from the default; the transport's error otherwise.

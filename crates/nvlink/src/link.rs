@@ -538,7 +538,11 @@ impl Link for NvlinkLink {
         let reason = match &self.messages {
             Ok(sender) => match sender.closed() {
                 None => return sender.send(payload).await,
-                Some(reason) => format!("its message ring closed: {reason}"),
+                Some(reason) => {
+                    // However it closed, a reader still reading delivers nothing more from it.
+                    sender.stop_delivery();
+                    format!("its message ring closed: {reason}")
+                }
             },
             Err(reason) => reason.clone(),
         };

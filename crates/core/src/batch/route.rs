@@ -53,10 +53,6 @@ fn route(
     entries: &[Entry],
     peer: &str,
 ) -> Result<Vec<(usize, TransferOps)>> {
-    let mut groups: Vec<TransferOps> = transports
-        .iter()
-        .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(view.buffers()), 0))
-        .collect();
     if u32::try_from(view.buffers().len()).is_err() {
         return Err(Error::Unavailable {
             local: "a batch".into(),
@@ -67,6 +63,10 @@ fn route(
         });
     }
     let buffers = view.buffers();
+    let mut groups: Vec<TransferOps> = transports
+        .iter()
+        .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(buffers), 0))
+        .collect();
     let mut choice_cache: HashMap<(u32, usize), usize> = HashMap::new();
     // Consecutive entries mostly share their region and remote buffer, so their route too:
     // an entry inside the previous entry's buffer skips the search and the choice.

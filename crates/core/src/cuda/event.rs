@@ -20,19 +20,10 @@ unsafe impl Sync for Event {}
 impl Event {
     /// Records a new event after everything queued on `stream` so far.
     pub fn record(stream: &Stream) -> Result<Event, CudaError> {
-        let context = Arc::clone(stream.context());
+        let context = stream.context();
         context.bind()?;
-        let mut raw: CUevent = std::ptr::null_mut();
-        // SAFETY: the context is current and `raw` is a valid place for the handle.
-        CudaError::check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-        })?;
-        let event = Event { raw, context };
-        // SAFETY: both handles are valid and belong to the current context.
-        CudaError::check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event.raw, stream.raw())
-        })?;
-        Ok(event)
+        // SAFETY: the stream is a live stream of `context`, which is current.
+        unsafe { Event::record_on_current(context, stream.raw()) }
     }
 
     /// Records a new event after everything queued so far on a stream another library owns
@@ -68,6 +59,20 @@ impl Event {
                 });
             }
         }
+        // SAFETY: the stream is a default stream or (checked above) a live stream of
+        // `context`, which is current.
+        unsafe { Event::record_on_current(context, stream) }
+    }
+
+    /// Creates an event in `context` and records it on `stream`.
+    ///
+    /// # Safety
+    /// `context` is current on this thread, and `stream` is a default stream or a live stream
+    /// of `context`.
+    unsafe fn record_on_current(
+        context: &Arc<Context>,
+        stream: CUstream,
+    ) -> Result<Event, CudaError> {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: the context is current and `raw` is a valid place for the handle.
         CudaError::check("cuEventCreate", unsafe {
@@ -77,8 +82,8 @@ impl Event {
             raw,
             context: Arc::clone(context),
         };
-        // SAFETY: the event is valid in the current context, and the stream is a default
-        // stream or (checked above) a live stream of that same context.
+        // SAFETY: the event is valid in the current context, and the caller vouches for the
+        // stream.
         CudaError::check("cuEventRecord", unsafe {
             sys::cuEventRecord(event.raw, stream)
         })?;

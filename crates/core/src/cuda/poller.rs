@@ -1,8 +1,8 @@
 //! One thread that turns finished CUDA events into woken futures, so no async worker ever
 //! blocks on the GPU. After new work, or work that finished, it spins, then yields its core,
-//! for a few milliseconds (most transfers finish within that, and a sleep would add the kernel's timer slack, some
-//! 50 us, to every completion); past that it backs off to short sleeps, and it parks when
-//! nothing is outstanding.
+//! for a few milliseconds (most transfers finish within that, and a sleep would add the
+//! kernel's timer slack, some 50 us, to every completion); past that it backs off to short
+//! sleeps, and it parks when nothing is outstanding.
 
 use super::error::CudaError;
 use super::event::Event;

@@ -47,17 +47,18 @@ pub(crate) fn run_wakes_here() {
 /// blocking drop, freeing GPU memory say, would hold up every GPU completion of the process),
 /// else right here.
 pub(crate) fn drop_off_waking_thread<T: Send + 'static>(value: T) {
-    if !RUNS_WAKES.get() {
-        return drop(value);
+    match RUNS_WAKES.get() {
+        true => drop_on_own_thread(value),
+        false => drop(value),
     }
-    let slot = Arc::new(Mutex::new(Some(value)));
-    let taken = Arc::clone(&slot);
-    let spawned = std::thread::Builder::new()
+}
+
+/// Drops `value` on a thread of its own; where no thread can be started, right here (the
+/// failed spawn drops the closure that holds it).
+fn drop_on_own_thread<T: Send + 'static>(value: T) {
+    let _ = std::thread::Builder::new()
         .name("ferry-drop".into())
-        .spawn(move || drop(taken.lock().take()));
-    if spawned.is_err() {
-        drop(slot.lock().take());
-    }
+        .spawn(move || drop(value));
 }
 
 /// No step runs and no wake is pending.
@@ -132,16 +133,8 @@ impl Tasks {
             .iter()
             .filter_map(|task| task.take_waiting())
             .collect();
-        if futures.is_empty() {
-            return;
-        }
-        let slot = Arc::new(Mutex::new(futures));
-        let taken = Arc::clone(&slot);
-        let spawned = std::thread::Builder::new()
-            .name("ferry-drop".into())
-            .spawn(move || drop(std::mem::take(&mut *taken.lock())));
-        if spawned.is_err() {
-            drop(std::mem::take(&mut *slot.lock()));
+        if !futures.is_empty() {
+            drop_on_own_thread(futures);
         }
     }
 }

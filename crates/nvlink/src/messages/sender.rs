@@ -65,12 +65,12 @@ impl MessageSender {
     /// Why the ring no longer carries messages (the reader has gone or broke the protocol,
     /// or [`Self::close`] closed it); `None` while it does.
     pub(crate) fn closed(&self) -> Option<String> {
-        let state = self.state.lock();
-        if state.closed.is_some() {
-            // However it closed, a reader still reading delivers nothing more from it.
-            state.writer.close(self.memory.words());
-        }
-        state.closed.clone()
+        self.state.lock().closed.clone()
+    }
+
+    /// Tells the reader, through the ring, to deliver no record it has not delivered yet.
+    pub(crate) fn stop_delivery(&self) {
+        self.state.lock().writer.close(self.memory.words());
     }
 
     /// Closes the ring: sends waiting for a verdict fail with [`Error::PeerGone`], and the
