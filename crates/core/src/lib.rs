@@ -79,6 +79,6 @@ pub use peer::Peer;
 pub use route::Route;
 pub use tcp::{TcpConfig, TCP};
 pub use transport::{
-    Direction, EngineContext, ExportGuard, Exported, Link, Reach, TransferOp, TransferOps,
-    Transport,
+    Direction, EngineContext, ExportGuard, Exported, Link, Notified, Reach, TransferOp,
+    TransferOps, TransferPart, Transport,
 };

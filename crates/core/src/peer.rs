@@ -220,23 +220,7 @@ impl Peer {
     ) -> Result<(Option<(&'static str, Arc<dyn Link>)>, Arc<dyn Link>)> {
         // The control link notices a peer that restarted, and then brings its new descriptor.
         let control = self.control(engine).await?;
-        let path = *self.inner.messages.lock();
-        let path = match path {
-            MessagePath::Unchosen => {
-                let descriptor = &self.view().descriptor;
-                let chosen = engine
-                    .transports
-                    .iter()
-                    .position(|transport| transport.carries_notifications(descriptor))
-                    .map_or(MessagePath::Control(engine.control.name()), |index| {
-                        MessagePath::Through(index, engine.transports[index].name())
-                    });
-                *self.inner.messages.lock() = chosen;
-                chosen
-            }
-            chosen => chosen,
-        };
-        let MessagePath::Through(index, name) = path else {
+        let MessagePath::Through(index, name) = self.message_path(engine) else {
             return Ok((None, control));
         };
         match self.link(engine.transports[index].as_ref()).await {
@@ -245,6 +229,32 @@ impl Peer {
                 self.notify_over_control(engine, name, &error);
                 Ok((None, control))
             }
+        }
+    }
+
+    /// Which link carries notifications to this peer, chosen now if no notification chose it
+    /// yet.
+    fn message_path(&self, engine: &EngineInner) -> MessagePath {
+        let mut path = self.inner.messages.lock();
+        if *path == MessagePath::Unchosen {
+            let descriptor = &self.view().descriptor;
+            *path = engine
+                .transports
+                .iter()
+                .position(|transport| transport.carries_notifications(descriptor))
+                .map_or(MessagePath::Control(engine.control.name()), |index| {
+                    MessagePath::Through(index, engine.transports[index].name())
+                });
+        }
+        *path
+    }
+
+    /// The index of the engine's transport whose link carries notifications to this peer
+    /// itself; `None` when they go over the control link.
+    pub(crate) fn message_transport(&self, engine: &EngineInner) -> Option<usize> {
+        match self.message_path(engine) {
+            MessagePath::Through(index, _) => Some(index),
+            MessagePath::Unchosen | MessagePath::Control(_) => None,
         }
     }
 

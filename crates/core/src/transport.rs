@@ -232,6 +232,24 @@ impl std::fmt::Debug for TransferOps {
     }
 }
 
+/// The part of a batch one link moves: ops, or a paged block copy.
+#[derive(Debug)]
+pub enum TransferPart {
+    /// For [`Link::transfer`].
+    Ops(TransferOps),
+    /// For [`Link::transfer_blocks`].
+    Blocks(BlockOps),
+}
+
+/// What became of the notification handed to [`Link::transfer_notifying`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notified {
+    /// The peer's inbox took it.
+    Sent,
+    /// Not sent: the engine sends it the usual way.
+    Left,
+}
+
 /// A way of moving bytes (TCP, NVLink, RDMA). Implementations must not block the caller.
 ///
 /// A transport owns everything about its kind of memory access: what it publishes for a
@@ -345,6 +363,32 @@ pub trait Link: Send + Sync + 'static {
     async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
         blocks.wait_on_host().await?;
         self.transfer(blocks.into_ops()).await
+    }
+
+    /// Moves `part` as [`Link::transfer`] or [`Link::transfer_blocks`] would and, where the
+    /// link can, has the device that moves the bytes release `payload` into the peer's inbox
+    /// right after the last of them, without waiting for this host to see the copies end
+    /// ([`Notified::Sent`], once the peer took it). Otherwise it resolves
+    /// [`Notified::Left`] once the bytes landed, and the engine sends the notification
+    /// itself. The engine calls it only for a batch that goes whole through this link and has
+    /// no signal, when this link carries the peer's notifications
+    /// ([`Transport::carries_notifications`]). The default moves the part and leaves the
+    /// notification.
+    ///
+    /// # Errors
+    /// As [`Link::transfer`], and as [`Link::notify`] for the notification. After an error
+    /// the notification was not delivered, unless the copies had all ended and the link was
+    /// closed while the peer's inbox took it.
+    ///
+    /// # Cancel safety
+    /// As [`Link::transfer`]: the engine awaits it to its end.
+    async fn transfer_notifying(&self, part: TransferPart, payload: &[u8]) -> Result<Notified> {
+        let _ = payload;
+        match part {
+            TransferPart::Ops(ops) => self.transfer(ops).await?,
+            TransferPart::Blocks(blocks) => self.transfer_blocks(blocks).await?,
+        }
+        Ok(Notified::Left)
     }
 
     /// Writes the 32-bit `value` to the peer's `addr` (4-byte aligned, inside `remote`) from

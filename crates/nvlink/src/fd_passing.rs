@@ -800,6 +800,65 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_left_for_the_gpu_arrives_once_its_position_is_stored_and_keeps_its_place() {
+        let (server, mut inbox) = server_with_inbox(None, 16);
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        sender.send(b"first").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"first");
+        let unpublished = sender.write_unpublished(b"data landed").unwrap();
+        assert!(
+            sender.write_unpublished(b"another").is_none(),
+            "a second record was written while the first waits for its GPU"
+        );
+        let (later, held) = tokio::join!(sender.send(b"later"), async {
+            let early = tokio::time::timeout(Duration::from_millis(150), inbox.recv()).await;
+            assert!(
+                early.is_err(),
+                "delivered before its position was stored: {early:?}"
+            );
+            sender.store_position(unpublished.position());
+            let held = next(&mut inbox).await.payload;
+            unpublished.published().await.unwrap();
+            held
+        });
+        later.unwrap();
+        assert_eq!(held, b"data landed");
+        assert_eq!(next(&mut inbox).await.payload, b"later");
+        assert_eq!(sender.closed(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_withdrawn_record_is_never_delivered_and_an_abandoned_one_closes_the_ring() {
+        let (server, mut inbox) = server_with_inbox(None, 16);
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        let withdrawn = sender.write_unpublished(b"never queued").unwrap();
+        let position = withdrawn.position();
+        withdrawn.withdraw();
+        sender.send(b"next").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"next");
+        let abandoned = sender.write_unpublished(b"copies failed").unwrap();
+        assert!(abandoned.position() > position);
+        let stored = abandoned.position();
+        abandoned.abandon("an injected failure");
+        let reason = sender
+            .closed()
+            .expect("an abandoned record leaves the ring open");
+        assert!(reason.contains("an injected failure"), "{reason}");
+        // A GPU store that still ran publishes nothing the reader delivers.
+        sender.store_position(stored);
+        let nothing = tokio::time::timeout(Duration::from_millis(200), inbox.recv()).await;
+        assert!(nothing.is_err(), "a closed ring delivered {nothing:?}");
+        assert!(matches!(
+            sender.send(b"after").await,
+            Err(ferry_core::Error::PeerGone { .. })
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_ring_that_could_still_shrink_is_refused() {
         let (server, _inbox) = server_with_inbox(None, 4);
         let mut stream = connect(server.name(), None, OPEN_MESSAGES).await.unwrap();

@@ -9,8 +9,8 @@ use crate::transport::NvlinkConfig;
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
-    BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location,
-    ProtocolViolation, Result, TransferOp, TransferOps,
+    BlockOps, BufferDescriptor, Direction, Error, Export, InstanceId, Link, Location, Notified,
+    ProtocolViolation, Result, TransferOp, TransferOps, TransferPart,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -446,9 +446,10 @@ impl NvlinkLink {
     }
 }
 
-#[async_trait::async_trait]
-impl Link for NvlinkLink {
-    async fn transfer(&self, ops: TransferOps) -> Result<()> {
+impl NvlinkLink {
+    /// Moves `ops`, and hands `payload` over as [`Link::transfer_notifying`] says when there
+    /// is one.
+    async fn move_ops(&self, ops: TransferOps, payload: Option<&[u8]>) -> Result<Notified> {
         // Usually one GPU, at most a handful: a short list beats a map here.
         let mut by_gpu: Vec<(u32, Vec<&TransferOp>)> = Vec::new();
         for op in &ops {
@@ -487,10 +488,12 @@ impl Link for NvlinkLink {
             lanes.push(lane);
         }
         drop(by_gpu);
-        self.run(lanes, work, (ops, held)).await
+        self.run_with(lanes, work, (ops, held), payload).await
     }
 
-    async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+    /// Moves `blocks`, and hands `payload` over as [`Link::transfer_notifying`] says when
+    /// there is one.
+    async fn move_blocks(&self, blocks: BlockOps, payload: Option<&[u8]>) -> Result<Notified> {
         if let Some(Location::Device { ordinal, .. }) =
             blocks.pools.first().map(|pool| pool.region.info().location)
         {
@@ -500,13 +503,46 @@ impl Link for NvlinkLink {
         let mut held = Vec::new();
         match self.paged(&blocks, &mut held)? {
             Some((lane, paged)) => {
-                self.run(vec![lane], vec![(0, Work::Paged(paged))], (blocks, held))
+                let work = vec![(0, Work::Paged(paged))];
+                self.run_with(vec![lane], work, (blocks, held), payload)
                     .await
             }
             None => {
                 blocks.wait_on_host().await?;
-                self.transfer(blocks.into_ops()).await
+                self.move_ops(blocks.into_ops(), payload).await
             }
+        }
+    }
+
+    /// [`Self::run`], or [`Self::run_notifying`] with `payload`.
+    async fn run_with<K>(
+        &self,
+        lanes: Vec<Arc<GpuLane>>,
+        work: Vec<(usize, Work)>,
+        keep: K,
+        payload: Option<&[u8]>,
+    ) -> Result<Notified> {
+        match payload {
+            Some(payload) => self.run_notifying(lanes, work, keep, payload).await,
+            None => self.run(lanes, work, keep).await.map(|()| Notified::Left),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Link for NvlinkLink {
+    async fn transfer(&self, ops: TransferOps) -> Result<()> {
+        self.move_ops(ops, None).await.map(drop)
+    }
+
+    async fn transfer_blocks(&self, blocks: BlockOps) -> Result<()> {
+        self.move_blocks(blocks, None).await.map(drop)
+    }
+
+    async fn transfer_notifying(&self, part: TransferPart, payload: &[u8]) -> Result<Notified> {
+        match part {
+            TransferPart::Ops(ops) => self.move_ops(ops, Some(payload)).await,
+            TransferPart::Blocks(blocks) => self.move_blocks(blocks, Some(payload)).await,
         }
     }
 

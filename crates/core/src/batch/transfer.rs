@@ -6,6 +6,7 @@ use crate::cuda::Poller;
 use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::peer::Peer;
+use crate::transport::{Link, Notified, TransferPart};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -159,18 +160,36 @@ async fn run(
     let entries = std::mem::take(&mut work.entries);
     let after = work.after.take();
     drop(work);
+    // A batch that goes whole through the link that carries the peer's notifications hands
+    // that link its notification, which it may release right after the copies.
+    let mut notification = notification;
+    let only = match (groups.as_slice(), block_groups.as_slice()) {
+        ([(transport, _)], []) | ([], [(transport, _)]) => Some(*transport),
+        _ => None,
+    };
+    let handed = match only {
+        Some(transport)
+            if notification.is_some()
+                && signal.is_none()
+                && peer.message_transport(engine) == Some(transport) =>
+        {
+            notification.take()
+        }
+        _ => None,
+    };
     let mut transports = Vec::with_capacity(groups.len());
-    let mut pending: Vec<futures::future::BoxFuture<'_, Result<()>>> =
+    let mut pending: Vec<futures::future::BoxFuture<'_, Result<Notified>>> =
         Vec::with_capacity(groups.len() + block_groups.len());
     for (transport, ops) in groups {
         let link = peer.link(engine.transports[transport].as_ref()).await?;
         transports.push(engine.transports[transport].name());
         let after = after.clone();
+        let handed = handed.as_deref();
         pending.push(Box::pin(async move {
             if let Some(event) = after {
                 Poller::global().wait(event).await?;
             }
-            link.transfer(ops).await
+            move_part(link.as_ref(), TransferPart::Ops(ops), handed).await
         }));
     }
     for (transport, mut blocks) in block_groups {
@@ -180,23 +199,28 @@ async fn run(
         if !transports.contains(&name) {
             transports.push(name);
         }
-        pending.push(Box::pin(async move { link.transfer_blocks(blocks).await }));
+        let handed = handed.as_deref();
+        pending.push(Box::pin(async move {
+            move_part(link.as_ref(), TransferPart::Blocks(blocks), handed).await
+        }));
     }
     let limit = engine.transfer_timeout;
     let moves_data = !pending.is_empty();
     // Every part runs to its end, even after another failed or the time ran out: a part
     // dropped half-way would release its regions and mappings while a GPU may still be
     // copying through them. Closing the peer makes the network parts fail at once.
-    let mut moved = std::pin::pin!(futures::future::join_all(pending));
-    let outcomes = match tokio::time::timeout(limit, &mut moved).await {
-        Ok(outcomes) => outcomes,
-        Err(_) => {
-            peer.close();
-            moved.await;
-            return Err(Error::Timeout {
-                what: format!("a transfer of {bytes} bytes to {}", peer.name()),
-                after: limit,
-            });
+    let outcomes = {
+        let mut moved = std::pin::pin!(futures::future::join_all(pending));
+        match tokio::time::timeout(limit, &mut moved).await {
+            Ok(outcomes) => outcomes,
+            Err(_) => {
+                peer.close();
+                moved.await;
+                return Err(Error::Timeout {
+                    what: format!("a transfer of {bytes} bytes to {}", peer.name()),
+                    after: limit,
+                });
+            }
         }
     };
     if outcomes
@@ -207,9 +231,9 @@ async fn run(
         // memory, for one) is trusted with nothing further: every link to it closes.
         peer.close();
     }
-    outcomes
+    let notified = outcomes
         .into_iter()
-        .collect::<Result<Vec<()>>>()
+        .collect::<Result<Vec<Notified>>>()
         .map_err(|error| {
             let ranges: Vec<(u64, u64)> = entries
                 .iter()
@@ -217,6 +241,11 @@ async fn run(
                 .collect();
             error.in_batch(&ranges)
         })?;
+    match (handed, notified.as_slice()) {
+        (Some(_), [Notified::Sent]) => crate::telemetry::notification_sent(),
+        (Some(payload), _) => notification = Some(payload),
+        (None, _) => {}
+    }
     if let (false, Some(event)) = (moves_data, after) {
         // A batch with only a notification waits for its event here, as its data would.
         tokio::time::timeout(limit, Poller::global().wait(event))
@@ -257,4 +286,16 @@ async fn run(
         transports,
         elapsed: started.elapsed(),
     })
+}
+
+/// Moves one part of a batch through `link`, handing it the batch's notification when there
+/// is one to hand.
+async fn move_part(link: &dyn Link, part: TransferPart, handed: Option<&[u8]>) -> Result<Notified> {
+    match (part, handed) {
+        (part, Some(payload)) => link.transfer_notifying(part, payload).await,
+        (TransferPart::Ops(ops), None) => link.transfer(ops).await.map(|()| Notified::Left),
+        (TransferPart::Blocks(blocks), None) => {
+            link.transfer_blocks(blocks).await.map(|()| Notified::Left)
+        }
+    }
 }

@@ -4,6 +4,9 @@ use cudarc::driver::sys::{self, CUcontext};
 use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 
+/// The first driver (CUDA 12.0) whose 64-bit stream writes need no opt-in.
+const FIRST_64_BIT_STREAM_WRITES: u32 = 12000;
+
 /// The primary context of one GPU, retained for the life of the process and made current on
 /// whichever thread is about to call the driver.
 #[derive(Debug)]
@@ -65,6 +68,20 @@ impl Context {
     /// The GPU ordinal this context belongs to.
     pub fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    /// Whether streams of this GPU can queue 64-bit stores ([`super::Stream::write_value64`]):
+    /// a driver of CUDA 12 or later that reports the GPU able to.
+    pub fn can_write_values64(&self) -> Result<bool, CudaError> {
+        if super::Driver::get().version() < FIRST_64_BIT_STREAM_WRITES {
+            return Ok(false);
+        }
+        let able = device::attribute(
+            self.ordinal,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+            "cuDeviceGetAttribute(CAN_USE_64_BIT_STREAM_MEM_OPS)",
+        )?;
+        Ok(able != 0)
     }
 
     /// Number of streaming multiprocessors of this context's GPU (132 on an H100/H200 SXM).

@@ -3,7 +3,7 @@
 //!
 //! The ladder is `cudarc::driver::sys` (raw symbols) -> one thin function per driver call here
 //! (returning [`CudaError`]) -> the safe RAII types exported below ([`Context`], [`Stream`],
-//! [`Event`], [`IpcMapping`], [`DmaBuf`]) and the [`Poller`] that turns finished events into
+//! [`Event`], [`IpcMapping`], [`DmaBuf`], [`HostRegistration`]) and the [`Poller`] that turns finished events into
 //! futures.
 
 mod buffer;
@@ -20,6 +20,7 @@ mod module;
 mod pinned;
 mod pointer;
 mod poller;
+mod registered;
 mod stream;
 mod transfer;
 mod vmm;
@@ -40,6 +41,7 @@ pub(crate) use pinned::place;
 pub use pinned::{PinnedBuffer, PinnedChunk, PinnedSlice};
 pub use pointer::{DevicePointer, MemoryKind};
 pub use poller::{Completed, Pollable, Poller};
+pub use registered::HostRegistration;
 pub use stream::Stream;
 pub use transfer::{download, upload};
 pub use vmm::{

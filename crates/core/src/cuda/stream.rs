@@ -158,6 +158,27 @@ impl Stream {
         })
     }
 
+    /// [`Self::write_value32`] for a 64-bit `value` at an 8-byte aligned `addr`, which may be
+    /// host memory registered with the GPUs ([`super::HostRegistration`]). Only where
+    /// [`Context::can_write_values64`] says the GPU can.
+    ///
+    /// # Safety
+    /// `addr..addr+8` must be 8-byte aligned and writable by this GPU until the write
+    /// completes.
+    pub unsafe fn write_value64(&self, addr: u64, value: u64) -> Result<(), CudaError> {
+        self.context.bind()?;
+        // SAFETY: the caller guarantees the address; the stream is valid; DEFAULT keeps the
+        // barrier that orders earlier writes before this one.
+        CudaError::check("cuStreamWriteValue64_v2", unsafe {
+            sys::cuStreamWriteValue64_v2(
+                self.raw,
+                addr,
+                value,
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        })
+    }
+
     /// Makes work queued on this stream from now on wait, on the GPU, until the 32-bit word at
     /// `addr` is at least `value` (compared as unsigned, wrapping as the driver defines).
     ///

@@ -9,7 +9,7 @@ use ferry_core::cuda::{
     download, launch_all, upload, Context, DeviceBuffer, Driver, Event, Launcher, Poller,
 };
 use ferry_core::{Error, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A real transfer's launches, with launch `fail_at` failing instead of queueing.
@@ -118,6 +118,7 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
             lanes: vec![Arc::clone(&lane)],
             work,
             last_kernels: Vec::new(),
+            published: &AtomicBool::new(false),
         },
         fail_at: FAIL_AT,
     };

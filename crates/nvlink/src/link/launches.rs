@@ -6,7 +6,8 @@ use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
 use crate::plan::{self, Launch};
 use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
-use ferry_core::{Error, Result};
+use ferry_core::{Error, Notified, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 impl NvlinkLink {
@@ -135,6 +136,17 @@ impl NvlinkLink {
                 )
                 .map(Some)
             }
+            Work::Publish {
+                stream,
+                addr,
+                position,
+            } => {
+                // SAFETY: `addr` is the device address of word 0 of the message ring's first
+                // page, which the sender registered with CUDA and keeps registered as long as
+                // the link lives; the transfer borrows the link until the stream has finished.
+                unsafe { lane.streams[*stream].write_value64(*addr, *position)? };
+                Ok(None)
+            }
             Work::Signal { addr, value } => {
                 // SAFETY: the engine checked that the word lies inside the peer's registered
                 // buffer and is 4-byte aligned, and `write_value` translated it through the
@@ -155,12 +167,79 @@ impl NvlinkLink {
         work: Vec<(usize, Work)>,
         keep: K,
     ) -> Result<()> {
+        self.run_publishing(lanes, work, keep, &AtomicBool::new(false))
+            .await
+    }
+
+    /// [`Self::run`], then `payload` into the peer's inbox: where the transfer is one launch
+    /// and its GPU can store into the message ring, the record is written before the launch
+    /// and the GPU publishes it right after the copies ([`Notified::Sent`]); otherwise
+    /// [`Notified::Left`] for the engine to send.
+    pub(super) async fn run_notifying<K>(
+        &self,
+        lanes: Vec<Arc<GpuLane>>,
+        mut work: Vec<(usize, Work)>,
+        keep: K,
+        payload: &[u8],
+    ) -> Result<Notified> {
+        let (Ok(sender), [(lane, only)]) = (&self.messages, work.as_slice()) else {
+            self.run(lanes, work, keep).await?;
+            return Ok(Notified::Left);
+        };
+        let (lane, stream) = (*lane, only.stream());
+        // A copy held back by the caller's event could hold the ring, and every notification
+        // after it, for as long as the caller's stream takes: its notification waits for it
+        // on the host instead.
+        let releasable = match only {
+            Work::Copies(_) => true,
+            Work::Paged(paged) => paged.after.is_none(),
+            Work::Publish { .. } | Work::Signal { .. } => false,
+        };
+        let word = releasable
+            .then(|| sender.device_word(lanes[lane].streams[stream].context()))
+            .flatten();
+        let Some((addr, unpublished)) =
+            word.and_then(|addr| Some((addr, sender.write_unpublished(payload)?)))
+        else {
+            self.run(lanes, work, keep).await?;
+            return Ok(Notified::Left);
+        };
+        work.push((
+            lane,
+            Work::Publish {
+                stream,
+                addr,
+                position: unpublished.position(),
+            },
+        ));
+        let queued = AtomicBool::new(false);
+        match self.run_publishing(lanes, work, keep, &queued).await {
+            Ok(()) => unpublished.published().await.map(|()| Notified::Sent),
+            Err(error) => {
+                match queued.load(Ordering::Acquire) {
+                    true => unpublished.abandon(&error.to_string()),
+                    false => unpublished.withdraw(),
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// [`Self::run`], setting `published` once a [`Work::Publish`] store is queued.
+    async fn run_publishing<K>(
+        &self,
+        lanes: Vec<Arc<GpuLane>>,
+        work: Vec<(usize, Work)>,
+        keep: K,
+        published: &AtomicBool,
+    ) -> Result<()> {
         let launches = Launches {
             link: self,
             streams: self.config.streams_per_gpu.max(1) + 1,
             lanes,
             work,
             last_kernels: Vec::new(),
+            published,
         };
         let wait = |event: Arc<Event>| Poller::global().wait(event);
         launch_all(launches, wait, keep).await?;
@@ -199,6 +278,13 @@ pub(super) struct Paged {
 pub(super) enum Work {
     Copies(Launch),
     Paged(Paged),
+    /// The store of `position` into the message ring's word 0 at `addr` (this GPU's address
+    /// for it) that publishes a notification after the launch before it on `stream`.
+    Publish {
+        stream: usize,
+        addr: u64,
+        position: u64,
+    },
     /// A 32-bit store into the peer's memory at `addr` (mapped here), on stream 0.
     Signal {
         addr: u64,
@@ -211,6 +297,7 @@ impl Work {
         match self {
             Work::Copies(launch) => launch.stream(),
             Work::Paged(paged) => paged.stream,
+            Work::Publish { stream, .. } => *stream,
             Work::Signal { .. } => 0,
         }
     }
@@ -226,6 +313,8 @@ pub(super) struct Launches<'a> {
     /// Streams whose last launch was a kernel, with the event recorded right after it: that
     /// event is already the stream's fence, and recording another costs a few microseconds.
     pub(super) last_kernels: Vec<(usize, Arc<Event>)>,
+    /// Set once a [`Work::Publish`] store is queued.
+    pub(super) published: &'a AtomicBool,
 }
 
 impl Launches<'_> {
@@ -254,6 +343,9 @@ impl Launcher for Launches<'_> {
         let (lane, work) = &self.work[index];
         if let Some(fence) = self.link.launch(&self.lanes[*lane], work)? {
             self.last_kernels.push((stream, fence));
+        }
+        if matches!(work, Work::Publish { .. }) {
+            self.published.store(true, Ordering::Release);
         }
         Ok(())
     }

@@ -54,7 +54,7 @@ pub(crate) fn is_closed(words: &[AtomicU64]) -> bool {
 /// The writing end's state: where its next record goes.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
-    published: u64,
+    written: u64,
 }
 
 /// What [`Writer::push`] did.
@@ -75,6 +75,18 @@ impl Writer {
     /// Appends `payload` as one record and publishes it, or reports the ring full. Payloads
     /// larger than the ring can ever hold are refused as corrupt use.
     pub(crate) fn push(&mut self, words: &[AtomicU64], payload: &[u8]) -> Result<Pushed, Corrupt> {
+        if !self.write(words, payload)? {
+            return Ok(Pushed::Full);
+        }
+        self.publish(words);
+        Ok(Pushed::Published)
+    }
+
+    /// Appends `payload` as one record without publishing it: the reader sees it only once
+    /// [`Self::publish`] (or a store of [`Self::position`] into word 0 by someone else, a GPU
+    /// after the copies the record announces) has published it. False when the ring has no
+    /// room until the reader takes more; errors as [`Self::push`].
+    pub(crate) fn write(&mut self, words: &[AtomicU64], payload: &[u8]) -> Result<bool, Corrupt> {
         let data = data_words(words);
         let capacity = data.len() as u64 * 8;
         let needed = record_bytes(payload.len() as u64);
@@ -85,27 +97,47 @@ impl Writer {
             )));
         }
         let taken = words[TAKEN].load(Ordering::Acquire);
-        let used = self.published.wrapping_sub(taken);
+        let used = self.written.wrapping_sub(taken);
         if used > capacity {
             return Err(Corrupt(format!(
                 "the reader claims to have taken {taken} bytes of the {} written",
-                self.published
+                self.written
             )));
         }
         if capacity - used < needed {
-            return Ok(Pushed::Full);
+            return Ok(false);
         }
         let slots = data.len();
-        let first = (self.published / 8) as usize;
+        let first = (self.written / 8) as usize;
         data[first % slots].store(payload.len() as u64, Ordering::Relaxed);
         for (index, chunk) in payload.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
             data[(first + 1 + index) % slots].store(u64::from_le_bytes(word), Ordering::Relaxed);
         }
-        self.published = self.published.wrapping_add(needed);
-        words[PUBLISHED].store(self.published, Ordering::Release);
-        Ok(Pushed::Published)
+        self.written = self.written.wrapping_add(needed);
+        Ok(true)
+    }
+
+    /// Publishes every record written so far.
+    pub(crate) fn publish(&self, words: &[AtomicU64]) {
+        words[PUBLISHED].store(self.written, Ordering::Release);
+    }
+
+    /// The position word 0 holds once every record written so far is published.
+    pub(crate) fn position(&self) -> u64 {
+        self.written
+    }
+
+    /// Whether word 0 holds [`Self::position`]: every record written is published.
+    pub(crate) fn is_published(&self, words: &[AtomicU64]) -> bool {
+        words[PUBLISHED].load(Ordering::Acquire) == self.written
+    }
+
+    /// Forgets the records written after `position` (an earlier [`Self::position`]), none
+    /// of which may be published.
+    pub(crate) fn rewind(&mut self, position: u64) {
+        self.written = position;
     }
 }
 
@@ -170,6 +202,25 @@ mod tests {
         (0..DATA + data_bytes / 8)
             .map(|_| AtomicU64::new(0))
             .collect()
+    }
+
+    #[test]
+    fn a_written_record_is_read_only_once_published_and_a_rewound_one_never() {
+        let words = ring(256);
+        let (mut writer, mut reader) = (Writer::default(), Reader::default());
+        let start = writer.position();
+        assert!(writer.write(&words, b"rewound").unwrap());
+        assert_eq!(reader.pop(&words, 64).unwrap(), None);
+        assert!(!writer.is_published(&words));
+        writer.rewind(start);
+        assert!(writer.write(&words, b"kept").unwrap());
+        assert_eq!(reader.pop(&words, 64).unwrap(), None);
+        words[PUBLISHED].store(writer.position(), Ordering::Release);
+        assert!(writer.is_published(&words));
+        assert_eq!(reader.pop(&words, 64).unwrap(), Some(b"kept".to_vec()));
+        assert_eq!(writer.push(&words, b"next").unwrap(), Pushed::Published);
+        assert_eq!(reader.pop(&words, 64).unwrap(), Some(b"next".to_vec()));
+        assert_eq!(reader.pop(&words, 64).unwrap(), None);
     }
 
     #[test]

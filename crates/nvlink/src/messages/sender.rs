@@ -5,6 +5,7 @@
 use super::ring::{Pushed, Writer, AWAKE, SLEEPING, STATE_OFFSET};
 use super::shared::{futex_wake, SharedMemory};
 use super::Verdict;
+use ferry_core::cuda::Context;
 use ferry_core::{Error, ProtocolViolation, Refusal, Result};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -24,6 +25,9 @@ pub(crate) struct MessageSender {
     turn: tokio::sync::Mutex<()>,
     peer: String,
     verdicts: tokio::task::JoinHandle<()>,
+    /// Where each GPU (by ordinal) stores the ring's published position, or `None` where it
+    /// cannot ([`Self::device_word`]).
+    device_words: Mutex<Vec<(u32, Option<u64>)>>,
 }
 
 struct SenderState {
@@ -59,6 +63,7 @@ impl MessageSender {
             turn: tokio::sync::Mutex::new(()),
             peer,
             verdicts,
+            device_words: Mutex::default(),
         }
     }
 
@@ -87,6 +92,13 @@ impl MessageSender {
         self.verdicts.abort();
         self.room.notify_waiters();
         self.wake_reader();
+    }
+
+    /// Closes the ring for `reason` (see [`Self::close`]).
+    fn fail(&self, reason: String) {
+        tracing::warn!(peer = %self.peer, %reason, "closing a message ring");
+        self.state.lock().closed.get_or_insert(reason);
+        self.close();
     }
 
     /// Hands `payload` to the peer's inbox; resolves when the peer took it.
@@ -135,7 +147,15 @@ impl MessageSender {
             room.await;
         };
         drop(turn);
-        match verdict.await {
+        self.outcome(verdict.await)
+    }
+
+    /// What a send reports for the verdict it waited for (none: the ring closed meanwhile).
+    fn outcome(
+        &self,
+        verdict: std::result::Result<Verdict, oneshot::error::RecvError>,
+    ) -> Result<()> {
+        match verdict {
             Ok(Verdict::Delivered) => Ok(()),
             Ok(Verdict::Refused(reason)) => Err(Error::Rejected {
                 peer: self.peer.clone(),
@@ -153,6 +173,72 @@ impl MessageSender {
         }
     }
 
+    /// Where GPU `context` stores the ring's published position (word 0) to publish a record
+    /// itself ([`Self::write_unpublished`]); `None` where it cannot: a driver or GPU without
+    /// 64-bit stream writes, or a ring CUDA would not register (said once in the log).
+    pub(crate) fn device_word(&self, context: &Arc<Context>) -> Option<u64> {
+        let ordinal = context.ordinal();
+        let known = self
+            .device_words
+            .lock()
+            .iter()
+            .find(|(gpu, _)| *gpu == ordinal)
+            .map(|(_, word)| *word);
+        if let Some(word) = known {
+            return word;
+        }
+        let word = match context.can_write_values64() {
+            Ok(true) => self
+                .memory
+                .gpu_page(context)
+                .map_err(str::to_owned)
+                .and_then(|page| page.device_addr(context).map_err(|error| error.to_string())),
+            Ok(false) => Err("the driver or GPU has no 64-bit stream writes".into()),
+            Err(error) => Err(error.to_string()),
+        };
+        let word = word
+            .inspect_err(|reason| tracing::info!(peer = %self.peer, gpu = ordinal, %reason, "this GPU cannot publish notifications into the message ring; the host publishes them once it sees the copies end"))
+            .ok();
+        self.device_words.lock().push((ordinal, word));
+        word
+    }
+
+    /// Writes `payload` as the ring's next record without publishing it: a GPU publishes it
+    /// by storing [`Unpublished::position`] at [`Self::device_word`] after the copies it
+    /// announces, and nothing else goes into the ring until [`Unpublished::published`],
+    /// [`Unpublished::withdraw`] or [`Unpublished::abandon`]. `None` when another send holds
+    /// the ring, or it is full or closed: the notification then goes the usual way.
+    pub(crate) fn write_unpublished(&self, payload: &[u8]) -> Option<Unpublished<'_>> {
+        let turn = self.turn.try_lock().ok()?;
+        let mut state = self.state.lock();
+        if state.closed.is_some() {
+            return None;
+        }
+        let start = state.writer.position();
+        match state.writer.write(self.memory.words(), payload) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(corrupt) => {
+                tracing::warn!(peer = %self.peer, %corrupt, "closing a message ring");
+                state.closed = Some(corrupt.to_string());
+                return None;
+            }
+        }
+        let (sender, verdict) = oneshot::channel();
+        state.waiting.push_back(sender);
+        let position = state.writer.position();
+        drop(state);
+        // The record's words must be visible before the device's store of the position is.
+        fence(Ordering::SeqCst);
+        Some(Unpublished {
+            sender: self,
+            _turn: turn,
+            start,
+            position,
+            verdict,
+        })
+    }
+
     /// Wakes the reader if it went to sleep. The fence pairs with the reader's between
     /// declaring itself asleep and looking at the ring once more, so that one of the two
     /// always sees the other. The word is set back to awake before the wake, so a reader that
@@ -163,6 +249,77 @@ impl MessageSender {
         if state.swap(AWAKE, Ordering::SeqCst) == SLEEPING {
             futex_wake(state);
         }
+    }
+}
+
+#[cfg(test)]
+impl MessageSender {
+    /// Stores `position` into the ring's word 0, as a GPU does to publish a record.
+    pub(crate) fn store_position(&self, position: u64) {
+        self.memory.words()[0].store(position, Ordering::Release);
+    }
+}
+
+/// A record written into the ring and not yet published, holding the ring's turn
+/// ([`MessageSender::write_unpublished`]).
+pub(crate) struct Unpublished<'a> {
+    sender: &'a MessageSender,
+    _turn: tokio::sync::MutexGuard<'a, ()>,
+    /// Where the record starts.
+    start: u64,
+    /// The published position that takes the record in.
+    position: u64,
+    verdict: oneshot::Receiver<Verdict>,
+}
+
+impl Unpublished<'_> {
+    /// The value whose store at the device word publishes the record.
+    pub(crate) fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// The store of [`Self::position`] has run (the fence after it fired): wakes the reader
+    /// should it sleep, lets the next send in, and resolves with the reader's verdict, as
+    /// [`MessageSender::send`] does.
+    ///
+    /// # Errors
+    /// As [`MessageSender::send`].
+    pub(crate) async fn published(self) -> Result<()> {
+        let Unpublished {
+            sender,
+            _turn,
+            position,
+            verdict,
+            ..
+        } = self;
+        {
+            let state = sender.state.lock();
+            if !state.writer.is_published(sender.memory.words()) && state.closed.is_none() {
+                // The device's store ran before its fence fired, so this finds the position
+                // there already; a ring whose word says otherwise is not trusted.
+                drop(state);
+                sender.fail(format!("the GPU's store of the ring position {position} is not visible after its fence"));
+            }
+        }
+        sender.wake_reader();
+        drop(_turn);
+        sender.outcome(verdict.await)
+    }
+
+    /// Takes the record back: its store was never queued, so no device will publish it.
+    pub(crate) fn withdraw(self) {
+        let mut state = self.sender.state.lock();
+        state.writer.rewind(self.start);
+        state.waiting.pop_back();
+    }
+
+    /// The store may or may not have run (the copies before it failed): the ring can no
+    /// longer be trusted to carry only what was meant, so it closes and the reader delivers
+    /// nothing more from it.
+    pub(crate) fn abandon(self, reason: &str) {
+        self.sender.fail(format!(
+            "a notification the GPU was to publish after copies that failed ({reason})"
+        ));
     }
 }
 

@@ -2,15 +2,23 @@
 //! words, since the other process writes it at any time. The only `unsafe` of the message
 //! path lives here.
 
+use ferry_core::cuda::{Context, HostRegistration};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, OnceLock};
+
+/// Bytes of the mapping [`SharedMemory::gpu_page`] registers: the smallest page a host has.
+const GPU_PAGE_BYTES: usize = 4096;
 
 /// A shared mapping of `len` bytes, unmapped on drop.
 pub(crate) struct SharedMemory {
     base: std::ptr::NonNull<u8>,
     len: usize,
+    /// The mapping's first page registered with CUDA, once asked for ([`Self::gpu_page`]),
+    /// or why it could not be.
+    gpu_page: OnceLock<Result<HostRegistration, String>>,
 }
 
 // SAFETY: the mapping is only ever reached through atomics, which any thread may use.
@@ -72,7 +80,26 @@ impl SharedMemory {
         }?;
         let base = std::ptr::NonNull::new(base.cast::<u8>())
             .ok_or_else(|| std::io::Error::other("mmap returned a null mapping"))?;
-        Ok(SharedMemory { base, len })
+        Ok(SharedMemory {
+            base,
+            len,
+            gpu_page: OnceLock::new(),
+        })
+    }
+
+    /// The mapping's first page registered with CUDA, so that GPUs can store into it
+    /// (registered through `context` at the first call; later calls return that outcome).
+    pub(crate) fn gpu_page(&self, context: &Arc<Context>) -> Result<&HostRegistration, &str> {
+        self.gpu_page
+            .get_or_init(|| {
+                let len = self.len.min(GPU_PAGE_BYTES);
+                // SAFETY: the first `len` bytes are mapped until `self` drops, and `drop`
+                // unregisters them before it unmaps.
+                unsafe { HostRegistration::new(Arc::clone(context), self.base.as_ptr(), len) }
+                    .map_err(|error| error.to_string())
+            })
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     /// The mapping as 64-bit words.
@@ -95,6 +122,7 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
+        drop(self.gpu_page.take());
         // SAFETY: `base` and `len` are the mapping made in `map_fd`, unmapped only here; no
         // reference into it outlives `self`.
         if let Err(error) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) } {
