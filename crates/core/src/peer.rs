@@ -3,6 +3,7 @@
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
+use crate::memory::RegionEntry;
 use crate::transport::{Link, Transport};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -47,6 +48,9 @@ pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
     /// The descriptor's buffers by address, shared with the ops that name them by index.
     sorted: Arc<[Arc<BufferDescriptor>]>,
+    /// The transport chosen for each pair of a local region (its registration's sequence)
+    /// and a remote buffer (its address) so far ([`PeerView::route`]).
+    routes: Mutex<HashMap<(u64, u64), usize>>,
 }
 
 impl PeerView {
@@ -58,6 +62,7 @@ impl PeerView {
         PeerView {
             descriptor,
             sorted: sorted.into(),
+            routes: Mutex::default(),
         }
     }
 
@@ -74,6 +79,25 @@ impl PeerView {
         let index = index.checked_sub(1)?;
         let buffer = self.sorted.get(index)?;
         (end <= buffer.addr.saturating_add(buffer.len)).then_some(index)
+    }
+
+    /// The transport (by index) that moves bytes between the local region `local` and
+    /// `remote`, from `choose` the first time the pair is asked about. Transports answer
+    /// differently only once they have read a new descriptor of the peer, which comes with a
+    /// new view, so the answer holds for this view's life; refusals are not kept.
+    pub(crate) fn route(
+        &self,
+        local: &RegionEntry,
+        remote: &BufferDescriptor,
+        choose: impl FnOnce() -> Result<usize>,
+    ) -> Result<usize> {
+        let key = (local.sequence, remote.addr);
+        if let Some(&transport) = self.routes.lock().get(&key) {
+            return Ok(transport);
+        }
+        let transport = choose()?;
+        self.routes.lock().insert(key, transport);
+        Ok(transport)
     }
 
     /// The descriptor's buffers, sorted by address.

@@ -8,7 +8,6 @@ use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
 use crate::peer::{Peer, PeerView};
 use crate::transport::{Reach, TransferOp, TransferOps, Transport};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The ops of one batch for each transport (by index).
@@ -67,7 +66,6 @@ fn route(
         .iter()
         .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(buffers), 0))
         .collect();
-    let mut choice_cache: HashMap<(u32, usize), usize> = HashMap::new();
     // Consecutive entries mostly share their region and remote buffer, so their route too:
     // an entry inside the previous entry's buffer skips the search and the choice.
     let mut last: Option<LastRoute> = None;
@@ -92,23 +90,17 @@ fn route(
                     },
                 )?;
                 let remote = &buffers[remote_index];
-                let local = &uses[entry.region as usize].entry.info;
-                let key = (entry.region, remote_index);
-                let transport = match choice_cache.get(&key) {
-                    Some(&transport) => transport,
-                    None => {
-                        let transport = choose(transports, local, view, remote, peer)?;
-                        choice_cache.insert(key, transport);
-                        transport
-                    }
-                };
+                let local = &uses[entry.region as usize].entry;
+                let transport = view.route(local, remote, || {
+                    choose(transports, &local.info, view, remote, peer)
+                })?;
                 let route = LastRoute {
                     region: entry.region,
                     // Checked above: every buffer index fits.
                     remote: remote_index as u32,
                     remote_start: remote.addr,
                     remote_end: remote.addr.saturating_add(remote.len),
-                    local_base: local.addr,
+                    local_base: local.info.addr,
                     transport,
                 };
                 last = Some(route);
@@ -157,14 +149,16 @@ pub(super) fn signal_route(
         })?;
     let local = uses
         .first()
-        .map(|region| region.entry.info)
+        .map(|region| &region.entry)
         .ok_or_else(|| Error::ApiMisuse("a signal needs data in the batch".into()))?;
-    let crate::memory::Location::Device { ordinal, .. } = local.location else {
+    let crate::memory::Location::Device { ordinal, .. } = local.info.location else {
         return Err(Error::ApiMisuse(
             "a signal is written by the GPU that moves the batch; its data is in host memory, so rely on the notification".into(),
         ));
     };
-    let transport = choose(transports, &local, &view, &remote, peer.name())?;
+    let transport = view.route(local, &remote, || {
+        choose(transports, &local.info, &view, &remote, peer.name())
+    })?;
     Ok((transport, remote, addr, value, ordinal))
 }
 
@@ -187,28 +181,11 @@ fn route_blocks(
             view.covering(addr, len).cloned()
         })?;
         let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
-        // Pools mostly share a region and a remote buffer: ask the transports once per pair.
-        let mut chosen: Vec<(*const RegionUse, *const BufferDescriptor, usize)> = Vec::new();
         for pool in pools {
-            let key = (Arc::as_ptr(&pool.region), Arc::as_ptr(&pool.remote));
-            let known = chosen
-                .iter()
-                .find(|(region, remote, _)| (*region, *remote) == key)
-                .map(|&(_, _, transport)| transport);
-            let transport = match known {
-                Some(transport) => transport,
-                None => {
-                    let transport = choose(
-                        transports,
-                        &pool.region.entry.info,
-                        view,
-                        &pool.remote,
-                        peer,
-                    )?;
-                    chosen.push((key.0, key.1, transport));
-                    transport
-                }
-            };
+            let local = &pool.region.entry;
+            let transport = view.route(local, &pool.remote, || {
+                choose(transports, &local.info, view, &pool.remote, peer)
+            })?;
             match by_transport
                 .iter_mut()
                 .find(|(known, _)| *known == transport)

@@ -243,3 +243,51 @@ fn when_no_transport_reaches_every_reason_is_in_the_error() {
     assert_eq!(peer, PEER);
     assert_eq!(local, "pageable host memory");
 }
+
+/// Reaches every buffer and counts how often it was asked.
+#[derive(Default)]
+struct Counting {
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Transport for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        None
+    }
+
+    fn reach(&self, _: &RegionInfo, _: &SegmentDescriptor, _: &BufferDescriptor) -> Reach {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Reach::Yes { cost: 1 }
+    }
+
+    async fn open(&self, _: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        unreachable!("routing opens no links")
+    }
+}
+
+#[test]
+fn transports_are_asked_once_per_region_and_buffer_for_as_long_as_the_view_lasts() {
+    let counting = Arc::new(Counting::default());
+    let transports: [Arc<dyn Transport>; 1] = [counting.clone()];
+    let asked = || counting.asked.load(std::sync::atomic::Ordering::Relaxed);
+    let (view, uses) = (peer_view(), local_use());
+    let entries = [
+        write(0, REMOTE_A, 16),
+        write(0x100, REMOTE_B, 16),
+        write(0x200, REMOTE_A + 0x200, 16),
+    ];
+    for _ in 0..3 {
+        let groups = route(&transports, &view, &uses, &entries, PEER).unwrap();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].1.len(), 3);
+    }
+    assert_eq!(asked(), 2, "asked again for a pair it had answered");
+    route(&transports, &peer_view(), &uses, &entries, PEER).unwrap();
+    assert_eq!(asked(), 4, "a new view of the peer asks again");
+}
