@@ -756,10 +756,11 @@ fn a_signal_releases_a_stream_waiting_through_the_safe_api_on_one_gpu() {
     assert_bytes_eq(&landed, &bytes, "the data the signal announced");
 }
 
-/// Over nvlink the GPU publishes a batch's notification into the message ring right after the
-/// copies: the decode side holds it with every byte in place, and it keeps its place, so a
-/// notification sent once the submit returned arrives after it (the host would have sent it
-/// only after seeing the copies end, well after the second one).
+/// Over nvlink the GPU publishes the notification of a batch of at most
+/// `gpu_notification_max_bytes` into the message ring right after the copies: the decode side
+/// holds it with every byte in place, and it keeps its place, so a notification sent once the
+/// submit returned arrives after it. A larger batch leaves the ring free while it copies: its
+/// notification goes once the host saw the copies end, after the one sent meanwhile.
 #[test]
 fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
     gpus();
@@ -767,9 +768,6 @@ fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
     let decode = engine();
     let mut inbox = decode.notifications().unwrap();
     let target = decode.allocate_device(0, DATA).unwrap();
-    let prefill = engine();
-    let source = prefill.allocate_device(0, DATA).unwrap();
-    let peer = prefill.connect_blocking(decode.name()).unwrap();
     let next = |inbox: &mut ferry::Notifications| {
         let note = inbox
             .recv_timeout_blocking(Duration::from_secs(10))
@@ -777,33 +775,56 @@ fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
             .expect("a notification within 10 s");
         String::from_utf8(note.payload).unwrap()
     };
-    prefill
-        .batch(&peer)
-        .write(&source, 0, target.addr(), 4096)
-        .notify("warm")
-        .submit_blocking()
-        .unwrap();
-    assert_eq!(next(&mut inbox), "warm");
-    assert_eq!(peer.notifications_through(), Some("nvlink"));
     let mut landed = vec![0u8; DATA as usize];
-    for round in 0..3u8 {
-        let bytes = pattern(101 + u64::from(round), DATA as usize);
-        source.write_at(0, &bytes).unwrap();
-        let transfer = prefill
-            .batch(&peer)
-            .write(&source, 0, target.addr(), DATA)
-            .notify(format!("data {round}"))
-            .submit()
+    for (max_bytes, published_by_gpu) in [(DATA, true), (DATA - 1, false)] {
+        let prefill = Engine::builder()
+            .nvlink(ferry::NvlinkConfig {
+                gpu_notification_max_bytes: max_bytes,
+                ..Default::default()
+            })
+            .transfer_timeout(Duration::from_secs(20))
+            .build_blocking()
             .unwrap();
+        let source = prefill.allocate_device(0, DATA).unwrap();
+        let peer = prefill.connect_blocking(decode.name()).unwrap();
         prefill
-            .notify_blocking(&peer, format!("later {round}"))
+            .batch(&peer)
+            .write(&source, 0, target.addr(), 4096)
+            .notify("warm")
+            .submit_blocking()
             .unwrap();
-        assert_eq!(next(&mut inbox), format!("data {round}"));
-        target.read_at(0, &mut landed).unwrap();
-        assert_bytes_eq(&landed, &bytes, "the data its notification announced");
-        assert_eq!(next(&mut inbox), format!("later {round}"));
-        let done = transfer.wait().unwrap();
-        assert_eq!(done.transports, vec!["nvlink"]);
+        assert_eq!(next(&mut inbox), "warm");
+        assert_eq!(peer.notifications_through(), Some("nvlink"));
+        for round in 0..3u8 {
+            let bytes = pattern(101 + u64::from(round), DATA as usize);
+            source.write_at(0, &bytes).unwrap();
+            let transfer = prefill
+                .batch(&peer)
+                .write(&source, 0, target.addr(), DATA)
+                .notify(format!("data {round}"))
+                .submit()
+                .unwrap();
+            prefill
+                .notify_blocking(&peer, format!("later {round}"))
+                .unwrap();
+            let (data, later) = (format!("data {round}"), format!("later {round}"));
+            match published_by_gpu {
+                true => {
+                    assert_eq!(next(&mut inbox), data);
+                    target.read_at(0, &mut landed).unwrap();
+                    assert_bytes_eq(&landed, &bytes, "the data its notification announced");
+                    assert_eq!(next(&mut inbox), later);
+                }
+                false => {
+                    assert_eq!(next(&mut inbox), later, "a large batch held the ring");
+                    assert_eq!(next(&mut inbox), data);
+                    target.read_at(0, &mut landed).unwrap();
+                    assert_bytes_eq(&landed, &bytes, "the data its notification announced");
+                }
+            }
+            let done = transfer.wait().unwrap();
+            assert_eq!(done.transports, vec!["nvlink"]);
+        }
     }
 }
 

@@ -260,8 +260,9 @@ impl BlockCopy {
 
     /// Checks everything that can be checked before the peer's current buffers are consulted:
     /// lengths, layouts, ids against every pool, every pool against its region and the buffer
-    /// the caller named, and (for reads) that no local block is written twice.
-    pub(crate) fn validate(&self, copy: usize, direction: Direction) -> Result<(), RangeError> {
+    /// the caller named, and (for reads) that no local block is written twice. Returns the
+    /// highest remote block id (0 without ids), for [`BlockOps::remote_highest`].
+    pub(crate) fn validate(&self, copy: usize, direction: Direction) -> Result<u32, RangeError> {
         let fail = |problem: String| RangeError::Blocks { copy, problem };
         if self.len == 0 || self.pools.is_empty() || self.local_ids.is_empty() {
             return Err(fail(format!(
@@ -290,16 +291,9 @@ impl BlockCopy {
                 .min()
                 .unwrap_or(0)
         };
-        let ids_fit = all_below(&self.local_ids, fewest(Side::Local))
-            && all_below(&self.remote_ids, fewest(Side::Remote));
-        let highest = |ids: &[u32]| {
-            if ids_fit {
-                0
-            } else {
-                ids.iter().copied().max().unwrap_or(0)
-            }
-        };
         let (local_highest, remote_highest) = (highest(&self.local_ids), highest(&self.remote_ids));
+        let ids_fit = u64::from(local_highest) < fewest(Side::Local)
+            && u64::from(remote_highest) < fewest(Side::Remote);
         for (index, pool) in self.pools.iter().enumerate() {
             for (side, ids, highest) in [
                 (Side::Local, &self.local_ids, local_highest),
@@ -330,11 +324,6 @@ impl BlockCopy {
             }
         }
         if direction == Direction::Read {
-            let local_highest = if ids_fit {
-                self.local_ids.iter().copied().max().unwrap_or(0)
-            } else {
-                local_highest
-            };
             let mut seen = vec![false; local_highest as usize + 1];
             for (index, &id) in self.local_ids.iter().enumerate() {
                 if std::mem::replace(&mut seen[id as usize], true) {
@@ -344,7 +333,7 @@ impl BlockCopy {
                 }
             }
         }
-        Ok(())
+        Ok(remote_highest)
     }
 
     /// Resolves every pool against its region use (`uses`, in pool order) and the peer's
@@ -376,8 +365,14 @@ impl BlockCopy {
         Ok(resolved)
     }
 
-    /// The shape shared by every pool, for [`BlockOps`].
-    pub(crate) fn ops(&self, direction: Direction, pools: Vec<BlockPoolOp>) -> BlockOps {
+    /// The shape shared by every pool, for [`BlockOps`]; `remote_highest` is what
+    /// [`BlockCopy::validate`] returned.
+    pub(crate) fn ops(
+        &self,
+        direction: Direction,
+        pools: Vec<BlockPoolOp>,
+        remote_highest: u32,
+    ) -> BlockOps {
         BlockOps {
             direction,
             pools,
@@ -388,25 +383,15 @@ impl BlockCopy {
             remote_offset: self.remote.offset,
             local_ids: Arc::clone(&self.local_ids),
             remote_ids: Arc::clone(&self.remote_ids),
+            remote_highest,
             after: None,
         }
     }
 }
 
-/// Whether every id is below `limit`: a branch-free pass over chunks that the compiler turns
-/// into vector compares, leaving early only between chunks.
-fn all_below(ids: &[u32], limit: u64) -> bool {
-    let Ok(limit) = u32::try_from(limit) else {
-        // Every u32 is below a limit past u32::MAX.
-        return true;
-    };
-    let mut chunks = ids.chunks_exact(64);
-    for chunk in &mut chunks {
-        if chunk.iter().fold(false, |above, &id| above | (id >= limit)) {
-            return false;
-        }
-    }
-    chunks.remainder().iter().all(|&id| id < limit)
+/// The highest id, 0 without ids: one pass the compiler turns into vector compares.
+fn highest(ids: &[u32]) -> u32 {
+    ids.iter().copied().max().unwrap_or(0)
 }
 
 /// One checked pool of [`BlockOps`].
@@ -453,6 +438,9 @@ pub struct BlockOps {
     pub local_ids: Arc<[u32]>,
     /// Remote block of each pair.
     pub remote_ids: Arc<[u32]>,
+    /// The highest of `remote_ids` (0 without ids), found when the batch was checked: how far
+    /// into each remote pool the copy reaches.
+    pub remote_highest: u32,
     /// No byte may move before this event has fired ([`crate::Batch::after`]). A transport
     /// whose copies run on GPU streams makes them wait for it there; any other waits on the
     /// host first ([`BlockOps::wait_on_host`]).
@@ -542,7 +530,7 @@ fn table_index<T>(table: &mut Vec<Arc<T>>, item: &Arc<T>) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{all_below, BlockOps, BlockPoolOp};
+    use super::{highest, BlockOps, BlockPoolOp};
     use crate::descriptor::BufferDescriptor;
     use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
     use crate::transport::Direction;
@@ -593,6 +581,7 @@ mod tests {
             remote_offset: 0,
             local_ids: vec![0, 1].into(),
             remote_ids: vec![0, 1].into(),
+            remote_highest: 1,
             after: None,
         };
         let ops = blocks.into_ops();
@@ -610,17 +599,13 @@ mod tests {
     }
 
     #[test]
-    fn all_below_finds_an_id_at_the_limit_in_a_chunk_and_in_the_remainder() {
+    fn the_highest_id_is_found_in_a_chunk_and_in_the_remainder_and_is_zero_without_ids() {
         let mut ids = vec![3u32; 64 * 3 + 5];
-        assert!(all_below(&ids, 4));
-        assert!(!all_below(&ids, 3));
-        ids[64 + 17] = 4;
-        assert!(!all_below(&ids, 4));
-        assert!(all_below(&ids, 5));
-        ids[64 + 17] = 0;
+        assert_eq!(highest(&ids), 3);
+        ids[64 + 17] = 9;
+        assert_eq!(highest(&ids), 9);
         ids[64 * 3 + 4] = u32::MAX;
-        assert!(!all_below(&ids, 4));
-        assert!(all_below(&ids, u64::from(u32::MAX) + 1));
-        assert!(all_below(&[], 0));
+        assert_eq!(highest(&ids), u32::MAX);
+        assert_eq!(highest(&[]), 0);
     }
 }

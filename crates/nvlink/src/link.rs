@@ -373,7 +373,7 @@ impl NvlinkLink {
         let Some(kernels) = lane.kernels.as_ref() else {
             return Ok(None);
         };
-        let highest = blocks.remote_ids.iter().copied().max().unwrap_or(0);
+        let highest = blocks.remote_highest;
         let extent = bounds::block_extent(
             highest,
             blocks.remote_stride,
@@ -540,9 +540,14 @@ impl Link for NvlinkLink {
     }
 
     async fn transfer_notifying(&self, part: TransferPart, payload: &[u8]) -> Result<Notified> {
+        let bytes = match &part {
+            TransferPart::Ops(ops) => ops.iter().map(|op| op.len).sum(),
+            TransferPart::Blocks(blocks) => blocks.bytes(),
+        };
+        let payload = (bytes <= self.config.gpu_notification_max_bytes).then_some(payload);
         match part {
-            TransferPart::Ops(ops) => self.move_ops(ops, Some(payload)).await,
-            TransferPart::Blocks(blocks) => self.move_blocks(blocks, Some(payload)).await,
+            TransferPart::Ops(ops) => self.move_ops(ops, payload).await,
+            TransferPart::Blocks(blocks) => self.move_blocks(blocks, payload).await,
         }
     }
 

@@ -98,6 +98,11 @@ pub(crate) struct Options {
     /// shared-memory ring (the same-run baseline of `small-write`'s notification path).
     #[arg(long)]
     pub(crate) notify_over_tcp: bool,
+    /// Batches of at most this many bytes have the GPU publish their notification into the
+    /// shared-memory ring right after their copies; 0 leaves every notification to the host
+    /// (the same-run baseline of GPU-published notifications).
+    #[arg(long, default_value_t = NvlinkConfig::default().gpu_notification_max_bytes)]
+    pub(crate) gpu_notification_max_bytes: u64,
     /// Copy paths, comma-separated: auto, kernel, copy-engine, batched (one row each).
     #[arg(long, default_value = "auto", value_delimiter = ',')]
     pub(crate) paths: Vec<CopyPath>,
@@ -489,6 +494,7 @@ impl Side {
                 kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
                 kernel_max_sms: cap,
                 shared_memory_notifications: !options.notify_over_tcp,
+                gpu_notification_max_bytes: options.gpu_notification_max_bytes,
             });
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]

@@ -111,6 +111,8 @@ struct Blocks {
     direction: Direction,
     copy: BlockCopy,
     regions: Vec<u32>,
+    /// The highest remote block id, once [`BlockCopy::validate`] found it.
+    remote_highest: u32,
 }
 
 impl Batch {
@@ -168,6 +170,7 @@ impl Batch {
             direction,
             copy,
             regions,
+            remote_highest: 0,
         });
         self
     }
@@ -230,7 +233,7 @@ impl Batch {
     /// nothing in it or an oversized notification. Remote ranges are checked by the transfer.
     pub fn submit(self) -> Result<Transfer> {
         let empty = self.is_empty();
-        let state = *self.state;
+        let mut state = *self.state;
         if let Some(index) = state.foreign_region {
             return Err(RangeError::ForeignRegion { index }.into());
         }
@@ -248,8 +251,8 @@ impl Batch {
             }
         }
         check_ranges(&state.entries, &state.regions)?;
-        for (index, blocks) in state.blocks.iter().enumerate() {
-            blocks.copy.validate(index, blocks.direction)?;
+        for (index, blocks) in state.blocks.iter_mut().enumerate() {
+            blocks.remote_highest = blocks.copy.validate(index, blocks.direction)?;
         }
         if let Some((addr, _)) = state.signal {
             if addr % 4 != 0 {

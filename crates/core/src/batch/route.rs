@@ -195,7 +195,12 @@ fn route_blocks(
             }
         }
         for (transport, pools) in by_transport {
-            routed.push((transport, blocks.copy.ops(blocks.direction, pools)));
+            routed.push((
+                transport,
+                blocks
+                    .copy
+                    .ops(blocks.direction, pools, blocks.remote_highest),
+            ));
         }
     }
     Ok(routed)
