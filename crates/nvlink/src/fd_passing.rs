@@ -859,6 +859,22 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_left_for_the_gpu_and_dropped_unsettled_closes_the_ring() {
+        let (server, mut inbox) = server_with_inbox(None, 16);
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        let dropped = sender.write_unpublished(b"given up").unwrap();
+        let position = dropped.position();
+        drop(dropped);
+        let reason = sender.closed().expect("the ring stayed open");
+        assert!(reason.contains("dropped before its copies"), "{reason}");
+        sender.store_position(position);
+        let nothing = tokio::time::timeout(Duration::from_millis(200), inbox.recv()).await;
+        assert!(nothing.is_err(), "a closed ring delivered {nothing:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_ring_that_could_still_shrink_is_refused() {
         let (server, _inbox) = server_with_inbox(None, 4);
         let mut stream = connect(server.name(), None, OPEN_MESSAGES).await.unwrap();

@@ -232,7 +232,7 @@ impl MessageSender {
         fence(Ordering::SeqCst);
         Some(Unpublished {
             sender: self,
-            _turn: turn,
+            turn: Some(turn),
             start,
             position,
             verdict,
@@ -264,7 +264,8 @@ impl MessageSender {
 /// ([`MessageSender::write_unpublished`]).
 pub(crate) struct Unpublished<'a> {
     sender: &'a MessageSender,
-    _turn: tokio::sync::MutexGuard<'a, ()>,
+    /// The ring's turn, held until the record is settled: published, withdrawn or abandoned.
+    turn: Option<tokio::sync::MutexGuard<'a, ()>>,
     /// Where the record starts.
     start: u64,
     /// The published position that takes the record in.
@@ -284,42 +285,55 @@ impl Unpublished<'_> {
     ///
     /// # Errors
     /// As [`MessageSender::send`].
-    pub(crate) async fn published(self) -> Result<()> {
-        let Unpublished {
-            sender,
-            _turn,
-            position,
-            verdict,
-            ..
-        } = self;
-        {
+    pub(crate) async fn published(mut self) -> Result<()> {
+        let sender = self.sender;
+        let unseen = {
             let state = sender.state.lock();
-            if !state.writer.is_published(sender.memory.words()) && state.closed.is_none() {
-                // The device's store ran before its fence fired, so this finds the position
-                // there already; a ring whose word says otherwise is not trusted.
-                drop(state);
-                sender.fail(format!("the GPU's store of the ring position {position} is not visible after its fence"));
-            }
+            !state.writer.is_published(sender.memory.words()) && state.closed.is_none()
+        };
+        if unseen {
+            // The device's store ran before its fence fired, so this finds the position there
+            // already; a ring whose word says otherwise is not trusted.
+            sender.fail(format!(
+                "the GPU's store of the ring position {} is not visible after its fence",
+                self.position
+            ));
         }
         sender.wake_reader();
-        drop(_turn);
-        sender.outcome(verdict.await)
+        self.turn = None;
+        sender.outcome((&mut self.verdict).await)
     }
 
     /// Takes the record back: its store was never queued, so no device will publish it.
-    pub(crate) fn withdraw(self) {
+    pub(crate) fn withdraw(mut self) {
         let mut state = self.sender.state.lock();
         state.writer.rewind(self.start);
         state.waiting.pop_back();
+        drop(state);
+        self.turn = None;
     }
 
     /// The store may or may not have run (the copies before it failed): the ring can no
     /// longer be trusted to carry only what was meant, so it closes and the reader delivers
     /// nothing more from it.
-    pub(crate) fn abandon(self, reason: &str) {
+    pub(crate) fn abandon(mut self, reason: &str) {
         self.sender.fail(format!(
             "a notification the GPU was to publish after copies that failed ({reason})"
         ));
+        self.turn = None;
+    }
+}
+
+impl Drop for Unpublished<'_> {
+    fn drop(&mut self) {
+        if self.turn.is_some() {
+            // Dropped unsettled (its transfer was given up): whether a store will still
+            // publish it is unknown, so the ring is not trusted further.
+            self.sender.fail(
+                "a notification left for the GPU to publish was dropped before its copies were seen to end"
+                    .into(),
+            );
+        }
     }
 }
 
