@@ -57,6 +57,12 @@ pub const BATCHED_FROM: u64 = 2 << 20;
 /// 0.769 against 0.867 at 4 MiB.
 pub const ENGINE_FROM: u64 = 16 << 20;
 
+/// Under [`CopyPath::Auto`], a transfer that is one copy of at most this many bytes goes to
+/// the copy engines as one `cuMemcpyAsync`: the kernel earns its launch over many copies, and
+/// for one short copy it only adds its argument buffer. Measured on one H200, a 4 KiB write
+/// with its notification: see `docs/copy-paths.md`.
+pub(crate) const SINGLE_TO_ENGINES_UP_TO: u64 = 64 << 10;
+
 /// Where the copy engines take over from the kernel under [`CopyPath::Auto`].
 pub fn engines_from(batched: bool) -> u64 {
     match batched {
@@ -160,6 +166,14 @@ pub(crate) fn launches(
     chunk: u64,
 ) -> Vec<Launch> {
     let streams = streams.max(1);
+    if let ([only], CopyPath::Auto) = (copies, path) {
+        if only.len <= SINGLE_TO_ENGINES_UP_TO {
+            return vec![Launch::Single {
+                stream: 0,
+                copy: *only,
+            }];
+        }
+    }
     let route = route(copies, path, batched);
     let mut launches = Vec::new();
     if !route.kernel.is_empty() {
@@ -435,6 +449,33 @@ mod tests {
             [0, 0]
         );
         assert!(launches(&[], CopyPath::Auto, true, 4, 1 << 20).is_empty());
+    }
+
+    #[test]
+    fn one_short_copy_alone_takes_one_copy_engine_call_under_auto_only() {
+        for batched in [false, true] {
+            let short = copy(SINGLE_TO_ENGINES_UP_TO, true);
+            assert_eq!(
+                launches(&[short], CopyPath::Auto, batched, 4, 1 << 20),
+                [Launch::Single {
+                    stream: 0,
+                    copy: short
+                }]
+            );
+            let longer = copy(SINGLE_TO_ENGINES_UP_TO + 1, true);
+            assert!(matches!(
+                launches(&[longer], CopyPath::Auto, batched, 4, 1 << 20)[..],
+                [Launch::Kernel(_)]
+            ));
+            assert!(matches!(
+                launches(&[short], CopyPath::Kernel, batched, 4, 1 << 20)[..],
+                [Launch::Kernel(_)]
+            ));
+            assert!(matches!(
+                launches(&[short, short], CopyPath::Auto, batched, 4, 1 << 20)[..],
+                [Launch::Kernel(_)]
+            ));
+        }
     }
 
     #[test]
