@@ -44,13 +44,16 @@ enum MessagePath {
 }
 
 /// A descriptor with its buffers sorted by address, for quick lookups.
+/// Pairs of a local region and a remote buffer one view remembers the transport of, at most.
+const MAX_ROUTES: usize = 4096;
+
 pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
     /// The descriptor's buffers by address, shared with the ops that name them by index.
     sorted: Arc<[Arc<BufferDescriptor>]>,
     /// The transport chosen for each pair of a local region (its registration's sequence)
-    /// and a remote buffer (its address) so far ([`PeerView::route`]).
-    routes: Mutex<HashMap<(u64, u64), usize>>,
+    /// and a remote buffer (where this view holds it) so far ([`PeerView::route`]).
+    routes: Mutex<HashMap<(u64, usize), usize>>,
 }
 
 impl PeerView {
@@ -88,15 +91,22 @@ impl PeerView {
     pub(crate) fn route(
         &self,
         local: &RegionEntry,
-        remote: &BufferDescriptor,
+        remote: &Arc<BufferDescriptor>,
         choose: impl FnOnce() -> Result<usize>,
     ) -> Result<usize> {
-        let key = (local.sequence, remote.addr);
+        // Every remote buffer of a batch is one of this view's, so its place is its identity.
+        let key = (local.sequence, Arc::as_ptr(remote) as usize);
         if let Some(&transport) = self.routes.lock().get(&key) {
             return Ok(transport);
         }
         let transport = choose()?;
-        self.routes.lock().insert(key, transport);
+        let mut routes = self.routes.lock();
+        // Regions registered and dropped per request would grow the map for as long as the
+        // view lasts: past a bound it starts over, and the transports are asked again.
+        if routes.len() >= MAX_ROUTES {
+            routes.clear();
+        }
+        routes.insert(key, transport);
         Ok(transport)
     }
 

@@ -291,3 +291,26 @@ fn transports_are_asked_once_per_region_and_buffer_for_as_long_as_the_view_lasts
     route(&transports, &peer_view(), &uses, &entries, PEER).unwrap();
     assert_eq!(asked(), 4, "a new view of the peer asks again");
 }
+
+#[test]
+fn a_view_remembers_a_bounded_number_of_routes() {
+    let view = peer_view();
+    let remote = Arc::clone(&view.buffers()[0]);
+    let asked = std::cell::Cell::new(0);
+    let route = |sequence: u64| {
+        let local = RegionEntry::new(host(LOCAL), sequence, 1, Vec::new(), Vec::new(), None);
+        view.route(&local, &remote, || {
+            asked.set(asked.get() + 1);
+            Ok(0)
+        })
+        .unwrap();
+    };
+    for sequence in 0..4096 {
+        route(sequence);
+    }
+    route(0);
+    assert_eq!(asked.get(), 4096, "a remembered route was asked again");
+    route(4096);
+    route(0);
+    assert_eq!(asked.get(), 4098, "past the bound the view started over");
+}
