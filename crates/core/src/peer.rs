@@ -43,10 +43,10 @@ enum MessagePath {
     Control(&'static str),
 }
 
-/// A descriptor with its buffers sorted by address, for quick lookups.
 /// Pairs of a local region and a remote buffer one view remembers the transport of, at most.
 const MAX_ROUTES: usize = 4096;
 
+/// A descriptor with its buffers sorted by address, for quick lookups.
 pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
     /// The descriptor's buffers by address, shared with the ops that name them by index.

@@ -125,7 +125,7 @@ async fn run(
     engine: &EngineInner,
     peer: &Peer,
     mut work: Work,
-    notification: Option<Vec<u8>>,
+    mut notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
     let available = engine.transports.as_slice();
@@ -162,7 +162,6 @@ async fn run(
     drop(work);
     // A batch that goes whole through the link that carries the peer's notifications hands
     // that link its notification, which it may release right after the copies.
-    let mut notification = notification;
     let only = match (groups.as_slice(), block_groups.as_slice()) {
         ([(transport, _)], []) | ([], [(transport, _)]) => Some(*transport),
         _ => None,
