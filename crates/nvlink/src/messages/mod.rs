@@ -6,7 +6,8 @@
 //! does for VMM memory. The receiver reads the ring on a thread of its own that polls while
 //! messages come and then sleeps on a futex word in the ring, which the sender wakes; the
 //! verdict on each message (taken into the inbox, or refused because the inbox is full)
-//! goes back over the socket. Where the socket cannot be reached (the two processes are in
+//! goes back over the socket, a delivery's after the hand-over, with the ring recording
+//! deliveries before it so that the sender learns of one even if the socket ends first. Where the socket cannot be reached (the two processes are in
 //! different network namespaces), notifications keep going over TCP.
 
 mod receiver;

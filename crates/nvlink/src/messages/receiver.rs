@@ -64,18 +64,20 @@ impl Incoming {
             {
                 Some(_) if is_closed(words) => return Ok("the sender closed the ring"),
                 Some(payload) => {
-                    // The sender hears the verdict before the notification is handed over, as
-                    // over TCP: a receiver that acts on it at once (and exits, say) must not
-                    // cut the sender off before its answer left.
-                    let (verdict, reserved) = match self.inbox.reserve(&self.from, payload) {
-                        Ok(reserved) => (Verdict::Delivered, Some(reserved)),
-                        Err(reason) => (Verdict::Refused(reason), None),
+                    // A delivery is recorded in the ring before the hand-over and answered
+                    // over the socket after it, so the send (a few microseconds) is not on
+                    // the notification's way: a receiver that acts on it at once and exits
+                    // before the answer left still leaves the sender its record's fate.
+                    let verdict = match self.inbox.reserve(&self.from, payload) {
+                        Ok(reserved) => {
+                            reader.delivering(words);
+                            reserved.deliver();
+                            Verdict::Delivered
+                        }
+                        Err(reason) => Verdict::Refused(reason),
                     };
                     self.answer(&verdict.encode())
                         .map_err(|error| format!("answering the sender failed: {error}"))?;
-                    if let Some(reserved) = reserved {
-                        reserved.deliver();
-                    }
                     last = Instant::now();
                 }
                 None if last.elapsed() < SPIN => std::hint::spin_loop(),

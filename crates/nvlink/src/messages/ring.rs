@@ -6,6 +6,10 @@
 //! Layout, in 8-byte words:
 //! - word 0: bytes the writer has published (only the writer stores it);
 //! - word 8: bytes the reader has taken (only the reader stores it);
+//! - word 9: bytes of records the reader has handed to its engine's inbox, stored before it
+//!   hands each over (only the reader stores it): the verdict on a delivered record goes
+//!   over the socket after the hand-over, and a sender whose socket ends before that verdict
+//!   came reads its record's fate here;
 //! - word 16: the reader's futex word ([`AWAKE`] or [`SLEEPING`]), reached as a 32-bit atomic;
 //! - word 24: nonzero once the writer has closed the ring (only the writer stores it): the
 //!   reader then delivers nothing more from it;
@@ -16,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const PUBLISHED: usize = 0;
 const TAKEN: usize = 8;
+const DELIVERED: usize = 9;
 /// Byte offset of the reader's futex word.
 pub(crate) const STATE_OFFSET: usize = 16 * 8;
 /// Index of the first data word.
@@ -44,6 +49,12 @@ fn record_bytes(len: u64) -> u64 {
 
 fn data_words(words: &[AtomicU64]) -> &[AtomicU64] {
     words.get(DATA..).unwrap_or(&[])
+}
+
+/// Bytes of records the reader has handed over ([`Reader::delivering`]): a record that ends
+/// at or before it was delivered.
+pub(crate) fn delivered_through(words: &[AtomicU64]) -> u64 {
+    words[DELIVERED].load(Ordering::Acquire)
 }
 
 /// Whether the writer has closed the ring ([`Writer::close`]).
@@ -186,6 +197,11 @@ impl Reader {
         self.taken = self.taken.wrapping_add(record_bytes(len as u64));
         words[TAKEN].store(self.taken, Ordering::Release);
         Ok(Some(payload))
+    }
+
+    /// Records that every record taken so far is being handed over, before the last one is.
+    pub(crate) fn delivering(&self, words: &[AtomicU64]) {
+        words[DELIVERED].store(self.taken, Ordering::Release);
     }
 
     /// Whether the writer has published a record not yet taken.

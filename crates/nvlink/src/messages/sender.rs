@@ -1,8 +1,9 @@
 //! The sending end of a message ring: writes each notification into the shared ring, wakes
 //! the reader if it sleeps, and resolves once the reader's verdict comes back over the
-//! socket the ring was handed over on.
+//! socket the ring was handed over on, or, where the socket ends first, once the ring says
+//! the reader delivered it.
 
-use super::ring::{Pushed, Writer, AWAKE, SLEEPING, STATE_OFFSET};
+use super::ring::{delivered_through, Pushed, Writer, AWAKE, SLEEPING, STATE_OFFSET};
 use super::shared::{futex_wake, SharedMemory};
 use super::Verdict;
 use ferry_core::cuda::Context;
@@ -16,7 +17,7 @@ use tokio::sync::{oneshot, Notify};
 
 /// Notifications to one peer engine through shared memory.
 pub(crate) struct MessageSender {
-    memory: SharedMemory,
+    memory: Arc<SharedMemory>,
     state: Arc<Mutex<SenderState>>,
     /// Signalled at each verdict, since each frees room in the ring.
     room: Arc<Notify>,
@@ -33,7 +34,7 @@ pub(crate) struct MessageSender {
 struct SenderState {
     writer: Writer,
     /// Who waits for each record's verdict, in the order the records were written.
-    waiting: VecDeque<oneshot::Sender<Verdict>>,
+    waiting: VecDeque<Waiting>,
     /// Why the ring stopped carrying messages, once it did.
     closed: Option<String>,
 }
@@ -55,7 +56,13 @@ impl MessageSender {
             closed: None,
         }));
         let room = Arc::new(Notify::new());
-        let verdicts = tokio::spawn(read_verdicts(socket, Arc::clone(&state), Arc::clone(&room)));
+        let memory = Arc::new(memory);
+        let verdicts = tokio::spawn(read_verdicts(
+            socket,
+            Arc::clone(&memory),
+            Arc::clone(&state),
+            Arc::clone(&room),
+        ));
         MessageSender {
             memory,
             state,
@@ -127,7 +134,8 @@ impl MessageSender {
                 match state.writer.push(self.memory.words(), payload) {
                     Ok(Pushed::Published) => {
                         let (sender, verdict) = oneshot::channel();
-                        state.waiting.push_back(sender);
+                        let end = state.writer.position();
+                        state.waiting.push_back(Waiting { end, sender });
                         self.wake_reader();
                         break verdict;
                     }
@@ -225,8 +233,11 @@ impl MessageSender {
             }
         }
         let (sender, verdict) = oneshot::channel();
-        state.waiting.push_back(sender);
         let position = state.writer.position();
+        state.waiting.push_back(Waiting {
+            end: position,
+            sender,
+        });
         drop(state);
         // The record's words must be visible before the device's store of the position is.
         fence(Ordering::SeqCst);
@@ -346,7 +357,12 @@ impl Drop for MessageSender {
 
 /// Reads verdicts until the socket closes, hands each to the oldest waiting send, and then
 /// fails every send still waiting.
-async fn read_verdicts(mut socket: UnixStream, state: Arc<Mutex<SenderState>>, room: Arc<Notify>) {
+async fn read_verdicts(
+    mut socket: UnixStream,
+    memory: Arc<SharedMemory>,
+    state: Arc<Mutex<SenderState>>,
+    room: Arc<Notify>,
+) {
     let reason = loop {
         let verdict = match Verdict::read(&mut socket).await {
             Ok(verdict) => verdict,
@@ -358,14 +374,96 @@ async fn read_verdicts(mut socket: UnixStream, state: Arc<Mutex<SenderState>>, r
         let waiting = state.lock().waiting.pop_front();
         match waiting {
             // A send that was dropped no longer listens; its record was still taken.
-            Some(waiting) => drop(waiting.send(verdict)),
+            Some(waiting) => drop(waiting.sender.send(verdict)),
             None => break "the peer answered a notification that was never sent".to_owned(),
         }
         room.notify_waiters();
     };
     let mut state = state.lock();
     state.closed.get_or_insert(reason);
-    state.waiting.clear();
+    // The reader records a delivery before the hand-over and answers after it: a reader that
+    // went away in between (its process acted on the notification and exited) delivered
+    // every record up to where the ring says.
+    let delivered = delivered_through(memory.words());
+    for waiting in state.waiting.drain(..) {
+        if waiting.end <= delivered {
+            drop(waiting.sender.send(Verdict::Delivered));
+        }
+    }
     drop(state);
     room.notify_waiters();
+}
+
+/// A send waiting for its verdict.
+struct Waiting {
+    /// The ring position at the end of its record.
+    end: u64,
+    sender: oneshot::Sender<Verdict>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::Reader;
+    use super::super::{create_ring, map_ring};
+    use super::*;
+    use std::time::Duration;
+
+    /// A sender and, standing in for the peer's reader, its own mapping of the ring and its
+    /// end of the socket.
+    fn pair() -> (MessageSender, SharedMemory, std::os::unix::net::UnixStream) {
+        let (memory, fd) = create_ring().unwrap();
+        let seen = map_ring(&fd).unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let sender =
+            MessageSender::new(memory, UnixStream::from_std(ours).unwrap(), "decode".into());
+        (sender, seen, theirs)
+    }
+
+    /// Takes the next record as the reader does, polling for at most 5 s.
+    async fn take(reader: &mut Reader, memory: &SharedMemory) -> Vec<u8> {
+        for _ in 0..5000 {
+            if let Some(payload) = reader.pop(memory.words(), 1 << 16).unwrap() {
+                return payload;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("no record within 5 s");
+    }
+
+    #[tokio::test]
+    async fn a_reader_gone_after_delivering_but_before_answering_still_counts_as_delivered() {
+        let (sender, memory, socket) = pair();
+        let mut reader = Reader::default();
+        let (sent, ()) = tokio::join!(sender.send(b"first"), async {
+            assert_eq!(take(&mut reader, &memory).await, b"first");
+            reader.delivering(memory.words());
+            drop(socket);
+        });
+        sent.unwrap();
+        assert!(sender.closed().is_some(), "the ring outlived its reader");
+    }
+
+    #[tokio::test]
+    async fn a_reader_gone_after_taking_but_before_delivering_leaves_the_send_failed() {
+        let (sender, memory, mut socket) = pair();
+        let mut reader = Reader::default();
+        let (sent, ()) = tokio::join!(
+            async {
+                sender.send(b"first").await?;
+                sender.send(b"second").await
+            },
+            async {
+                assert_eq!(take(&mut reader, &memory).await, b"first");
+                reader.delivering(memory.words());
+                std::io::Write::write_all(&mut socket, &Verdict::Delivered.encode()).unwrap();
+                assert_eq!(take(&mut reader, &memory).await, b"second");
+                drop(socket);
+            }
+        );
+        assert!(
+            matches!(&sent, Err(Error::PeerGone { .. })),
+            "a record taken but never delivered was reported as {sent:?}"
+        );
+    }
 }
