@@ -828,6 +828,79 @@ fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
     }
 }
 
+/// A block copy with a long id list, which the nvlink transport writes and launches in parts
+/// (the GPU starts on the first part while the host writes the rest), lands every block in
+/// its slot and nothing anywhere else, written out and read back, over two pools.
+#[test]
+fn a_long_id_list_launched_in_parts_lands_every_block_in_its_slot() {
+    gpus();
+    const BLOCK: u64 = 64;
+    const POOL_BLOCKS: u32 = 1 << 16;
+    const IDS: u32 = 40_001;
+    const POOL: u64 = BLOCK * POOL_BLOCKS as u64;
+    const AREA: u64 = 2 * POOL;
+    let (decode, prefill) = (engine(), engine());
+    let pool = decode.allocate_device(0, AREA).unwrap();
+    pool.write_at(0, &vec![0u8; AREA as usize]).unwrap();
+    let source = prefill.allocate_device(0, AREA).unwrap();
+    let back = prefill.allocate_device(0, AREA).unwrap();
+    back.write_at(0, &vec![0u8; AREA as usize]).unwrap();
+    let bytes = pattern(97, AREA as usize);
+    source.write_at(0, &bytes).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let remote = peer.buffer_at(pool.addr()).unwrap();
+    let at = pool.addr() - remote.addr;
+    // Distinct and scattered on both sides: odd strides through a power-of-two pool.
+    let local_ids: Vec<u32> = (0..IDS).map(|i| (i * 40_503 + 7) % POOL_BLOCKS).collect();
+    let remote_ids: Vec<u32> = (0..IDS).map(|i| (i * 25_013 + 3) % POOL_BLOCKS).collect();
+    let copy = |region: &ferry::Region| {
+        let layout = ferry::BlockLayout::packed(POOL, BLOCK);
+        let mut copy =
+            ferry::BlockCopy::new(BLOCK, layout, layout, local_ids.clone(), remote_ids.clone());
+        for index in 0..2 {
+            copy = copy.pool_at(region, index * POOL, &remote, at + index * POOL);
+        }
+        copy
+    };
+    let done = prefill
+        .batch(&peer)
+        .write_blocks(copy(&source))
+        .submit_blocking()
+        .unwrap();
+    assert_eq!(done.transports, vec!["nvlink"]);
+    assert_eq!(done.bytes, 2 * BLOCK * u64::from(IDS));
+    let mut expected = vec![0u8; AREA as usize];
+    for index in 0..2u64 {
+        for (&from, &to) in local_ids.iter().zip(&remote_ids) {
+            let from = (index * POOL + u64::from(from) * BLOCK) as usize;
+            let to = (index * POOL + u64::from(to) * BLOCK) as usize;
+            expected[to..to + BLOCK as usize].copy_from_slice(&bytes[from..from + BLOCK as usize]);
+        }
+    }
+    let mut landed = vec![0u8; AREA as usize];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(
+        &landed,
+        &expected,
+        "the peer's pools after the parted write",
+    );
+    prefill
+        .batch(&peer)
+        .read_blocks(copy(&back))
+        .submit_blocking()
+        .unwrap();
+    let mut read = vec![0u8; AREA as usize];
+    back.read_at(0, &mut read).unwrap();
+    let mut returned = vec![0u8; AREA as usize];
+    for index in 0..2u64 {
+        for &id in &local_ids {
+            let at = (index * POOL + u64::from(id) * BLOCK) as usize;
+            returned[at..at + BLOCK as usize].copy_from_slice(&bytes[at..at + BLOCK as usize]);
+        }
+    }
+    assert_bytes_eq(&read, &returned, "the blocks read back in parts");
+}
+
 /// A block copy told to start after an event holds every byte back until the event fires and
 /// then moves them all: over nvlink the copy waits on the GPU, over TCP (GPU memory staged
 /// through the host) the engine waits on the host. The event stands for prefill's "layer N

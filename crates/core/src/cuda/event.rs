@@ -2,13 +2,17 @@ use super::context::Context;
 use super::error::CudaError;
 use super::stream::Stream;
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUevent_flags, CUresult, CUstream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A CUDA event without timing, recorded after work to learn when it finished.
+/// A CUDA event without timing, recorded once after work to learn when it finished.
 #[derive(Debug)]
 pub struct Event {
     raw: CUevent,
     context: Arc<Context>,
+    /// Set once a query saw the work finished: an event recorded once stays finished, so
+    /// later queries (the argument pool's, after the poller's) skip the driver.
+    finished: AtomicBool,
 }
 
 // SAFETY: an event handle may be queried and destroyed from any thread with its context
@@ -81,6 +85,7 @@ impl Event {
         let event = Event {
             raw,
             context: Arc::clone(context),
+            finished: AtomicBool::new(false),
         };
         // SAFETY: the event is valid in the current context, and the caller vouches for the
         // stream.
@@ -98,10 +103,16 @@ impl Event {
     /// `Ok(true)` once the work before the event finished, `Ok(false)` while it runs, and the
     /// error when the work failed: never reads a failure as "not yet".
     pub fn query(&self) -> Result<bool, CudaError> {
+        if self.finished.load(Ordering::Acquire) {
+            return Ok(true);
+        }
         self.context.bind()?;
         // SAFETY: the event is valid.
         match unsafe { sys::cuEventQuery(self.raw) } {
-            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_SUCCESS => {
+                self.finished.store(true, Ordering::Release);
+                Ok(true)
+            }
             CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => CudaError::check("cuEventQuery", other).map(|()| true),
         }
