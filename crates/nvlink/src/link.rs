@@ -360,8 +360,7 @@ impl NvlinkLink {
         let Location::Device { ordinal, .. } = first.region.info().location else {
             return Err(self.refused("a local range is not GPU memory"));
         };
-        // The kernel takes the pool and id counts as 32-bit arguments.
-        let (Ok(pools), Ok(_)) = (
+        let (Ok(pools), Ok(ids)) = (
             u32::try_from(blocks.pools.len()),
             u32::try_from(blocks.local_ids.len()),
         ) else {
@@ -371,9 +370,9 @@ impl NvlinkLink {
             return Ok(None);
         }
         let lane = self.lane(ordinal)?;
-        if lane.kernels.is_none() {
+        let Some(kernels) = lane.kernels.as_ref() else {
             return Ok(None);
-        }
+        };
         let highest = blocks.remote_highest;
         let extent = bounds::block_extent(
             highest,
@@ -419,6 +418,7 @@ impl NvlinkLink {
             Direction::Read => (remote, local),
         };
         let chunk = self.config.kernel_chunk_bytes.max(1);
+        let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
         // Every block's ends agree modulo 16 when every base, stride and offset is a multiple
         // of 16; otherwise some may not.
         let shifted = [&src, &dst].iter().any(|side| {
@@ -428,7 +428,9 @@ impl NvlinkLink {
         });
         let paged = Paged {
             layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
+            grid: kernels.grid(items, &self.config, shifted),
             pools,
+            ids,
             src,
             dst,
             len: blocks.len,

@@ -1,8 +1,6 @@
 //! Which copy path each copy of a transfer takes, and the entry list the copy kernel reads.
 //! Pure functions of the copies, so the choice is tested without a GPU.
 
-use std::ops::Range;
-
 /// How the nvlink transport moves a transfer's copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyPath {
@@ -247,58 +245,30 @@ impl PagedArgs {
         self.end as usize
     }
 
-    /// Writes the two arrays of pool bases into `out`, which holds at least
-    /// [`PagedArgs::bytes`] bytes.
-    pub(crate) fn write_bases(&self, out: &mut [u8], src_bases: &[u64], dst_bases: &[u64]) {
-        put(out, self.src_bases, src_bases, u64::to_le_bytes);
-        put(out, self.dst_bases, dst_bases, u64::to_le_bytes);
-    }
-
-    /// Writes the ids at the indexes `part` of both id lists into their places in `out`.
-    pub(crate) fn write_ids(
+    /// Writes the four arrays into `out`, which holds at least [`PagedArgs::bytes`] bytes.
+    pub(crate) fn write(
         &self,
         out: &mut [u8],
-        part: Range<usize>,
+        src_bases: &[u64],
+        dst_bases: &[u64],
         src_ids: &[u32],
         dst_ids: &[u32],
     ) {
-        let at = 4 * part.start as u64;
-        put(
-            out,
-            self.src_ids + at,
-            &src_ids[part.clone()],
-            u32::to_le_bytes,
-        );
-        put(out, self.dst_ids + at, &dst_ids[part], u32::to_le_bytes);
+        fn put<const N: usize, T: std::marker::Copy>(
+            out: &mut [u8],
+            at: u64,
+            values: &[T],
+            bytes: fn(T) -> [u8; N],
+        ) {
+            for (slot, &value) in out[at as usize..].chunks_exact_mut(N).zip(values) {
+                slot.copy_from_slice(&bytes(value));
+            }
+        }
+        put(out, self.src_bases, src_bases, u64::to_le_bytes);
+        put(out, self.dst_bases, dst_bases, u64::to_le_bytes);
+        put(out, self.src_ids, src_ids, u32::to_le_bytes);
+        put(out, self.dst_ids, dst_ids, u32::to_le_bytes);
     }
-}
-
-/// Writes `values` into `out` from byte `at` on, each as `bytes` encodes it.
-fn put<const N: usize, T: std::marker::Copy>(
-    out: &mut [u8],
-    at: u64,
-    values: &[T],
-    bytes: fn(T) -> [u8; N],
-) {
-    for (slot, &value) in out[at as usize..].chunks_exact_mut(N).zip(values) {
-        slot.copy_from_slice(&bytes(value));
-    }
-}
-
-/// Id lists of at least this many ids are written and launched in parts ([`id_parts`]).
-pub(crate) const PARTED_FROM: usize = 16_384;
-
-/// The parts in which `ids` block ids are written into a kernel's arguments and launched,
-/// each launched once its ids are written: an eighth, a quarter, then the rest, so the GPU
-/// starts on the first eighth while the host writes the others. Writing the ids of a
-/// 40,960-block copy took 14-19 us on an H200 host, longer than a quarter of the copy of
-/// 4 KiB blocks takes the GPU. Shorter lists go whole.
-pub(crate) fn id_parts(ids: usize) -> Vec<Range<usize>> {
-    if ids < PARTED_FROM {
-        return std::iter::once(0..ids).collect();
-    }
-    let (first, second) = (ids / 8, ids / 8 + ids / 4);
-    vec![0..first, first..second, second..ids]
 }
 
 #[cfg(test)]
@@ -399,34 +369,11 @@ mod tests {
     }
 
     #[test]
-    fn a_long_id_list_goes_in_three_parts_that_cover_it_once_and_a_short_one_whole() {
-        for short in [0, 1, PARTED_FROM - 1] {
-            let parts = id_parts(short);
-            assert_eq!(parts.len(), 1);
-            assert_eq!(parts[0], 0..short);
-        }
-        assert_eq!(
-            id_parts(40_960),
-            vec![0..5120, 5120..15_360, 15_360..40_960]
-        );
-        for ids in [PARTED_FROM, PARTED_FROM + 7, 250_001] {
-            let parts = id_parts(ids);
-            assert_eq!(parts.len(), 3);
-            assert!(parts.iter().all(|part| !part.is_empty()));
-            assert_eq!(parts[0].start, 0);
-            assert!(parts.windows(2).all(|pair| pair[0].end == pair[1].start));
-            assert_eq!(parts[2].end, ids);
-        }
-    }
-
-    #[test]
     fn paged_arguments_sit_back_to_back_in_kernel_order() {
         let layout = PagedArgs::new(2, 3);
         assert_eq!(layout.bytes(), 2 * 16 + 3 * 8);
         let mut out = vec![0u8; layout.bytes()];
-        layout.write_bases(&mut out, &[10, 11], &[20, 21]);
-        layout.write_ids(&mut out, 1..3, &[1, 2, 3], &[4, 5, 6]);
-        layout.write_ids(&mut out, 0..1, &[1, 2, 3], &[4, 5, 6]);
+        layout.write(&mut out, &[10, 11], &[20, 21], &[1, 2, 3], &[4, 5, 6]);
         assert_eq!(&out[0..8], &10u64.to_le_bytes());
         assert_eq!(&out[8..16], &11u64.to_le_bytes());
         assert_eq!(&out[16..24], &20u64.to_le_bytes());

@@ -26,39 +26,15 @@ impl NvlinkLink {
         arg_bytes: usize,
         fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
     ) -> Result<Arc<Event>> {
-        self.launch_kernels(lane, stream, kernel, arg_bytes, |args, base, launch| {
-            let launch_args = fill(args, base);
-            launch(grid, &launch_args)
-        })
-    }
-
-    /// Takes a pinned argument buffer of `arg_bytes` for `launches`, which fills it and
-    /// launches `kernel` on `stream` (as many times as it likes, through the function it is
-    /// handed, with a grid and arguments each), and fences the buffer after the last launch.
-    fn launch_kernels(
-        &self,
-        lane: &GpuLane,
-        stream: usize,
-        kernel: &Kernel,
-        arg_bytes: usize,
-        launches: impl FnOnce(
-            &mut [u8],
-            u64,
-            &mut dyn FnMut(u32, &[KernelArg]) -> Result<()>,
-        ) -> Result<()>,
-    ) -> Result<Arc<Event>> {
         let mut args = lane.args.take(arg_bytes)?;
         let base = args.addr();
+        let launch_args = fill(args.as_mut_slice(), base);
         let stream = &lane.streams[stream];
-        let mut launch = |grid: u32, launch_args: &[KernelArg]| {
-            // SAFETY: this module's launches match the arguments to the kernel and checked
-            // every range they name (the transfer keeps the local registrations and the peer
-            // mappings until every stream it gave work has finished); the pinned argument
-            // buffer goes back to the pool only with a fence recorded after the last launch,
-            // so nothing overwrites it meanwhile.
-            unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, launch_args) }
-        };
-        let launched = launches(args.as_mut_slice(), base, &mut launch);
+        // SAFETY: the caller matched the arguments to the kernel and checked every range they
+        // name (the transfer keeps the local registrations and the peer mappings until every
+        // stream it gave work has finished); the pinned argument buffer goes back to the pool
+        // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
+        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
         let fence = match Event::record(stream) {
             Ok(fence) => Arc::new(fence),
             Err(error) => {
@@ -134,41 +110,28 @@ impl NvlinkLink {
                     true => &kernels.paged_shifted,
                     false => &kernels.paged,
                 };
-                let pieces = paged.len.div_ceil(paged.chunk);
-                self.launch_kernels(
+                self.launch_kernel(
                     lane,
                     paged.stream,
                     kernel,
+                    paged.grid,
                     layout.bytes(),
-                    |args, base, launch| {
-                        layout.write_bases(args, &src.bases, &dst.bases);
-                        // A long id list goes in parts, each launched as soon as its ids are
-                        // written, so the GPU copies the first blocks while the host writes
-                        // the rest.
-                        for part in plan::id_parts(src.ids.len()) {
-                            layout.write_ids(args, part.clone(), &src.ids, &dst.ids);
-                            let ids = part.len() as u32;
-                            let items = u64::from(paged.pools) * u64::from(ids) * pieces;
-                            let at = 4 * part.start as u64;
-                            launch(
-                                kernels.grid(items, &self.config, paged.shifted),
-                                &[
-                                    KernelArg::U64(base + layout.src_bases),
-                                    KernelArg::U64(base + layout.dst_bases),
-                                    KernelArg::U32(paged.pools),
-                                    KernelArg::U64(base + layout.src_ids + at),
-                                    KernelArg::U64(base + layout.dst_ids + at),
-                                    KernelArg::U32(ids),
-                                    KernelArg::U64(src.stride),
-                                    KernelArg::U64(dst.stride),
-                                    KernelArg::U64(src.offset),
-                                    KernelArg::U64(dst.offset),
-                                    KernelArg::U64(paged.len),
-                                    KernelArg::U64(paged.chunk),
-                                ],
-                            )?;
-                        }
-                        Ok(())
+                    |args, base| {
+                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                        vec![
+                            KernelArg::U64(base + layout.src_bases),
+                            KernelArg::U64(base + layout.dst_bases),
+                            KernelArg::U32(paged.pools),
+                            KernelArg::U64(base + layout.src_ids),
+                            KernelArg::U64(base + layout.dst_ids),
+                            KernelArg::U32(paged.ids),
+                            KernelArg::U64(src.stride),
+                            KernelArg::U64(dst.stride),
+                            KernelArg::U64(src.offset),
+                            KernelArg::U64(dst.offset),
+                            KernelArg::U64(paged.len),
+                            KernelArg::U64(paged.chunk),
+                        ]
                     },
                 )
                 .map(Some)
@@ -292,11 +255,12 @@ pub(super) struct Side {
     pub(super) offset: u64,
 }
 
-/// A paged copy planned as launches of the paged kernel (one, or one per part of a long id
-/// list), every address checked.
+/// A paged copy planned as one kernel launch, every address checked.
 pub(super) struct Paged {
     pub(super) layout: plan::PagedArgs,
+    pub(super) grid: u32,
     pub(super) pools: u32,
+    pub(super) ids: u32,
     pub(super) src: Side,
     pub(super) dst: Side,
     pub(super) len: u64,
