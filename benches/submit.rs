@@ -1,6 +1,7 @@
 //! Host cost of handing ferry the kv-llama70b-4k request: 40,960 blocks (160 tensors x 256
 //! blocks), as one paged block copy and as 40,960 separate entries (reported per entry); and
-//! of a token-granularity request: 250,000 block ids of one pool as one paged block copy.
+//! of a token-granularity request: 250,000 block ids of one pool as one paged block copy; and of
+//! one 4 KiB write, the latency-bound case.
 //! Measures what the submitting thread pays, from building the batch until `submit` returns:
 //! checking every range against both sides' registrations, choosing the transport and handing
 //! it the ops.
@@ -188,6 +189,21 @@ fn submit_cost(c: &mut Criterion) {
                 batch
             });
             spent / ENTRIES as u32
+        })
+    });
+    group.finish();
+
+    // A latency-bound request: one 4 KiB write. What the engine adds before the transport
+    // gets it is on the way of every small write and of every layer of a layer-wise transfer.
+    let mut group = timed_group(c, "submit one 4 KiB write");
+    group.bench_function("one entry", |b| {
+        b.iter_custom(|iterations| {
+            timed_submits(iterations, || {
+                sides
+                    .prefill
+                    .batch(&sides.peer)
+                    .write(&sides.source, 0, sides.remote.addr, 4096)
+            })
         })
     });
     group.finish();

@@ -828,6 +828,61 @@ fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
     }
 }
 
+/// A short write's notification, which the copy kernel itself publishes after the copy (one
+/// launch), reaches the decode side only with every byte of the write in place and no byte
+/// beside it touched: aligned, odd-sized at addresses that disagree modulo 16, one byte, and
+/// the longest that takes that path.
+#[test]
+fn a_short_write_published_by_its_copy_kernel_follows_every_byte() {
+    gpus();
+    const AREA: u64 = 1 << 20;
+    let (decode, prefill) = (engine(), engine());
+    let mut inbox = decode.notifications().unwrap();
+    let target = decode.allocate_device(0, AREA).unwrap();
+    let source = prefill.allocate_device(0, AREA).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let zeros = vec![0u8; AREA as usize];
+    let mut landed = vec![0u8; AREA as usize];
+    for (case, (from, to, len)) in [
+        (0, 0, 4096),
+        (3, 4101, 4099),
+        (0, 7, 1),
+        (16, 65_536, 64 << 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for round in 0..20u64 {
+            let bytes = pattern(200 + case as u64 * 64 + round, AREA as usize);
+            source.write_at(0, &bytes).unwrap();
+            target.write_at(0, &zeros).unwrap();
+            // Not waited for before the notification: the bytes are read as soon as it came.
+            let transfer = prefill
+                .batch(&peer)
+                .write(&source, from, target.addr() + to, len)
+                .notify(format!("{case} {round}"))
+                .submit()
+                .unwrap();
+            let note = inbox
+                .recv_timeout_blocking(Duration::from_secs(10))
+                .unwrap()
+                .expect("a notification within 10 s");
+            assert_eq!(note.payload, format!("{case} {round}").into_bytes());
+            assert_eq!(peer.notifications_through(), Some("nvlink"));
+            target.read_at(0, &mut landed).unwrap();
+            let mut expected = zeros.clone();
+            let (from, to, len) = (from as usize, to as usize, len as usize);
+            expected[to..to + len].copy_from_slice(&bytes[from..from + len]);
+            assert_bytes_eq(
+                &landed,
+                &expected,
+                &format!("case {case}, round {round}: the write its notification announced"),
+            );
+            assert_eq!(transfer.wait().unwrap().transports, vec!["nvlink"]);
+        }
+    }
+}
+
 /// A block copy with a long id list (40,001 scattered ids over two pools) lands every block
 /// in its slot and nothing anywhere else, written out and read back.
 #[test]
@@ -878,11 +933,7 @@ fn a_long_id_list_lands_every_block_in_its_slot_and_reads_back() {
     }
     let mut landed = vec![0u8; AREA as usize];
     pool.read_at(0, &mut landed).unwrap();
-    assert_bytes_eq(
-        &landed,
-        &expected,
-        "the peer's pools after the write",
-    );
+    assert_bytes_eq(&landed, &expected, "the peer's pools after the write");
     prefill
         .batch(&peer)
         .read_blocks(copy(&back))

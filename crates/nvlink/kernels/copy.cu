@@ -237,6 +237,34 @@ ferry_copy_list_shifted(const CopyEntry* entries, u64 count) {
     copy_list<8, 4>(entries, count);
 }
 
+// Bytes one warp of ferry_copy_publish copies at a time.
+#define PUBLISH_PIECE 4096
+
+// One copy of `len` bytes from `src` to `dst` by one block, its warps taking pieces of
+// PUBLISH_PIECE bytes in turn; then `position` stored into the 64-bit word at `word` (a
+// message ring's published position, in host memory mapped for this GPU) once every byte of
+// the copy is visible to the whole system, so a process polling the word sees the
+// notification only after its data. One launch instead of a copy and a stream write.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+ferry_copy_publish(u64 src, u64 dst, u64 len, u64 word, u64 position) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 warp = threadIdx.x >> 5;
+    const u64 warps = blockDim.x >> 5;
+    const u64 pieces = (len + PUBLISH_PIECE - 1) / PUBLISH_PIECE;
+    for (u64 piece = warp; piece < pieces; piece += warps) {
+        const u64 skip = piece * PUBLISH_PIECE;
+        const u64 bytes = len - skip < PUBLISH_PIECE ? len - skip : PUBLISH_PIECE;
+        warp_copy<4, 1>(src + skip, dst + skip, bytes, lane);
+    }
+    // Every warp's stores come before thread 0's system-wide fence (the barrier orders them
+    // within the block), and the fence before the position.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *(volatile u64*)word = position;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 2) ferry_copy_paged(PAGED_PARAMS) {
     copy_paged<4, 1>(PAGED_ARGS);
 }

@@ -33,6 +33,9 @@ pub(crate) struct CopyKernels {
     pub(crate) paged: Kernel,
     /// The same for block copies whose ends may disagree modulo 16.
     pub(crate) paged_shifted: Kernel,
+    /// `ferry_copy_publish(src, dst, len, word, position)`: one short copy by one block, then
+    /// a message ring's published position.
+    pub(crate) publish: Kernel,
     multiprocessors: u32,
     /// Peer links of this process that copy with these kernels ([`KernelShare`]s alive).
     sharers: AtomicU32,
@@ -52,6 +55,7 @@ impl CopyKernels {
             list_shifted: module.kernel("ferry_copy_list_shifted")?,
             paged: module.kernel("ferry_copy_paged")?,
             paged_shifted: module.kernel("ferry_copy_paged_shifted")?,
+            publish: module.kernel("ferry_copy_publish")?,
             multiprocessors: context.multiprocessors()?,
             sharers: AtomicU32::new(0),
         });

@@ -63,6 +63,11 @@ pub const ENGINE_FROM: u64 = 16 << 20;
 /// with its notification: see `docs/copy-paths.md`.
 pub(crate) const SINGLE_TO_ENGINES_UP_TO: u64 = 64 << 10;
 
+/// The longest single copy whose notification the GPU publishes in the same launch, with
+/// one block of the kernel (`ferry_copy_publish`) instead of a copy and a stream write: one
+/// driver call fewer on a short write's way, where each costs microseconds.
+pub(crate) const PUBLISHING_COPY_MAX: u64 = 64 << 10;
+
 /// Where the copy engines take over from the kernel under [`CopyPath::Auto`].
 pub fn engines_from(batched: bool) -> u64 {
     match batched {

@@ -4,7 +4,7 @@
 
 use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
-use crate::plan::{self, Launch};
+use crate::plan::{self, CopyPath, Launch};
 use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
 use ferry_core::{Error, Notified, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,6 +136,34 @@ impl NvlinkLink {
                 )
                 .map(Some)
             }
+            Work::CopyPublish {
+                stream,
+                copy,
+                addr,
+                position,
+            } => {
+                let kernels = lane
+                    .kernels
+                    .as_ref()
+                    .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
+                let args = [
+                    KernelArg::U64(copy.src),
+                    KernelArg::U64(copy.dst),
+                    KernelArg::U64(copy.len),
+                    KernelArg::U64(*addr),
+                    KernelArg::U64(*position),
+                ];
+                // SAFETY: the arguments match ferry_copy_publish; the copy's ranges were
+                // checked as for a single copy below, and this GPU's kernels reach both; `addr`
+                // is the ring's word as for `Work::Publish` below; the transfer keeps all of
+                // them until the stream has finished.
+                unsafe {
+                    kernels
+                        .publish
+                        .launch(&lane.streams[*stream], 1, THREADS_PER_BLOCK, &args)?
+                };
+                Ok(None)
+            }
             Work::Publish {
                 stream,
                 addr,
@@ -193,7 +221,7 @@ impl NvlinkLink {
         let releasable = match only {
             Work::Copies(_) => true,
             Work::Paged(paged) => paged.after.is_none(),
-            Work::Publish { .. } | Work::Signal { .. } => false,
+            Work::CopyPublish { .. } | Work::Publish { .. } | Work::Signal { .. } => false,
         };
         let word = releasable
             .then(|| sender.device_word(lanes[lane].streams[stream].context()))
@@ -204,14 +232,46 @@ impl NvlinkLink {
             self.run(lanes, work, keep).await?;
             return Ok(Notified::Left);
         };
-        work.push((
-            lane,
-            Work::Publish {
-                stream,
-                addr,
-                position: unpublished.position(),
+        let position = unpublished.position();
+        // A short copy the kernels reach and its notification go in one launch; anything
+        // else is followed by a stream write of the position.
+        let copy = match only {
+            Work::Copies(Launch::Single { copy, .. }) => Some(*copy),
+            Work::Copies(Launch::Kernel(entries)) => match entries.as_slice() {
+                [[src, dst, len]] => Some(plan::Copy {
+                    dst: *dst,
+                    src: *src,
+                    len: *len,
+                    kernel_reaches: true,
+                }),
+                _ => None,
             },
-        ));
+            _ => None,
+        }
+        .filter(|copy| {
+            matches!(self.config.copy_path, CopyPath::Auto | CopyPath::Kernel)
+                && copy.kernel_reaches
+                && copy.len <= plan::PUBLISHING_COPY_MAX
+                && lanes[lane].kernels.is_some()
+        });
+        match copy {
+            Some(copy) => {
+                work[0].1 = Work::CopyPublish {
+                    stream,
+                    copy,
+                    addr,
+                    position,
+                }
+            }
+            None => work.push((
+                lane,
+                Work::Publish {
+                    stream,
+                    addr,
+                    position,
+                },
+            )),
+        }
         let queued = AtomicBool::new(false);
         match self.run_publishing(lanes, work, keep, &queued).await {
             Ok(()) => unpublished.published().await.map(|()| Notified::Sent),
@@ -280,6 +340,13 @@ pub(super) enum Work {
     Paged(Paged),
     /// The store of `position` into the message ring's word 0 at `addr` (this GPU's address
     /// for it) that publishes a notification after the launch before it on `stream`.
+    /// One copy by one block of the kernel, which then publishes like [`Work::Publish`].
+    CopyPublish {
+        stream: usize,
+        copy: plan::Copy,
+        addr: u64,
+        position: u64,
+    },
     Publish {
         stream: usize,
         addr: u64,
@@ -297,7 +364,7 @@ impl Work {
         match self {
             Work::Copies(launch) => launch.stream(),
             Work::Paged(paged) => paged.stream,
-            Work::Publish { stream, .. } => *stream,
+            Work::CopyPublish { stream, .. } | Work::Publish { stream, .. } => *stream,
             Work::Signal { .. } => 0,
         }
     }
@@ -344,7 +411,7 @@ impl Launcher for Launches<'_> {
         if let Some(fence) = self.link.launch(&self.lanes[*lane], work)? {
             self.last_kernels.push((stream, fence));
         }
-        if matches!(work, Work::Publish { .. }) {
+        if matches!(work, Work::Publish { .. } | Work::CopyPublish { .. }) {
             self.published.store(true, Ordering::Release);
         }
         Ok(())
