@@ -427,6 +427,8 @@ struct Measured {
     timing: Timing,
     /// `kv-layerwise`: one layer's transfer alone, p50 microseconds.
     one_layer_us: Option<f64>,
+    /// `kv-layerwise`: from the host's release of the last layer's compute, p50 microseconds.
+    released_us: Option<f64>,
     /// `small-write`: the path its notifications took and one notification alone.
     notified: Option<Notified>,
 }
@@ -437,6 +439,7 @@ impl Measured {
             gbps,
             timing,
             one_layer_us: None,
+            released_us: None,
             notified: None,
         }
     }
@@ -597,6 +600,7 @@ impl Side {
             engine_us: median(&measured.timing.inside),
             verified,
             one_layer_us: measured.one_layer_us,
+            released_us: measured.released_us,
             notified: measured.notified,
             kernel_max_sms: self.cap,
             contention,
@@ -616,9 +620,10 @@ impl Side {
         Ok(match shape {
             Shape::Paged(paged) if *workload == Workload::KvLayerwise => {
                 let compute = Duration::from_micros(options.layer_compute_us);
-                let (timing, alone) = self.layerwise(paged, compute, options.rounds())?;
+                let (timing, released, alone) = self.layerwise(paged, compute, options.rounds())?;
                 Measured {
                     one_layer_us: Some(alone),
+                    released_us: Some(quantile(&released, 0.5)),
                     ..Measured::new(None, timing)
                 }
             }
@@ -711,16 +716,18 @@ impl Side {
 
     /// `kv-layerwise`: per round, every layer's blocks are submitted up front, each to start
     /// after an event of the computing stream, which waits on the gate word; the host then
-    /// "computes" each layer for `compute` and raises the gate. The latency is from the
-    /// return of the gate write that ends the last layer's compute to the last transfer's end.
-    /// Also returns one layer's transfer alone, with its data ready (p50, microseconds). The
-    /// row's submit time is that of all layers of a round.
+    /// "computes" each layer for `compute` and raises the gate. The latency is from the end of
+    /// the last layer's compute, as this thread sees the computing stream pass its gate (an
+    /// event after it, polled), to the last transfer's end; also returned, per round, the same
+    /// from the return of the gate write, which adds the GPU's noticing the gate. Also returns
+    /// one layer's transfer alone, with its data ready (p50, microseconds). The row's submit
+    /// time is that of all layers of a round.
     fn layerwise(
         &self,
         paged: &Paged,
         compute: Duration,
         rounds: usize,
-    ) -> Result<(Timing, f64), BoxError> {
+    ) -> Result<(Timing, Vec<f64>, f64), BoxError> {
         let layers = paged.pools / 2;
         // A layer's K and V pools; layer `index` starts this far into both areas.
         let layer = Paged {
@@ -729,15 +736,20 @@ impl Side {
         };
         let layer_at = |index: u64| index * 2 * paged.pool_bytes();
         let mut timing = Timing::default();
+        let mut released = Vec::with_capacity(rounds);
         let mut gate = 0u32;
         for round in 0..rounds + 2 {
             let started = Instant::now();
             let mut transfers = Vec::with_capacity(layers as usize);
+            let mut last = None;
             let mut queue = || -> Result<(), BoxError> {
                 for index in 0..layers {
                     self.computing
                         .wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
                     let computed = self.computing.record_event()?;
+                    if index + 1 == layers {
+                        last = Some(self.computing.record_event()?);
+                    }
                     let copy = self.block_copy_at(&layer, layer_at(index));
                     transfers.push(
                         self.engine
@@ -763,11 +775,24 @@ impl Side {
                 gate += 1;
                 self.gate.write_at(0, &gate.to_le_bytes())?;
             }
+            let release = Instant::now();
+            if let Some(last) = &last {
+                while !last.query()? {
+                    if release.elapsed() > Duration::from_secs(10) {
+                        return Err(
+                            "the computing stream did not pass its last gate within 10 s".into(),
+                        );
+                    }
+                }
+            }
             let computed = Instant::now();
             for transfer in transfers {
                 self.carried(transfer.wait_spinning(WAIT_SPIN)?)?;
             }
             let tail = computed.elapsed();
+            if round >= 2 {
+                released.push(release.elapsed().as_secs_f64() * 1e6);
+            }
             // A layer's time inside the engine includes its wait for the compute, so the row
             // leaves it out (0).
             if round >= 2 {
@@ -790,7 +815,7 @@ impl Side {
                 alone.push(elapsed.as_secs_f64() * 1e6);
             }
         }
-        Ok((timing, median(&alone)))
+        Ok((timing, released, median(&alone)))
     }
 
     fn batch(&self, shape: &Shape, direction: Direction) -> ferry::Batch {

@@ -34,6 +34,11 @@ pub(crate) struct Row {
     /// compute ended its last byte landed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) one_layer_us: Option<f64>,
+    /// `kv-layerwise` only: how long after the host released the last layer's compute (its
+    /// gate write returned) the last byte landed, p50 microseconds: the row's p50 plus the
+    /// time the GPU took to notice the release.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) released_us: Option<f64>,
     /// `small-write` only: the path its notifications took and a notification alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) notified: Option<Notified>,
@@ -185,10 +190,14 @@ impl Report {
             .iter()
             .filter_map(|row| Some((row, row.one_layer_us?)))
         {
+            let released = row
+                .released_us
+                .map(|released| format!(" ({released:.1} us after the host released it)"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{}: the last layer's bytes landed {:.1} us (p50) after its compute ended; one \
-                 layer alone takes {one_layer:.1} us ({:.2} layers)",
+                "{}: the last layer's bytes landed {:.1} us (p50) after its compute ended{released}; \
+                 one layer alone takes {one_layer:.1} us ({:.2} layers)",
                 row.workload,
                 row.p50_us,
                 row.p50_us / one_layer.max(f64::MIN_POSITIVE)
@@ -285,6 +294,7 @@ pub(crate) mod tests {
             engine_us: 650.0,
             verified,
             one_layer_us: None,
+            released_us: None,
             notified: None,
             kernel_max_sms: None,
             contention: None,
