@@ -883,6 +883,56 @@ fn a_short_write_published_by_its_copy_kernel_follows_every_byte() {
     }
 }
 
+/// Paged blocks whose size is not a multiple of 16 (so their ends disagree modulo 16) land
+/// whole in their slots on both sides of the size where the kernel's `_shifted` build takes
+/// over from the plain one, and nothing beside them is touched.
+#[test]
+fn odd_sized_blocks_land_whole_on_both_builds_of_the_kernel() {
+    gpus();
+    const POOL_BLOCKS: u32 = 4096;
+    const IDS: u32 = 3001;
+    let (decode, prefill) = (engine(), engine());
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    for block in [1000u64, 2047, 2052, 4100] {
+        let pool = block * u64::from(POOL_BLOCKS);
+        let area = 2 * pool;
+        let target = decode.allocate_device(0, area).unwrap();
+        let zeros = vec![0u8; area as usize];
+        target.write_at(0, &zeros).unwrap();
+        let source = prefill.allocate_device(0, area).unwrap();
+        let bytes = pattern(300 + block, area as usize);
+        source.write_at(0, &bytes).unwrap();
+        let remote = peer.buffer_at(target.addr()).unwrap();
+        let at = target.addr() - remote.addr;
+        let local_ids: Vec<u32> = (0..IDS).map(|i| (i * 2897 + 1) % POOL_BLOCKS).collect();
+        let remote_ids: Vec<u32> = (0..IDS).map(|i| (i * 1231 + 5) % POOL_BLOCKS).collect();
+        let layout = ferry::BlockLayout::packed(pool, block);
+        let mut copy =
+            ferry::BlockCopy::new(block, layout, layout, local_ids.clone(), remote_ids.clone());
+        for index in 0..2 {
+            copy = copy.pool_at(&source, index * pool, &remote, at + index * pool);
+        }
+        let done = prefill
+            .batch(&peer)
+            .write_blocks(copy)
+            .submit_blocking()
+            .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"]);
+        let mut expected = zeros.clone();
+        for index in 0..2u64 {
+            for (&from, &to) in local_ids.iter().zip(&remote_ids) {
+                let from = (index * pool + u64::from(from) * block) as usize;
+                let to = (index * pool + u64::from(to) * block) as usize;
+                expected[to..to + block as usize]
+                    .copy_from_slice(&bytes[from..from + block as usize]);
+            }
+        }
+        let mut landed = vec![0u8; area as usize];
+        target.read_at(0, &mut landed).unwrap();
+        assert_bytes_eq(&landed, &expected, &format!("{block}-byte blocks"));
+    }
+}
+
 /// A block copy with a long id list (40,001 scattered ids over two pools) lands every block
 /// in its slot and nothing anywhere else, written out and read back.
 #[test]

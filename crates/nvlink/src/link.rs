@@ -420,12 +420,14 @@ impl NvlinkLink {
         let chunk = self.config.kernel_chunk_bytes.max(1);
         let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
         // Every block's ends agree modulo 16 when every base, stride and offset is a multiple
-        // of 16; otherwise some may not.
-        let shifted = [&src, &dst].iter().any(|side| {
-            side.bases.iter().any(|base| base % 16 != 0)
-                || side.stride % 16 != 0
-                || side.offset % 16 != 0
-        });
+        // of 16; otherwise some may not, and blocks long enough to gain from more loads in
+        // flight take the `_shifted` build.
+        let shifted = blocks.len >= plan::DEEP_SHIFT_FROM
+            && [&src, &dst].iter().any(|side| {
+                side.bases.iter().any(|base| base % 16 != 0)
+                    || side.stride % 16 != 0
+                    || side.offset % 16 != 0
+            });
         let paged = Paged {
             layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
             grid: kernels.grid(items, &self.config, shifted),

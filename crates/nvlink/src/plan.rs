@@ -216,6 +216,15 @@ pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
     }
 }
 
+/// Blocks of a paged copy at least this long whose ends may disagree modulo 16 take the
+/// `_shifted` build of the kernel (eight vectors in flight, four when shifting, one block per
+/// multiprocessor); shorter ones take the plain build, which shifts one vector deep with two
+/// blocks per multiprocessor and so twice the warps for many short blocks. Measured on one
+/// H200, 65,536 blocks a round: 1000-byte blocks moved at 0.23-0.30 of the device copy with
+/// the plain build and 0.20-0.21 with the `_shifted` one; 2004-byte blocks alike with both;
+/// from 4097 bytes up the `_shifted` build was faster (`docs/copy-paths.md`).
+pub(crate) const DEEP_SHIFT_FROM: u64 = 2048;
+
 /// Whether some entry's source and destination disagree modulo 16, so the list goes to the
 /// `_shifted` kernel.
 pub(crate) fn any_shifted(entries: &[[u64; 3]]) -> bool {
