@@ -892,11 +892,20 @@ fn odd_sized_blocks_land_whole_on_both_builds_of_the_kernel() {
     const POOL_BLOCKS: u32 = 4096;
     const IDS: u32 = 3001;
     let (decode, prefill) = (engine(), engine());
+    let sizes = [1000u64, 2047, 2052, 4100];
+    // Every target registered before the peer is opened, so its descriptor names them all.
+    let targets: Vec<ferry::Region> = sizes
+        .iter()
+        .map(|block| {
+            decode
+                .allocate_device(0, 2 * block * u64::from(POOL_BLOCKS))
+                .unwrap()
+        })
+        .collect();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
-    for block in [1000u64, 2047, 2052, 4100] {
+    for (block, target) in sizes.into_iter().zip(&targets) {
         let pool = block * u64::from(POOL_BLOCKS);
         let area = 2 * pool;
-        let target = decode.allocate_device(0, area).unwrap();
         let zeros = vec![0u8; area as usize];
         target.write_at(0, &zeros).unwrap();
         let source = prefill.allocate_device(0, area).unwrap();
