@@ -285,7 +285,8 @@ impl NvlinkLink {
         }
     }
 
-    /// [`Self::run`], setting `published` once a [`Work::Publish`] store is queued.
+    /// [`Self::run`], setting `published` once a [`Work::Publish`] store or a
+    /// [`Work::CopyPublish`] launch is queued.
     async fn run_publishing<K>(
         &self,
         lanes: Vec<Arc<GpuLane>>,
@@ -325,8 +326,8 @@ pub(super) struct Paged {
     pub(super) dst: Side,
     pub(super) len: u64,
     pub(super) chunk: u64,
-    /// Whether a block's ends may disagree modulo 16, which the `_shifted` kernel copies
-    /// faster.
+    /// Whether the `_shifted` build copies the blocks: their ends may disagree modulo 16 and
+    /// they are long enough to gain from it ([`plan::DEEP_SHIFT_FROM`]).
     pub(super) shifted: bool,
     /// The lane's stream it queues on: the waiting stream when `after` is set, else 0.
     pub(super) stream: usize,
@@ -338,15 +339,16 @@ pub(super) struct Paged {
 pub(super) enum Work {
     Copies(Launch),
     Paged(Paged),
-    /// The store of `position` into the message ring's word 0 at `addr` (this GPU's address
-    /// for it) that publishes a notification after the launch before it on `stream`.
-    /// One copy by one block of the kernel, which then publishes like [`Work::Publish`].
+    /// One copy by one block of the kernel (`ferry_copy_publish`), which then publishes
+    /// like [`Work::Publish`]: one launch instead of a copy and a stream write.
     CopyPublish {
         stream: usize,
         copy: plan::Copy,
         addr: u64,
         position: u64,
     },
+    /// The store of `position` into the message ring's word 0 at `addr` (this GPU's address
+    /// for it) that publishes a notification after the launch before it on `stream`.
     Publish {
         stream: usize,
         addr: u64,
@@ -380,7 +382,7 @@ pub(super) struct Launches<'a> {
     /// Streams whose last launch was a kernel, with the event recorded right after it: that
     /// event is already the stream's fence, and recording another costs a few microseconds.
     pub(super) last_kernels: Vec<(usize, Arc<Event>)>,
-    /// Set once a [`Work::Publish`] store is queued.
+    /// Set once a [`Work::Publish`] store or a [`Work::CopyPublish`] launch is queued.
     pub(super) published: &'a AtomicBool,
 }
 

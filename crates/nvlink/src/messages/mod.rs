@@ -7,8 +7,9 @@
 //! messages come and then sleeps on a futex word in the ring, which the sender wakes; the
 //! verdict on each message (taken into the inbox, or refused because the inbox is full)
 //! goes back over the socket, a delivery's after the hand-over, with the ring recording
-//! deliveries before it so that the sender learns of one even if the socket ends first. Where the socket cannot be reached (the two processes are in
-//! different network namespaces), notifications keep going over TCP.
+//! deliveries before it so that the sender learns of one even if the socket ends first.
+//! Where the socket cannot be reached (the two processes are in different network
+//! namespaces), notifications keep going over TCP.
 
 mod receiver;
 mod ring;

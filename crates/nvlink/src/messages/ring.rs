@@ -51,8 +51,9 @@ fn data_words(words: &[AtomicU64]) -> &[AtomicU64] {
     words.get(DATA..).unwrap_or(&[])
 }
 
-/// Bytes of records the reader has handed over ([`Reader::delivering`]): a record that ends
-/// at or before it was delivered.
+/// Bytes of records the reader has decided on, up to the last one it handed over
+/// ([`Reader::delivering`]): a record that ends at or before it was delivered, unless the
+/// reader refused it, which it answers before it takes the next record.
 pub(crate) fn delivered_through(words: &[AtomicU64]) -> u64 {
     words[DELIVERED].load(Ordering::Acquire)
 }
@@ -199,7 +200,8 @@ impl Reader {
         Ok(Some(payload))
     }
 
-    /// Records that every record taken so far is being handed over, before the last one is.
+    /// Records, before the hand-over, that the record taken last is being handed over: the
+    /// delivered position moves to its end.
     pub(crate) fn delivering(&self, words: &[AtomicU64]) {
         words[DELIVERED].store(self.taken, Ordering::Release);
     }

@@ -85,27 +85,34 @@ impl MessageSender {
         self.state.lock().writer.close(self.memory.words());
     }
 
-    /// Closes the ring: sends waiting for a verdict fail with [`Error::PeerGone`], and the
-    /// reader delivers no record it has not delivered yet, so nothing sent through this ring
-    /// can arrive after what is sent next through another path.
+    /// Closes the ring: sends waiting for a verdict whose record the ring says was delivered
+    /// succeed, the others fail with [`Error::PeerGone`], and the reader delivers no record it
+    /// has not delivered yet, so nothing sent through this ring can arrive after what is sent
+    /// next through another path.
     pub(crate) fn close(&self) {
+        self.close_trusting(true);
+    }
+
+    /// Closes the ring as [`Self::close`] does; `trust_ring` false fails every waiting send,
+    /// for a ring whose reader broke the protocol.
+    fn close_trusting(&self, trust_ring: bool) {
         let mut state = self.state.lock();
         state.writer.close(self.memory.words());
         state
             .closed
             .get_or_insert_with(|| "the link was closed".into());
-        state.waiting.clear();
+        settle(&mut state, &self.memory, trust_ring);
         drop(state);
         self.verdicts.abort();
         self.room.notify_waiters();
         self.wake_reader();
     }
 
-    /// Closes the ring for `reason` (see [`Self::close`]).
+    /// Closes the ring for `reason`, failing every waiting send (see [`Self::close`]).
     fn fail(&self, reason: String) {
         tracing::warn!(peer = %self.peer, %reason, "closing a message ring");
         self.state.lock().closed.get_or_insert(reason);
-        self.close();
+        self.close_trusting(false);
     }
 
     /// Hands `payload` to the peer's inbox; resolves when the peer took it.
@@ -363,35 +370,53 @@ async fn read_verdicts(
     state: Arc<Mutex<SenderState>>,
     room: Arc<Notify>,
 ) {
-    let reason = loop {
+    // Whether the socket ended as a reader's does (its process gone), rather than with bytes
+    // no reader sends, after which nothing else it wrote is trusted either.
+    let (reason, trust_ring) = loop {
         let verdict = match Verdict::read(&mut socket).await {
             Ok(verdict) => verdict,
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break "the peer closed its message ring".to_owned();
+                break ("the peer closed its message ring".to_owned(), true);
             }
-            Err(error) => break format!("reading the peer's verdicts failed: {error}"),
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
+                break (format!("the peer sent a malformed verdict: {error}"), false);
+            }
+            Err(error) => break (format!("reading the peer's verdicts failed: {error}"), true),
         };
         let waiting = state.lock().waiting.pop_front();
         match waiting {
             // A send that was dropped no longer listens; its record was still taken.
             Some(waiting) => drop(waiting.sender.send(verdict)),
-            None => break "the peer answered a notification that was never sent".to_owned(),
+            None => {
+                break (
+                    "the peer answered a notification that was never sent".to_owned(),
+                    false,
+                )
+            }
         }
         room.notify_waiters();
     };
     let mut state = state.lock();
     state.closed.get_or_insert(reason);
-    // The reader records a delivery before the hand-over and answers after it: a reader that
-    // went away in between (its process acted on the notification and exited) delivered
-    // every record up to where the ring says.
+    settle(&mut state, &memory, trust_ring);
+    drop(state);
+    room.notify_waiters();
+}
+
+/// Settles every send still waiting for its verdict once none will come: with `trust_ring`,
+/// those whose record ends within what the ring says the reader delivered succeed (it records
+/// a delivery before the hand-over and answers after it, so a reader whose process acted on
+/// a notification and exited in between did deliver it, and every refusal before it was
+/// answered already); the others fail with [`Error::PeerGone`]. A delivered position past
+/// what was ever written is no reader's, and settles nothing.
+fn settle(state: &mut SenderState, memory: &SharedMemory, trust_ring: bool) {
     let delivered = delivered_through(memory.words());
+    let trusted = trust_ring && delivered <= state.writer.position();
     for waiting in state.waiting.drain(..) {
-        if waiting.end <= delivered {
+        if trusted && waiting.end <= delivered {
             drop(waiting.sender.send(Verdict::Delivered));
         }
     }
-    drop(state);
-    room.notify_waiters();
 }
 
 /// A send waiting for its verdict.
@@ -442,6 +467,33 @@ mod tests {
         });
         sent.unwrap();
         assert!(sender.closed().is_some(), "the ring outlived its reader");
+    }
+
+    #[tokio::test]
+    async fn a_ring_closed_here_after_the_reader_delivered_still_counts_as_delivered() {
+        let (sender, memory, _socket) = pair();
+        let mut reader = Reader::default();
+        let (sent, ()) = tokio::join!(sender.send(b"first"), async {
+            assert_eq!(take(&mut reader, &memory).await, b"first");
+            reader.delivering(memory.words());
+            sender.close();
+        });
+        sent.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_delivered_position_past_what_was_written_settles_nothing() {
+        let (sender, memory, socket) = pair();
+        let mut reader = Reader::default();
+        let (sent, ()) = tokio::join!(sender.send(b"first"), async {
+            assert_eq!(take(&mut reader, &memory).await, b"first");
+            memory.words()[9].store(u64::MAX, Ordering::Release);
+            drop(socket);
+        });
+        assert!(
+            matches!(&sent, Err(Error::PeerGone { .. })),
+            "a send was settled by a position no reader writes: {sent:?}"
+        );
     }
 
     #[tokio::test]
