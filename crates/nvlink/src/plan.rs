@@ -216,6 +216,27 @@ pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
     }
 }
 
+/// The copy a notification can ride on in one `ferry_copy_publish` launch: `launch` is one
+/// copy of at most [`PUBLISHING_COPY_MAX`] bytes that the kernels reach, and `path` lets the
+/// kernel take it (`auto` or `kernel`).
+pub(crate) fn publishing_copy(launch: &Launch, path: CopyPath) -> Option<Copy> {
+    let copy = match launch {
+        Launch::Single { copy, .. } => *copy,
+        Launch::Kernel(entries) => match entries.as_slice() {
+            [[src, dst, len]] => Copy {
+                dst: *dst,
+                src: *src,
+                len: *len,
+                kernel_reaches: true,
+            },
+            _ => return None,
+        },
+        Launch::Batch { .. } => return None,
+    };
+    let kernel_may = matches!(path, CopyPath::Auto | CopyPath::Kernel);
+    (kernel_may && copy.kernel_reaches && copy.len <= PUBLISHING_COPY_MAX).then_some(copy)
+}
+
 /// Blocks of a paged copy at least this long whose ends may disagree modulo 16 take the
 /// `_shifted` build of the kernel (eight vectors in flight, four when shifting, one block per
 /// multiprocessor); shorter ones take the plain build, which shifts one vector deep with two
@@ -490,6 +511,33 @@ mod tests {
                 [Launch::Kernel(_)]
             ));
         }
+    }
+
+    #[test]
+    fn a_notification_rides_on_one_short_copy_the_kernel_may_take_and_on_nothing_else() {
+        let short = copy(PUBLISHING_COPY_MAX, true);
+        let single = Launch::Single {
+            stream: 0,
+            copy: short,
+        };
+        assert_eq!(publishing_copy(&single, CopyPath::Auto), Some(short));
+        assert_eq!(publishing_copy(&single, CopyPath::Kernel), Some(short));
+        assert_eq!(publishing_copy(&single, CopyPath::CopyEngine), None);
+        assert_eq!(publishing_copy(&single, CopyPath::Batched), None);
+        let entry = Launch::Kernel(vec![[short.src, short.dst, short.len]]);
+        assert_eq!(publishing_copy(&entry, CopyPath::Kernel), Some(short));
+        let unreachable = Launch::Single {
+            stream: 0,
+            copy: copy(4096, false),
+        };
+        assert_eq!(publishing_copy(&unreachable, CopyPath::Auto), None);
+        let longer = Launch::Single {
+            stream: 0,
+            copy: copy(PUBLISHING_COPY_MAX + 1, true),
+        };
+        assert_eq!(publishing_copy(&longer, CopyPath::Auto), None);
+        let two = Launch::Kernel(vec![[short.src, short.dst, 8], [short.src, short.dst, 8]]);
+        assert_eq!(publishing_copy(&two, CopyPath::Auto), None);
     }
 
     #[test]

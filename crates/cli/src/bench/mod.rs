@@ -790,12 +790,10 @@ impl Side {
                 self.carried(transfer.wait_spinning(WAIT_SPIN)?)?;
             }
             let tail = computed.elapsed();
-            if round >= 2 {
-                released.push(release.elapsed().as_secs_f64() * 1e6);
-            }
             // A layer's time inside the engine includes its wait for the compute, so the row
             // leaves it out (0).
             if round >= 2 {
+                released.push(release.elapsed().as_secs_f64() * 1e6);
                 timing.latencies.push(tail.as_secs_f64() * 1e6);
                 timing.submits.push(submitted.as_secs_f64() * 1e6);
             }

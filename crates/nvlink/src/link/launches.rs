@@ -4,7 +4,7 @@
 
 use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
-use crate::plan::{self, CopyPath, Launch};
+use crate::plan::{self, Launch};
 use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
 use ferry_core::{Error, Notified, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -236,24 +236,10 @@ impl NvlinkLink {
         // A short copy the kernels reach and its notification go in one launch; anything
         // else is followed by a stream write of the position.
         let copy = match only {
-            Work::Copies(Launch::Single { copy, .. }) => Some(*copy),
-            Work::Copies(Launch::Kernel(entries)) => match entries.as_slice() {
-                [[src, dst, len]] => Some(plan::Copy {
-                    dst: *dst,
-                    src: *src,
-                    len: *len,
-                    kernel_reaches: true,
-                }),
-                _ => None,
-            },
+            Work::Copies(launch) => plan::publishing_copy(launch, self.config.copy_path),
             _ => None,
         }
-        .filter(|copy| {
-            matches!(self.config.copy_path, CopyPath::Auto | CopyPath::Kernel)
-                && copy.kernel_reaches
-                && copy.len <= plan::PUBLISHING_COPY_MAX
-                && lanes[lane].kernels.is_some()
-        });
+        .filter(|_| lanes[lane].kernels.is_some());
         match copy {
             Some(copy) => {
                 work[0].1 = Work::CopyPublish {

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const PUBLISHED: usize = 0;
 const TAKEN: usize = 8;
-const DELIVERED: usize = 9;
+/// Index of the word of bytes delivered through (only the reader stores it).
+pub(crate) const DELIVERED: usize = 9;
 /// Byte offset of the reader's futex word.
 pub(crate) const STATE_OFFSET: usize = 16 * 8;
 /// Index of the first data word.

@@ -39,6 +39,18 @@ struct SenderState {
     closed: Option<String>,
 }
 
+impl SenderState {
+    /// Queues a wait for the verdict on the record written last.
+    fn wait_for_verdict(&mut self) -> oneshot::Receiver<Verdict> {
+        let (sender, verdict) = oneshot::channel();
+        self.waiting.push_back(Waiting {
+            end: self.writer.position(),
+            sender,
+        });
+        verdict
+    }
+}
+
 impl std::fmt::Debug for MessageSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MessageSender")
@@ -140,9 +152,7 @@ impl MessageSender {
                 }
                 match state.writer.push(self.memory.words(), payload) {
                     Ok(Pushed::Published) => {
-                        let (sender, verdict) = oneshot::channel();
-                        let end = state.writer.position();
-                        state.waiting.push_back(Waiting { end, sender });
+                        let verdict = state.wait_for_verdict();
                         self.wake_reader();
                         break verdict;
                     }
@@ -239,12 +249,8 @@ impl MessageSender {
                 return None;
             }
         }
-        let (sender, verdict) = oneshot::channel();
+        let verdict = state.wait_for_verdict();
         let position = state.writer.position();
-        state.waiting.push_back(Waiting {
-            end: position,
-            sender,
-        });
         drop(state);
         // The record's words must be visible before the device's store of the position is.
         fence(Ordering::SeqCst);
@@ -428,7 +434,7 @@ struct Waiting {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ring::Reader;
+    use super::super::ring::{Reader, DELIVERED};
     use super::super::{create_ring, map_ring};
     use super::*;
     use std::time::Duration;
@@ -487,7 +493,7 @@ mod tests {
         let mut reader = Reader::default();
         let (sent, ()) = tokio::join!(sender.send(b"first"), async {
             assert_eq!(take(&mut reader, &memory).await, b"first");
-            memory.words()[9].store(u64::MAX, Ordering::Release);
+            memory.words()[DELIVERED].store(u64::MAX, Ordering::Release);
             drop(socket);
         });
         assert!(
