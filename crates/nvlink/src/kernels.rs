@@ -91,6 +91,14 @@ impl KernelShare {
         let sharers = self.0.sharers.load(Ordering::Relaxed);
         grid(items, full, sharers, config.kernel_max_sms)
     }
+
+    /// Items a launch needs to get the largest grid [`Self::grid`] gives it (the plain build):
+    /// a long copy cut into fewer pieces than this leaves multiprocessors idle.
+    pub(crate) fn items_for_full_grid(&self, config: &NvlinkConfig) -> u64 {
+        u64::from(self.grid(u64::MAX, config, false))
+            * u64::from(THREADS_PER_BLOCK / 32)
+            * ITEMS_PER_WARP
+    }
 }
 
 impl Deref for KernelShare {

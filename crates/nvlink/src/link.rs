@@ -417,8 +417,6 @@ impl NvlinkLink {
             Direction::Write => (local, remote),
             Direction::Read => (remote, local),
         };
-        let chunk = self.config.kernel_chunk_bytes.max(1);
-        let items = u64::from(pools) * u64::from(ids) * blocks.len.div_ceil(chunk);
         // Every block's ends agree modulo 16 when every base, stride and offset is a multiple
         // of 16; otherwise some may not, and blocks long enough to gain from more loads in
         // flight take the `_shifted` build.
@@ -428,6 +426,13 @@ impl NvlinkLink {
                     || side.stride % 16 != 0
                     || side.offset % 16 != 0
             });
+        let pairs = u64::from(pools) * u64::from(ids);
+        let chunk = plan::piece_bytes(
+            pairs.saturating_mul(blocks.len),
+            kernels.items_for_full_grid(&self.config),
+            self.config.kernel_chunk_bytes,
+        );
+        let items = pairs * blocks.len.div_ceil(chunk);
         let paged = Paged {
             layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
             grid: kernels.grid(items, &self.config, shifted),
@@ -480,7 +485,13 @@ impl NvlinkLink {
                 self.config.copy_path,
                 batched,
                 lane.copy_streams(),
-                self.config.kernel_chunk_bytes,
+                plan::Pieces {
+                    most: self.config.kernel_chunk_bytes,
+                    full_grid: lane
+                        .kernels
+                        .as_ref()
+                        .map_or(1, |kernels| kernels.items_for_full_grid(&self.config)),
+                },
             );
             work.extend(
                 planned

@@ -120,6 +120,39 @@ pub(crate) fn route(copies: &[Copy], path: CopyPath, batched: bool) -> Route {
     route
 }
 
+/// The shortest piece the kernel cuts a long copy into: a warp copies 2 KiB per round, and
+/// below two rounds finding its next piece (reading block ids over the bus) outweighs copying.
+pub(crate) const MIN_PIECE: u64 = 4096;
+
+/// The length of the pieces that the kernel's warps take of copies of `bytes` in all: `most`
+/// (the configured chunk) where that makes at least `items` pieces, else shorter, a multiple
+/// of [`MIN_PIECE`] and not below it, so that a few long blocks (one layer's KV, say) spread
+/// over the whole grid instead of keeping a few multiprocessors busy for longer.
+pub(crate) fn piece_bytes(bytes: u64, items: u64, most: u64) -> u64 {
+    let most = most.max(1);
+    let even = bytes
+        .div_ceil(items.max(1))
+        .checked_next_multiple_of(MIN_PIECE)
+        .unwrap_or(most);
+    even.clamp(MIN_PIECE.min(most), most)
+}
+
+/// How the kernel cuts long copies into pieces for its warps ([`piece_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pieces {
+    /// The longest piece: the configured chunk.
+    pub(crate) most: u64,
+    /// Pieces a launch needs to get the largest grid.
+    pub(crate) full_grid: u64,
+}
+
+impl Pieces {
+    /// The piece length for copies of `bytes` in all.
+    pub(crate) fn len_for(self, bytes: u64) -> u64 {
+        piece_bytes(bytes, self.full_grid, self.most)
+    }
+}
+
 /// The kernel's entries for the copies at `indices`: (src, dst, len), none longer than
 /// `chunk` (at least 1).
 pub(crate) fn kernel_entries(copies: &[Copy], indices: &[usize], chunk: u64) -> Vec<[u64; 3]> {
@@ -160,7 +193,7 @@ impl Launch {
 
 /// The launches that queue `copies` on `streams` streams (at least one) of one GPU, split as
 /// `path` says (`batched` tells whether the driver has batched copies): the kernel's share in
-/// one launch on stream 0 with entries of at most `chunk` bytes; the copy engines' share over
+/// one launch on stream 0 with its copies cut as `pieces` says; the copy engines' share over
 /// the other streams (all of them when the kernel has none), as one batched call per stream
 /// or else one copy per stream in turn.
 pub(crate) fn launches(
@@ -168,7 +201,7 @@ pub(crate) fn launches(
     path: CopyPath,
     batched: bool,
     streams: usize,
-    chunk: u64,
+    pieces: Pieces,
 ) -> Vec<Launch> {
     let streams = streams.max(1);
     if let ([only], CopyPath::Auto) = (copies, path) {
@@ -182,6 +215,8 @@ pub(crate) fn launches(
     let route = route(copies, path, batched);
     let mut launches = Vec::new();
     if !route.kernel.is_empty() {
+        let bytes = route.kernel.iter().map(|&index| copies[index].len).sum();
+        let chunk = pieces.len_for(bytes);
         launches.push(Launch::Kernel(kernel_entries(copies, &route.kernel, chunk)));
     }
     let first = usize::from(streams > 1 && !route.kernel.is_empty());
@@ -310,6 +345,12 @@ impl PagedArgs {
 mod tests {
     use super::*;
 
+    /// Pieces of up to 1 MiB, whatever the grid.
+    const WHOLE: Pieces = Pieces {
+        most: 1 << 20,
+        full_grid: 1,
+    };
+
     fn copy(len: u64, kernel_reaches: bool) -> Copy {
         Copy {
             dst: 0x10_0000,
@@ -358,6 +399,34 @@ mod tests {
             }
         );
         assert_eq!(route(&copies, CopyPath::Auto, false).kernel, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_transfer_too_short_for_the_grid_in_whole_chunks_takes_shorter_pieces() {
+        // One layer of Llama-70B's KV: 512 blocks of 32 KiB, a grid that wants 8,448 items.
+        assert_eq!(piece_bytes(512 * (32 << 10), 8448, 64 << 10), MIN_PIECE);
+        // Enough bytes for the grid in whole chunks: the configured chunk.
+        assert_eq!(piece_bytes(1 << 30, 8448, 64 << 10), 64 << 10);
+        // In between: an even share, rounded up to a whole number of minimal pieces.
+        assert_eq!(piece_bytes(8448 * 20_000, 8448, 64 << 10), 20_480);
+        // A configured chunk below the minimum is kept; so is any piece of an empty list.
+        assert_eq!(piece_bytes(1 << 20, 8448, 1024), 1024);
+        assert_eq!(piece_bytes(0, 8448, 64 << 10), MIN_PIECE);
+        assert_eq!(piece_bytes(u64::MAX, 1, 64 << 10), 64 << 10);
+    }
+
+    #[test]
+    fn a_lone_long_kernel_copy_is_spread_over_the_grid() {
+        let pieces = Pieces {
+            most: 64 << 10,
+            full_grid: 8448,
+        };
+        let planned = launches(&[copy(16 << 20, true)], CopyPath::Kernel, true, 4, pieces);
+        let [Launch::Kernel(entries)] = &planned[..] else {
+            panic!("expected one kernel launch, got {planned:?}");
+        };
+        assert_eq!(entries.len(), (16 << 20) / MIN_PIECE as usize);
+        assert!(entries.iter().all(|entry| entry[2] == MIN_PIECE));
     }
 
     #[test]
@@ -427,7 +496,7 @@ mod tests {
             copy(8192, true),
             copy(ENGINE_FROM * 2, true),
         ];
-        let planned = launches(&copies, CopyPath::Auto, false, 3, 1 << 20);
+        let planned = launches(&copies, CopyPath::Auto, false, 3, WHOLE);
         assert_eq!(
             planned,
             vec![
@@ -458,7 +527,7 @@ mod tests {
     #[test]
     fn batched_copies_go_out_as_one_even_call_per_stream() {
         let copies: Vec<Copy> = (0..5).map(|_| copy(BATCHED_FROM, true)).collect();
-        let planned = launches(&copies, CopyPath::Batched, true, 2, 1 << 20);
+        let planned = launches(&copies, CopyPath::Batched, true, 2, WHOLE);
         assert_eq!(
             planned,
             vec![
@@ -474,16 +543,16 @@ mod tests {
         );
         // Without the driver's batched copies the same path falls back to one call each, and
         // one stream takes everything, the kernel's launch included.
-        let planned = launches(&copies, CopyPath::Batched, false, 1, 1 << 20);
+        let planned = launches(&copies, CopyPath::Batched, false, 1, WHOLE);
         assert_eq!(planned.len(), 5);
         assert!(planned.iter().all(|launch| launch.stream() == 0));
         let mixed = [copy(4096, true), copy(ENGINE_FROM, true)];
-        let planned = launches(&mixed, CopyPath::Auto, false, 1, 1 << 20);
+        let planned = launches(&mixed, CopyPath::Auto, false, 1, WHOLE);
         assert_eq!(
             planned.iter().map(Launch::stream).collect::<Vec<_>>(),
             [0, 0]
         );
-        assert!(launches(&[], CopyPath::Auto, true, 4, 1 << 20).is_empty());
+        assert!(launches(&[], CopyPath::Auto, true, 4, WHOLE).is_empty());
     }
 
     #[test]
@@ -491,7 +560,7 @@ mod tests {
         for batched in [false, true] {
             let short = copy(SINGLE_TO_ENGINES_UP_TO, true);
             assert_eq!(
-                launches(&[short], CopyPath::Auto, batched, 4, 1 << 20),
+                launches(&[short], CopyPath::Auto, batched, 4, WHOLE),
                 [Launch::Single {
                     stream: 0,
                     copy: short
@@ -499,15 +568,15 @@ mod tests {
             );
             let longer = copy(SINGLE_TO_ENGINES_UP_TO + 1, true);
             assert!(matches!(
-                launches(&[longer], CopyPath::Auto, batched, 4, 1 << 20)[..],
+                launches(&[longer], CopyPath::Auto, batched, 4, WHOLE)[..],
                 [Launch::Kernel(_)]
             ));
             assert!(matches!(
-                launches(&[short], CopyPath::Kernel, batched, 4, 1 << 20)[..],
+                launches(&[short], CopyPath::Kernel, batched, 4, WHOLE)[..],
                 [Launch::Kernel(_)]
             ));
             assert!(matches!(
-                launches(&[short, short], CopyPath::Auto, batched, 4, 1 << 20)[..],
+                launches(&[short, short], CopyPath::Auto, batched, 4, WHOLE)[..],
                 [Launch::Kernel(_)]
             ));
         }

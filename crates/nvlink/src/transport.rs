@@ -27,7 +27,8 @@ pub struct NvlinkConfig {
     /// a deeper build of it that always gets one.
     pub kernel_blocks_per_sm: u32,
     /// The copy kernel's unit of work: one warp copies at most this many bytes at a time, so
-    /// long copies are shared out among warps.
+    /// long copies are shared out among warps. A launch with too few bytes to give every warp
+    /// of the grid two such pieces cuts shorter ones (down to 4 KiB).
     pub kernel_chunk_bytes: u64,
     /// Multiprocessors the copy kernel may occupy at once, at most; `None` for all of them
     /// (`Some(0)` counts as 1). A launch then has at most this many thread blocks, so it runs

@@ -106,10 +106,19 @@ fn a_failed_launch_waits_for_the_copies_queued_before_it_on_every_stream() {
             kernel_reaches: false,
         })
         .collect();
-    let work: Vec<(usize, Work)> = plan::launches(&copies, CopyPath::CopyEngine, false, 4, 1 << 20)
-        .into_iter()
-        .map(|launch| (0, Work::Copies(launch)))
-        .collect();
+    let work: Vec<(usize, Work)> = plan::launches(
+        &copies,
+        CopyPath::CopyEngine,
+        false,
+        4,
+        plan::Pieces {
+            most: 1 << 20,
+            full_grid: 1,
+        },
+    )
+    .into_iter()
+    .map(|launch| (0, Work::Copies(launch)))
+    .collect();
     assert_eq!(work.len(), COPIES, "one launch per copy");
     let launches = FailingAt {
         inner: Launches {
