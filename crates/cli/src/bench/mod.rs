@@ -21,6 +21,7 @@ use ferry::{
     BlockCopy, BlockLayout, BufferDescriptor, Completion, CopyPath, Direction, Engine,
     Notifications, NvlinkConfig, Peer, Region,
 };
+use futures::FutureExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{quantile, Contention, Notified, Report, Row};
 use std::path::PathBuf;
@@ -721,7 +722,9 @@ impl Side {
     /// event after it, polled), to the last transfer's end; also returned, per round, the same
     /// from the return of the gate write, which adds the GPU's noticing the gate. Also returns
     /// one layer's transfer alone, with its data ready (p50, microseconds). The row's submit
-    /// time is that of all layers of a round.
+    /// time is that of all layers of a round. Transfers that end while later layers compute
+    /// are collected then, as a serving loop polls its finished layers, so the tail holds
+    /// only the waits for the layers still moving.
     fn layerwise(
         &self,
         paged: &Paged,
@@ -767,9 +770,16 @@ impl Side {
                 return Err(error);
             }
             let submitted = started.elapsed();
+            let mut moving = transfers.into_iter().peekable();
             for _ in 0..layers {
                 let until = Instant::now() + compute;
                 while Instant::now() < until {
+                    // Layers queue on one stream, so they end in order: the oldest one still
+                    // moving is the one to look at.
+                    if let Some(done) = moving.peek_mut().and_then(FutureExt::now_or_never) {
+                        self.carried(done?)?;
+                        moving.next();
+                    }
                     std::hint::spin_loop();
                 }
                 gate += 1;
@@ -786,7 +796,7 @@ impl Side {
                 }
             }
             let computed = Instant::now();
-            for transfer in transfers {
+            for transfer in moving {
                 self.carried(transfer.wait_spinning(WAIT_SPIN)?)?;
             }
             let tail = computed.elapsed();
