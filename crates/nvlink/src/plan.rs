@@ -215,7 +215,9 @@ pub(crate) fn launches(
     let route = route(copies, path, batched);
     let mut launches = Vec::new();
     if !route.kernel.is_empty() {
-        let bytes = route.kernel.iter().map(|&index| copies[index].len).sum();
+        let bytes = route.kernel.iter().fold(0u64, |bytes, &index| {
+            bytes.saturating_add(copies[index].len)
+        });
         let chunk = pieces.len_for(bytes);
         launches.push(Launch::Kernel(kernel_entries(copies, &route.kernel, chunk)));
     }
@@ -252,24 +254,37 @@ pub(crate) fn write_entries(entries: &[[u64; 3]], out: &mut [u8]) {
 }
 
 /// The copy a notification can ride on in one `ferry_copy_publish` launch: `launch` is one
-/// copy of at most [`PUBLISHING_COPY_MAX`] bytes that the kernels reach, and `path` lets the
-/// kernel take it (`auto` or `kernel`).
+/// copy of at most [`PUBLISHING_COPY_MAX`] bytes that the kernels reach (for the kernel, one
+/// entry or the pieces [`launches`] cut one copy into), and `path` lets the kernel take it
+/// (`auto` or `kernel`).
 pub(crate) fn publishing_copy(launch: &Launch, path: CopyPath) -> Option<Copy> {
     let copy = match launch {
         Launch::Single { copy, .. } => *copy,
-        Launch::Kernel(entries) => match entries.as_slice() {
-            [[src, dst, len]] => Copy {
-                dst: *dst,
-                src: *src,
-                len: *len,
-                kernel_reaches: true,
-            },
-            _ => return None,
-        },
+        Launch::Kernel(entries) => one_copy(entries)?,
         Launch::Batch { .. } => return None,
     };
     let kernel_may = matches!(path, CopyPath::Auto | CopyPath::Kernel);
     (kernel_may && copy.kernel_reaches && copy.len <= PUBLISHING_COPY_MAX).then_some(copy)
+}
+
+/// The copy whose consecutive pieces `entries` are, if they are one copy's.
+fn one_copy(entries: &[[u64; 3]]) -> Option<Copy> {
+    let [src, dst, _] = *entries.first()?;
+    let mut len: u64 = 0;
+    for &[piece_src, piece_dst, piece_len] in entries {
+        let follows =
+            src.checked_add(len) == Some(piece_src) && dst.checked_add(len) == Some(piece_dst);
+        if !follows {
+            return None;
+        }
+        len = len.checked_add(piece_len)?;
+    }
+    Some(Copy {
+        dst,
+        src,
+        len,
+        kernel_reaches: true,
+    })
 }
 
 /// Blocks of a paged copy at least this long whose ends may disagree modulo 16 take the
@@ -607,6 +622,19 @@ mod tests {
         assert_eq!(publishing_copy(&longer, CopyPath::Auto), None);
         let two = Launch::Kernel(vec![[short.src, short.dst, 8], [short.src, short.dst, 8]]);
         assert_eq!(publishing_copy(&two, CopyPath::Auto), None);
+        // The pieces a grid-filling cut makes of one short copy are still that one copy.
+        let cut = Pieces {
+            most: 64 << 10,
+            full_grid: 8448,
+        };
+        let pieces = &launches(&[short], CopyPath::Kernel, true, 4, cut)[0];
+        assert!(matches!(pieces, Launch::Kernel(entries) if entries.len() == 16));
+        assert_eq!(publishing_copy(pieces, CopyPath::Kernel), Some(short));
+        let gap = Launch::Kernel(vec![
+            [short.src, short.dst, 8],
+            [short.src + 16, short.dst + 16, 8],
+        ]);
+        assert_eq!(publishing_copy(&gap, CopyPath::Kernel), None);
     }
 
     #[test]

@@ -771,19 +771,28 @@ impl Side {
             }
             let submitted = started.elapsed();
             let mut moving = transfers.into_iter().peekable();
-            for _ in 0..layers {
-                let until = Instant::now() + compute;
-                while Instant::now() < until {
-                    // Layers queue on one stream, so they end in order: the oldest one still
-                    // moving is the one to look at.
-                    if let Some(done) = moving.peek_mut().and_then(FutureExt::now_or_never) {
-                        self.carried(done?)?;
-                        moving.next();
+            let mut compute_all = || -> Result<(), BoxError> {
+                for _ in 0..layers {
+                    let until = Instant::now() + compute;
+                    while Instant::now() < until {
+                        // Layers queue on one stream, so they end in order: the oldest one
+                        // still moving is the one to look at.
+                        if let Some(done) = moving.peek_mut().and_then(FutureExt::now_or_never) {
+                            self.carried(done?)?;
+                            moving.next();
+                        }
+                        std::hint::spin_loop();
                     }
-                    std::hint::spin_loop();
+                    gate += 1;
+                    self.gate.write_at(0, &gate.to_le_bytes())?;
                 }
-                gate += 1;
-                self.gate.write_at(0, &gate.to_le_bytes())?;
+                Ok(())
+            };
+            if let Err(error) = compute_all() {
+                // A layer that failed leaves the later gates down: raise them all, so no stream
+                // stays held behind one.
+                self.gate.write_at(0, &u32::MAX.to_le_bytes())?;
+                return Err(error);
             }
             let release = Instant::now();
             if let Some(last) = &last {

@@ -259,7 +259,14 @@ mod tests {
         for pause in [Duration::ZERO, YIELD * 4] {
             std::thread::sleep(pause);
             let flag = Arc::new(AtomicU8::new(1));
-            let outcome = futures::executor::block_on(poller.wait(FakeEvent(flag)));
+            let waiting = poller.wait(FakeEvent(flag));
+            let (done, outcome) = mpsc::channel();
+            std::thread::spawn(move || done.send(futures::executor::block_on(waiting)));
+            let outcome = outcome
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| {
+                    panic!("after a pause of {pause:?} the poller never saw the job")
+                });
             assert!(outcome.is_ok(), "after a pause of {pause:?}: {outcome:?}");
         }
     }
