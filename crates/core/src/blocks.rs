@@ -420,37 +420,83 @@ impl std::fmt::Debug for BlockPoolOp {
 }
 
 /// A validated paged copy for one link: every block of every pool lies inside the pool's local
-/// region and remote buffer.
+/// region and remote buffer. Only the engine makes one, from a batch it checked, so a link can
+/// trust what the accessors report (a remote extent from [`BlockOps::remote_highest`], say)
+/// without checking every id again.
 #[derive(Debug, Clone)]
 pub struct BlockOps {
-    /// Which way the bytes go.
-    pub direction: Direction,
-    /// The pools, checked.
-    pub pools: Vec<BlockPoolOp>,
-    /// Bytes per block.
-    pub len: u64,
-    /// Bytes between local blocks.
-    pub local_stride: u64,
-    /// Where the bytes start inside a local block.
-    pub local_offset: u64,
-    /// Bytes between remote blocks.
-    pub remote_stride: u64,
-    /// Where the bytes start inside a remote block.
-    pub remote_offset: u64,
-    /// Local block of each pair.
-    pub local_ids: Arc<[u32]>,
-    /// Remote block of each pair.
-    pub remote_ids: Arc<[u32]>,
-    /// The highest of `remote_ids` (0 without ids), found when the batch was checked: how far
-    /// into each remote pool the copy reaches.
-    pub remote_highest: u32,
-    /// No byte may move before this event has fired ([`crate::Batch::after`]). A transport
-    /// whose copies run on GPU streams makes them wait for it there; any other waits on the
-    /// host first ([`BlockOps::wait_on_host`]).
-    pub after: Option<Arc<Event>>,
+    pub(crate) direction: Direction,
+    pub(crate) pools: Vec<BlockPoolOp>,
+    pub(crate) len: u64,
+    pub(crate) local_stride: u64,
+    pub(crate) local_offset: u64,
+    pub(crate) remote_stride: u64,
+    pub(crate) remote_offset: u64,
+    pub(crate) local_ids: Arc<[u32]>,
+    pub(crate) remote_ids: Arc<[u32]>,
+    pub(crate) remote_highest: u32,
+    pub(crate) after: Option<Arc<Event>>,
 }
 
 impl BlockOps {
+    /// Which way the bytes go.
+    pub fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// The pools, checked.
+    pub fn pools(&self) -> &[BlockPoolOp] {
+        &self.pools
+    }
+
+    /// Bytes per block.
+    pub fn block_len(&self) -> u64 {
+        self.len
+    }
+
+    /// Bytes between local blocks.
+    pub fn local_stride(&self) -> u64 {
+        self.local_stride
+    }
+
+    /// Where the bytes start inside a local block.
+    pub fn local_offset(&self) -> u64 {
+        self.local_offset
+    }
+
+    /// Bytes between remote blocks.
+    pub fn remote_stride(&self) -> u64 {
+        self.remote_stride
+    }
+
+    /// Where the bytes start inside a remote block.
+    pub fn remote_offset(&self) -> u64 {
+        self.remote_offset
+    }
+
+    /// Local block of each pair.
+    pub fn local_ids(&self) -> &Arc<[u32]> {
+        &self.local_ids
+    }
+
+    /// Remote block of each pair.
+    pub fn remote_ids(&self) -> &Arc<[u32]> {
+        &self.remote_ids
+    }
+
+    /// The highest of the remote ids (0 without ids), found when the batch was checked: how
+    /// far into each remote pool the copy reaches.
+    pub fn remote_highest(&self) -> u32 {
+        self.remote_highest
+    }
+
+    /// No byte may move before this event has fired ([`crate::Batch::after`]). A transport
+    /// whose copies run on GPU streams makes them wait for it there; any other waits on the
+    /// host first ([`BlockOps::wait_on_host`]).
+    pub fn after(&self) -> Option<&Arc<Event>> {
+        self.after.as_ref()
+    }
+
     /// Resolves once [`BlockOps::after`] has fired (at once without one): for transports
     /// that cannot make the GPU wait for it.
     ///

@@ -351,18 +351,18 @@ impl NvlinkLink {
     fn paged(&self, blocks: &BlockOps, held: &mut Held) -> Result<Option<(Arc<GpuLane>, Paged)>> {
         let wanted = plan::takes_kernel(
             self.config.copy_path,
-            blocks.len,
+            blocks.block_len(),
             Driver::get().has_batched_copies(),
         );
-        let Some(first) = blocks.pools.first() else {
+        let Some(first) = blocks.pools().first() else {
             return Ok(None);
         };
         let Location::Device { ordinal, .. } = first.region.info().location else {
             return Err(self.refused("a local range is not GPU memory"));
         };
         let (Ok(pools), Ok(ids)) = (
-            u32::try_from(blocks.pools.len()),
-            u32::try_from(blocks.local_ids.len()),
+            u32::try_from(blocks.pools().len()),
+            u32::try_from(blocks.local_ids().len()),
         ) else {
             return Ok(None);
         };
@@ -373,22 +373,22 @@ impl NvlinkLink {
         let Some(kernels) = lane.kernels.as_ref() else {
             return Ok(None);
         };
-        let highest = blocks.remote_highest;
+        let highest = blocks.remote_highest();
         let extent = bounds::block_extent(
             highest,
-            blocks.remote_stride,
-            blocks.remote_offset,
-            blocks.len,
+            blocks.remote_stride(),
+            blocks.remote_offset(),
+            blocks.block_len(),
         )
         .ok_or_else(|| {
             Error::ApiMisuse(format!(
                 "remote block {highest} of a paged copy lies past the end of the address space; fix the block ids or the layout"
             ))
         })?;
-        let mut local_bases = Vec::with_capacity(blocks.pools.len());
-        let mut remote_bases = Vec::with_capacity(blocks.pools.len());
+        let mut local_bases = Vec::with_capacity(blocks.pools().len());
+        let mut remote_bases = Vec::with_capacity(blocks.pools().len());
         let mut last = None;
-        for pool in &blocks.pools {
+        for pool in blocks.pools() {
             let same_gpu = matches!(pool.region.info().location, Location::Device { ordinal: other, .. } if other == ordinal);
             let resolved = self.resolve(&lane, ordinal, &pool.remote, &mut last, held)?;
             if !same_gpu || !resolved.reachable {
@@ -403,24 +403,24 @@ impl NvlinkLink {
         }
         let local = Side {
             bases: local_bases,
-            ids: Arc::clone(&blocks.local_ids),
-            stride: blocks.local_stride,
-            offset: blocks.local_offset,
+            ids: Arc::clone(blocks.local_ids()),
+            stride: blocks.local_stride(),
+            offset: blocks.local_offset(),
         };
         let remote = Side {
             bases: remote_bases,
-            ids: Arc::clone(&blocks.remote_ids),
-            stride: blocks.remote_stride,
-            offset: blocks.remote_offset,
+            ids: Arc::clone(blocks.remote_ids()),
+            stride: blocks.remote_stride(),
+            offset: blocks.remote_offset(),
         };
-        let (src, dst) = match blocks.direction {
+        let (src, dst) = match blocks.direction() {
             Direction::Write => (local, remote),
             Direction::Read => (remote, local),
         };
         // Every block's ends agree modulo 16 when every base, stride and offset is a multiple
         // of 16; otherwise some may not, and blocks long enough to gain from more loads in
         // flight take the `_shifted` build.
-        let shifted = blocks.len >= plan::DEEP_SHIFT_FROM
+        let shifted = blocks.block_len() >= plan::DEEP_SHIFT_FROM
             && [&src, &dst].iter().any(|side| {
                 side.bases.iter().any(|base| base % 16 != 0)
                     || side.stride % 16 != 0
@@ -428,26 +428,26 @@ impl NvlinkLink {
             });
         let pairs = u64::from(pools) * u64::from(ids);
         let chunk = plan::piece_bytes(
-            pairs.saturating_mul(blocks.len),
+            pairs.saturating_mul(blocks.block_len()),
             kernels.items_for_full_grid(&self.config),
             self.config.kernel_chunk_bytes,
         );
-        let items = pairs * blocks.len.div_ceil(chunk);
+        let items = pairs * blocks.block_len().div_ceil(chunk);
         let paged = Paged {
-            layout: plan::PagedArgs::new(blocks.pools.len(), blocks.local_ids.len()),
+            layout: plan::PagedArgs::new(blocks.pools().len(), blocks.local_ids().len()),
             grid: kernels.grid(items, &self.config, shifted),
             pools,
             ids,
             src,
             dst,
-            len: blocks.len,
+            len: blocks.block_len(),
             chunk,
             shifted,
-            stream: match blocks.after {
+            stream: match blocks.after() {
                 Some(_) => lane.waiting_stream(),
                 None => 0,
             },
-            after: blocks.after.clone(),
+            after: blocks.after().cloned(),
         };
         Ok(Some((lane, paged)))
     }
@@ -507,10 +507,12 @@ impl NvlinkLink {
     /// Moves `blocks`, and hands `payload` over as [`Link::transfer_notifying`] says when
     /// there is one.
     async fn move_blocks(&self, blocks: BlockOps, payload: Option<&[u8]>) -> Result<Notified> {
-        if let Some(Location::Device { ordinal, .. }) =
-            blocks.pools.first().map(|pool| pool.region.info().location)
+        if let Some(Location::Device { ordinal, .. }) = blocks
+            .pools()
+            .first()
+            .map(|pool| pool.region.info().location)
         {
-            self.map_all(blocks.pools.iter().map(|pool| &pool.remote), ordinal)
+            self.map_all(blocks.pools().iter().map(|pool| &pool.remote), ordinal)
                 .await?;
         }
         let mut held = Vec::new();
