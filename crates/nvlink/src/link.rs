@@ -83,6 +83,18 @@ impl GpuLane {
     fn waiting_stream(&self) -> usize {
         self.streams.len() - 1
     }
+
+    /// How this GPU's kernel cuts long copies: pieces of at most the configured chunk, fewer
+    /// bytes where that would leave part of its grid idle.
+    fn pieces(&self, config: &NvlinkConfig) -> plan::Pieces {
+        plan::Pieces {
+            most: config.kernel_chunk_bytes,
+            full_grid: self
+                .kernels
+                .as_ref()
+                .map_or(1, |kernels| kernels.items_for_full_grid(config)),
+        }
+    }
 }
 
 impl NvlinkLink {
@@ -427,11 +439,9 @@ impl NvlinkLink {
                     || side.offset % 16 != 0
             });
         let pairs = u64::from(pools) * u64::from(ids);
-        let chunk = plan::piece_bytes(
-            pairs.saturating_mul(blocks.block_len()),
-            kernels.items_for_full_grid(&self.config),
-            self.config.kernel_chunk_bytes,
-        );
+        let chunk = lane
+            .pieces(&self.config)
+            .len_for(pairs.saturating_mul(blocks.block_len()));
         let items = pairs * blocks.block_len().div_ceil(chunk);
         let paged = Paged {
             layout: plan::PagedArgs::new(blocks.pools().len(), blocks.local_ids().len()),
@@ -485,13 +495,7 @@ impl NvlinkLink {
                 self.config.copy_path,
                 batched,
                 lane.copy_streams(),
-                plan::Pieces {
-                    most: self.config.kernel_chunk_bytes,
-                    full_grid: lane
-                        .kernels
-                        .as_ref()
-                        .map_or(1, |kernels| kernels.items_for_full_grid(&self.config)),
-                },
+                lane.pieces(&self.config),
             );
             work.extend(
                 planned

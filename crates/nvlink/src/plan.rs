@@ -128,7 +128,7 @@ pub(crate) const MIN_PIECE: u64 = 4096;
 /// (the configured chunk) where that makes at least `items` pieces, else shorter, a multiple
 /// of [`MIN_PIECE`] and not below it, so that a few long blocks (one layer's KV, say) spread
 /// over the whole grid instead of keeping a few multiprocessors busy for longer.
-pub(crate) fn piece_bytes(bytes: u64, items: u64, most: u64) -> u64 {
+fn piece_bytes(bytes: u64, items: u64, most: u64) -> u64 {
     let most = most.max(1);
     let even = bytes
         .div_ceil(items.max(1))

@@ -764,11 +764,8 @@ impl Side {
                 }
                 Ok(())
             };
-            if let Err(error) = queue() {
-                // Release whatever was queued, so no stream stays held behind the gate.
-                self.gate.write_at(0, &u32::MAX.to_le_bytes())?;
-                return Err(error);
-            }
+            let queued = queue();
+            self.raise_gates_on_error(queued)?;
             let submitted = started.elapsed();
             let mut moving = transfers.into_iter().peekable();
             let mut compute_all = || -> Result<(), BoxError> {
@@ -788,12 +785,8 @@ impl Side {
                 }
                 Ok(())
             };
-            if let Err(error) = compute_all() {
-                // A layer that failed leaves the later gates down: raise them all, so no stream
-                // stays held behind one.
-                self.gate.write_at(0, &u32::MAX.to_le_bytes())?;
-                return Err(error);
-            }
+            let ran = compute_all();
+            self.raise_gates_on_error(ran)?;
             let release = Instant::now();
             if let Some(last) = &last {
                 while !last.query()? {
@@ -833,6 +826,16 @@ impl Side {
             }
         }
         Ok((timing, released, median(&alone)))
+    }
+
+    /// `outcome`, after raising every `kv-layerwise` gate when it is an error: a layer that
+    /// failed to queue or to end leaves gates down that nothing raises now, and every stream
+    /// behind them would stay held.
+    fn raise_gates_on_error(&self, outcome: Result<(), BoxError>) -> Result<(), BoxError> {
+        if outcome.is_err() {
+            self.gate.write_at(0, &u32::MAX.to_le_bytes())?;
+        }
+        outcome
     }
 
     fn batch(&self, shape: &Shape, direction: Direction) -> ferry::Batch {

@@ -96,31 +96,22 @@ fn run(inbox: mpsc::Receiver<Job>) {
     let mut last_news = Instant::now();
     let mut nap = Duration::from_micros(5);
     loop {
-        if pending.is_empty() {
-            let idle = last_news.elapsed();
-            let job = match idle < YIELD {
-                true => match inbox.try_recv() {
-                    Ok(job) => job,
-                    Err(mpsc::TryRecvError::Disconnected) => return,
-                    Err(mpsc::TryRecvError::Empty) => {
-                        match idle < SPIN {
-                            true => std::hint::spin_loop(),
-                            false => std::thread::yield_now(),
-                        }
-                        continue;
-                    }
-                },
-                false => match inbox.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
-                },
-            };
-            pending.push(job);
+        if pending.is_empty() && last_news.elapsed() >= YIELD {
+            match inbox.recv() {
+                Ok(job) => pending.push(job),
+                Err(_) => return,
+            }
             last_news = Instant::now();
         }
-        while let Ok(job) = inbox.try_recv() {
-            pending.push(job);
-            last_news = Instant::now();
+        loop {
+            match inbox.try_recv() {
+                Ok(job) => {
+                    pending.push(job);
+                    last_news = Instant::now();
+                }
+                Err(mpsc::TryRecvError::Disconnected) if pending.is_empty() => return,
+                Err(_) => break,
+            }
         }
         let before = pending.len();
         pending.retain_mut(|job| match job.source.query() {
@@ -142,11 +133,14 @@ fn run(inbox: mpsc::Receiver<Job>) {
         }
         if pending.is_empty() {
             nap = Duration::from_micros(5);
-        } else if last_news.elapsed() < SPIN {
+        }
+        // Idle for YIELD with nothing outstanding, the next pass parks in `recv`.
+        let idle = last_news.elapsed();
+        if idle < SPIN {
             std::hint::spin_loop();
-        } else if last_news.elapsed() < YIELD {
+        } else if idle < YIELD {
             std::thread::yield_now();
-        } else {
+        } else if !pending.is_empty() {
             std::thread::sleep(nap);
             nap = (nap * 2).min(MAX_NAP);
         }
