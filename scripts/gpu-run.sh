@@ -67,11 +67,15 @@ containers() {
   fi
 }
 
+# The single-pair rows and the sweep: GPU0 -> GPU1, or within GPU0 (against the device-to-device
+# copy) on a machine with one GPU.
 bench() {
-  step "ferry bench" timeout 420 "$here/ferry" bench --paths auto,kernel,copy-engine,batched \
-    --json "$logs/bench.json" --plot "$logs/bench.svg"
+  local decode=1
+  [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || decode=0
+  step "ferry bench" timeout 420 "$here/ferry" bench --prefill-gpu 0 --decode-gpu "$decode" \
+    --paths auto,kernel,copy-engine,batched --json "$logs/bench.json" --plot "$logs/bench.svg"
   step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
-    --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
+    --prefill-gpu 0 --decode-gpu "$decode" --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
 }
 
 # The curve multiprocessors -> GB/s -> GEMM slowdown: GPU0 -> GPU1, or within GPU0 on a machine

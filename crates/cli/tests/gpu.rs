@@ -1010,6 +1010,64 @@ fn a_long_id_list_lands_every_block_in_its_slot_and_reads_back() {
     assert_bytes_eq(&read, &returned, "the blocks read back");
 }
 
+/// Block copies whose id lists are long enough for the host to write most of them while the
+/// kernel already runs, one after another, each with other ids in the argument buffer the one
+/// before used: every round lands exactly its own blocks, none where a stale id of an earlier
+/// round points.
+#[test]
+fn long_id_lists_written_while_the_kernel_runs_land_each_round_s_own_blocks() {
+    gpus();
+    const BLOCK: u64 = 256;
+    const POOL_BLOCKS: u32 = 1 << 16;
+    const IDS: u32 = 50_000;
+    const POOL: u64 = BLOCK * POOL_BLOCKS as u64;
+    let (decode, prefill) = (engine(), engine());
+    let pool = decode.allocate_device(0, POOL).unwrap();
+    let source = prefill.allocate_device(0, POOL).unwrap();
+    let bytes = pattern(31, POOL as usize);
+    source.write_at(0, &bytes).unwrap();
+    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let remote = peer.buffer_at(pool.addr()).unwrap();
+    let at = pool.addr() - remote.addr;
+    // Odd multipliers walk a power-of-two pool without repeating: distinct ids, other ones
+    // every round.
+    for (round, (local_step, remote_step)) in
+        [(40_503u32, 30_001u32), (25_013, 54_321), (12_345, 777)]
+            .into_iter()
+            .enumerate()
+    {
+        let round = round as u32;
+        pool.write_at(0, &vec![0u8; POOL as usize]).unwrap();
+        let local_ids: Vec<u32> = (0..IDS)
+            .map(|i| (i * local_step + round) % POOL_BLOCKS)
+            .collect();
+        let remote_ids: Vec<u32> = (0..IDS)
+            .map(|i| (i * remote_step + 3 * round) % POOL_BLOCKS)
+            .collect();
+        let layout = ferry::BlockLayout::packed(POOL, BLOCK);
+        let copy =
+            ferry::BlockCopy::new(BLOCK, layout, layout, local_ids.clone(), remote_ids.clone())
+                .pool_at(&source, 0, &remote, at);
+        let done = prefill
+            .batch(&peer)
+            .write_blocks(copy)
+            .submit_blocking()
+            .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"]);
+        let mut expected = vec![0u8; POOL as usize];
+        for (&from, &to) in local_ids.iter().zip(&remote_ids) {
+            let (from, to) = (
+                (u64::from(from) * BLOCK) as usize,
+                (u64::from(to) * BLOCK) as usize,
+            );
+            expected[to..to + BLOCK as usize].copy_from_slice(&bytes[from..from + BLOCK as usize]);
+        }
+        let mut landed = vec![0u8; POOL as usize];
+        pool.read_at(0, &mut landed).unwrap();
+        assert_bytes_eq(&landed, &expected, &format!("round {round}"));
+    }
+}
+
 /// A block copy told to start after an event holds every byte back until the event fires and
 /// then moves them all: over nvlink the copy waits on the GPU, over TCP (GPU memory staged
 /// through the host) the engine waits on the host. The event stands for prefill's "layer N

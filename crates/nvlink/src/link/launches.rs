@@ -5,7 +5,9 @@
 use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
 use crate::plan::{self, Launch};
-use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
+use ferry_core::cuda::{
+    launch_all, Event, Kernel, KernelArg, Launcher, PinnedBuffer, Poller, Stream,
+};
 use ferry_core::{Error, Notified, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,10 +15,12 @@ use std::sync::Arc;
 impl NvlinkLink {
     /// Launches `kernel` on the lane's stream `stream` with its large arguments in a pinned
     /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
-    /// returning the launch's arguments. Returns the event recorded right after the launch.
+    /// returning the launch's arguments; right after the launch call, `finish` writes the
+    /// rest, which the kernel waits for. Returns the event recorded right after the launch.
     ///
-    /// The caller vouches that the returned arguments match `kernel`'s parameters and that
-    /// every range they name was checked against live registrations reachable from this GPU.
+    /// The caller vouches that the returned arguments match `kernel`'s parameters, that every
+    /// range they name was checked against live registrations reachable from this GPU, and
+    /// that `finish` cannot fail to write what the kernel waits for.
     fn launch_kernel(
         &self,
         lane: &GpuLane,
@@ -25,6 +29,7 @@ impl NvlinkLink {
         grid: u32,
         arg_bytes: usize,
         fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
+        finish: impl FnOnce(&mut PinnedBuffer),
     ) -> Result<Arc<Event>> {
         let mut args = lane.args.take(arg_bytes)?;
         let base = args.addr();
@@ -35,6 +40,9 @@ impl NvlinkLink {
         // stream it gave work has finished); the pinned argument buffer goes back to the pool
         // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
         let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
+        // Also after a launch that reported an error: whether it queued nothing is the
+        // driver's word, and writing costs only the time.
+        finish(&mut args);
         let fence = match Event::record(stream) {
             Ok(fence) => Arc::new(fence),
             Err(error) => {
@@ -73,6 +81,7 @@ impl NvlinkLink {
                         plan::write_entries(entries, args);
                         vec![KernelArg::U64(base), KernelArg::U64(count)]
                     },
+                    |_| {},
                 )
                 .map(Some)
             }
@@ -110,6 +119,11 @@ impl NvlinkLink {
                     true => &kernels.paged_shifted,
                     false => &kernels.paged,
                 };
+                let mirror = lane
+                    .mirrors
+                    .as_ref()
+                    .and_then(|mirrors| mirrors.next(paged.stream));
+                let written = std::cell::Cell::new(0);
                 self.launch_kernel(
                     lane,
                     paged.stream,
@@ -117,7 +131,19 @@ impl NvlinkLink {
                     paged.grid,
                     layout.bytes(),
                     |args, base| {
-                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                        written.set(layout.write_before_launch(
+                            args,
+                            &src.bases,
+                            &dst.bases,
+                            &src.ids,
+                            &dst.ids,
+                            mirror.is_some(),
+                        ));
+                        let head = written.get() as u32;
+                        let (mirror, generation) = match head < paged.ids {
+                            true => mirror.unwrap_or_default(),
+                            false => (0, 0),
+                        };
                         vec![
                             KernelArg::U64(base + layout.src_bases),
                             KernelArg::U64(base + layout.dst_bases),
@@ -131,8 +157,15 @@ impl NvlinkLink {
                             KernelArg::U64(dst.offset),
                             KernelArg::U64(paged.len),
                             KernelArg::U64(paged.chunk),
+                            KernelArg::U32(head),
+                            KernelArg::U64(base + layout.ready),
+                            KernelArg::U64(mirror),
+                            KernelArg::U32(generation),
                         ]
                     },
+                    // Pure writes into a buffer `take` sized for the layout: nothing here can
+                    // fail, so the kernel always sees its count reach every id.
+                    |args| layout.write_after_launch(args, written.get(), &src.ids, &dst.ids),
                 )
                 .map(Some)
             }
@@ -291,6 +324,21 @@ impl NvlinkLink {
         let wait = |event: Arc<Event>| Poller::global().wait(event);
         launch_all(launches, wait, keep).await?;
         self.still_alive()
+    }
+}
+
+impl plan::StreamedArgs for PinnedBuffer {
+    fn bytes(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+
+    fn publish(&self, at: u64, count: u32) {
+        // The layout's count word sits at the start of a buffer of at least its size.
+        let stored = usize::try_from(at).is_ok_and(|at| self.store_release_u32(at, count));
+        debug_assert!(
+            stored,
+            "the count word at {at} lies outside the argument buffer"
+        );
     }
 }
 
