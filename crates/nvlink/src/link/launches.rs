@@ -14,26 +14,22 @@ use std::sync::Arc;
 
 impl NvlinkLink {
     /// Launches `kernel` on the lane's stream `stream` with its large arguments in a pinned
-    /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
-    /// returning the launch's arguments; right after the launch call, `finish` writes the
-    /// rest, which the kernel waits for. Returns the event recorded right after the launch.
+    /// buffer that `args` fills, before the launch and right after the launch call. Returns the
+    /// event recorded right after the launch.
     ///
-    /// The caller vouches that the returned arguments match `kernel`'s parameters, that every
-    /// range they name was checked against live registrations reachable from this GPU, and
-    /// that `finish` cannot fail to write what the kernel waits for.
+    /// The caller vouches that the arguments match `kernel`'s parameters and that every range
+    /// they name was checked against live registrations reachable from this GPU.
     fn launch_kernel(
         &self,
         lane: &GpuLane,
         stream: usize,
         kernel: &Kernel,
         grid: u32,
-        arg_bytes: usize,
-        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
-        finish: impl FnOnce(&mut PinnedBuffer),
+        mut args: impl LaunchArgs,
     ) -> Result<Arc<Event>> {
-        let mut args = lane.args.take(arg_bytes)?;
-        let base = args.addr();
-        let launch_args = fill(args.as_mut_slice(), base);
+        let mut buffer = lane.args.take(args.bytes())?;
+        let base = buffer.addr();
+        let launch_args = args.write(buffer.as_mut_slice(), base);
         let stream = &lane.streams[stream];
         // SAFETY: the caller matched the arguments to the kernel and checked every range they
         // name (the transfer keeps the local registrations and the peer mappings until every
@@ -42,17 +38,17 @@ impl NvlinkLink {
         let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
         // Also after a launch that reported an error: whether it queued nothing is the
         // driver's word, and writing costs only the time.
-        finish(&mut args);
+        args.finish(&mut buffer);
         let fence = match Event::record(stream) {
             Ok(fence) => Arc::new(fence),
             Err(error) => {
                 // The launch may still read the arguments: leak them rather than free them
                 // under the GPU.
-                std::mem::forget(args);
+                std::mem::forget(buffer);
                 return Err(error.into());
             }
         };
-        lane.args.give_back(args, Arc::clone(&fence));
+        lane.args.give_back(buffer, Arc::clone(&fence));
         launched.map(|()| fence)
     }
 
@@ -76,12 +72,7 @@ impl NvlinkLink {
                     0,
                     kernel,
                     kernels.grid(count, &self.config, shifted),
-                    entries.len() * plan::ENTRY_BYTES,
-                    |args, base| {
-                        plan::write_entries(entries, args);
-                        vec![KernelArg::U64(base), KernelArg::U64(count)]
-                    },
-                    |_| {},
+                    ListArgs(entries),
                 )
                 .map(Some)
             }
@@ -111,7 +102,6 @@ impl NvlinkLink {
                     .kernels
                     .as_ref()
                     .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
-                let (src, dst, layout) = (&paged.src, &paged.dst, paged.layout);
                 if let Some(event) = &paged.after {
                     lane.streams[paged.stream].wait_event(event)?;
                 }
@@ -123,51 +113,13 @@ impl NvlinkLink {
                     .mirrors
                     .as_ref()
                     .and_then(|mirrors| mirrors.next(paged.stream));
-                let written = std::cell::Cell::new(0);
-                self.launch_kernel(
-                    lane,
-                    paged.stream,
-                    kernel,
-                    paged.grid,
-                    layout.bytes(),
-                    |args, base| {
-                        written.set(layout.write_before_launch(
-                            args,
-                            &src.bases,
-                            &dst.bases,
-                            &src.ids,
-                            &dst.ids,
-                            mirror.is_some(),
-                        ));
-                        let head = written.get() as u32;
-                        let (mirror, generation) = match head < paged.ids {
-                            true => mirror.unwrap_or_default(),
-                            false => (0, 0),
-                        };
-                        vec![
-                            KernelArg::U64(base + layout.src_bases),
-                            KernelArg::U64(base + layout.dst_bases),
-                            KernelArg::U32(paged.pools),
-                            KernelArg::U64(base + layout.src_ids),
-                            KernelArg::U64(base + layout.dst_ids),
-                            KernelArg::U32(paged.ids),
-                            KernelArg::U64(src.stride),
-                            KernelArg::U64(dst.stride),
-                            KernelArg::U64(src.offset),
-                            KernelArg::U64(dst.offset),
-                            KernelArg::U64(paged.len),
-                            KernelArg::U64(paged.chunk),
-                            KernelArg::U32(head),
-                            KernelArg::U64(base + layout.ready),
-                            KernelArg::U64(mirror),
-                            KernelArg::U32(generation),
-                        ]
-                    },
-                    // Pure writes into a buffer `take` sized for the layout: nothing here can
-                    // fail, so the kernel always sees its count reach every id.
-                    |args| layout.write_after_launch(args, written.get(), &src.ids, &dst.ids),
-                )
-                .map(Some)
+                let args = PagedLaunchArgs {
+                    paged,
+                    mirror,
+                    written: 0,
+                };
+                self.launch_kernel(lane, paged.stream, kernel, paged.grid, args)
+                    .map(Some)
             }
             Work::CopyPublish {
                 stream,
@@ -339,6 +291,94 @@ impl plan::StreamedArgs for PinnedBuffer {
             stored,
             "the count word at {at} lies outside the argument buffer"
         );
+    }
+}
+
+/// What a kernel launch puts into its pinned argument buffer.
+trait LaunchArgs {
+    /// Bytes the buffer needs.
+    fn bytes(&self) -> usize;
+
+    /// Writes what the kernel reads first into `buffer` (at GPU address `base`) and returns
+    /// the launch's arguments.
+    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg>;
+
+    /// Right after the launch call: writes the rest, which the kernel waits for. Nothing here
+    /// may fail, or the kernel would wait forever.
+    fn finish(&mut self, _buffer: &mut PinnedBuffer) {}
+}
+
+/// The entries of `ferry_copy_list`.
+struct ListArgs<'a>(&'a [[u64; 3]]);
+
+impl LaunchArgs for ListArgs<'_> {
+    fn bytes(&self) -> usize {
+        self.0.len() * plan::ENTRY_BYTES
+    }
+
+    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg> {
+        plan::write_entries(self.0, buffer);
+        vec![KernelArg::U64(base), KernelArg::U64(self.0.len() as u64)]
+    }
+}
+
+/// The bases and ids of `ferry_copy_paged`, the ids of a long list streamed while the kernel
+/// runs when `mirror` (the word and generation of [`crate::args::CountMirrors::next`]) is
+/// there.
+struct PagedLaunchArgs<'a> {
+    paged: &'a Paged,
+    mirror: Option<(u64, u32)>,
+    /// Ids of each list written before the launch.
+    written: usize,
+}
+
+impl LaunchArgs for PagedLaunchArgs<'_> {
+    fn bytes(&self) -> usize {
+        self.paged.layout.bytes()
+    }
+
+    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg> {
+        let Paged {
+            layout, src, dst, ..
+        } = self.paged;
+        self.written = layout.write_before_launch(
+            buffer,
+            &src.bases,
+            &dst.bases,
+            &src.ids,
+            &dst.ids,
+            self.mirror.is_some(),
+        );
+        let head = self.written as u32;
+        let (mirror, generation) = match head < self.paged.ids {
+            true => self.mirror.unwrap_or_default(),
+            false => (0, 0),
+        };
+        vec![
+            KernelArg::U64(base + layout.src_bases),
+            KernelArg::U64(base + layout.dst_bases),
+            KernelArg::U32(self.paged.pools),
+            KernelArg::U64(base + layout.src_ids),
+            KernelArg::U64(base + layout.dst_ids),
+            KernelArg::U32(self.paged.ids),
+            KernelArg::U64(src.stride),
+            KernelArg::U64(dst.stride),
+            KernelArg::U64(src.offset),
+            KernelArg::U64(dst.offset),
+            KernelArg::U64(self.paged.len),
+            KernelArg::U64(self.paged.chunk),
+            KernelArg::U32(head),
+            KernelArg::U64(base + layout.ready),
+            KernelArg::U64(mirror),
+            KernelArg::U32(generation),
+        ]
+    }
+
+    fn finish(&mut self, buffer: &mut PinnedBuffer) {
+        let Paged {
+            layout, src, dst, ..
+        } = self.paged;
+        layout.write_after_launch(buffer, self.written, &src.ids, &dst.ids);
     }
 }
 
