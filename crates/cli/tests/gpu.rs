@@ -1010,12 +1010,11 @@ fn a_long_id_list_lands_every_block_in_its_slot_and_reads_back() {
     assert_bytes_eq(&read, &returned, "the blocks read back");
 }
 
-/// Block copies whose id lists are long enough for the host to write most of them while the
-/// kernel already runs, one after another, each with other ids in the argument buffer the one
-/// before used: every round lands exactly its own blocks, none where a stale id of an earlier
-/// round points.
+/// Block copies with long id lists, one after another, each with other ids in the argument
+/// buffer the one before used: every round lands exactly its own blocks, none where a stale id
+/// of an earlier round points.
 #[test]
-fn long_id_lists_written_while_the_kernel_runs_land_each_round_s_own_blocks() {
+fn long_id_lists_back_to_back_land_each_round_s_own_blocks() {
     gpus();
     const BLOCK: u64 = 256;
     const POOL_BLOCKS: u32 = 1 << 16;

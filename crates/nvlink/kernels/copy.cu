@@ -191,111 +191,26 @@ __device__ __forceinline__ void copy_list(const CopyEntry* entries, u64 count) {
     }
 }
 
-// The 32-bit word at `word` (host memory the host is still writing) as this thread's acquire
-// load at system scope: what the host wrote before it stored the value is visible after.
-// Such loads of one word from many warps are served one after another, about a microsecond
-// each on an H200: 4,224 warps asking once each took 4 ms. So one lane asks the host and
-// mirrors the answer into GPU memory, where the other warps look.
-__device__ __forceinline__ u32 load_acquire_system(const u32* word) {
-    u32 value;
-    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
-    return value;
-}
-
-__device__ __forceinline__ u64 load_acquire_gpu(const u64* word) {
-    u64 value;
-    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
-    return value;
-}
-
-__device__ __forceinline__ void store_release_gpu(u64* word, u64 value) {
-    asm volatile("st.release.gpu.u64 [%0], %1;" : : "l"(word), "l"(value) : "memory");
-}
-
-// Copies the host's count of written ids at `ready` into `mirror`, tagged with the launch's
-// `generation` in the high half (the word still holds the last launch's count), until the
-// count reaches `blocks`. One thread of the launch does this.
-__device__ __forceinline__ void mirror_count(const u32* ready, u64* mirror, u32 generation,
-                                             u32 blocks) {
-    u32 count = load_acquire_system(ready);
-    store_release_gpu(mirror, ((u64)generation << 32) | count);
-#pragma unroll 1
-    while (count < blocks) {
-        __nanosleep(256);
-        count = load_acquire_system(ready);
-        store_release_gpu(mirror, ((u64)generation << 32) | count);
-    }
-}
-
-// Waits until more than `block` ids of each list are written; returns the count seen. Looks
-// at the mirror, and every 64th time at the host's count itself, so progress never depends
-// on the mirroring thread being resident. Every lane loads, so every lane's later loads of
-// the ids are ordered after.
-__device__ __forceinline__ u32 wait_for_ids(const u32* ready, const u64* mirror, u32 generation,
-                                            u64 block) {
-#pragma unroll 1
-    for (u32 look = 1;; ++look) {
-        const u64 tagged = load_acquire_gpu(mirror);
-        if ((u32)(tagged >> 32) == generation && (u64)(u32)tagged > block) {
-            return (u32)tagged;
-        }
-        if (look % 64 == 0) {
-            const u32 count = load_acquire_system(ready);
-            if ((u64)count > block) {
-                return count;
-            }
-        }
-        __nanosleep(128);
-    }
-}
-
 // Copies paged-KV blocks: for every pool p and every index b below `blocks`,
 // `len` bytes from src_bases[p] + src_ids[b] * src_stride + src_offset
 // to dst_bases[p] + dst_ids[b] * dst_stride + dst_offset.
 // Blocks longer than `chunk` bytes are shared out in pieces of `chunk`, so a few large blocks
 // still keep every warp busy.
-// The first `head` ids of each list are written before the launch. With fewer than `blocks`,
-// the host writes the rest while the kernel runs and raises the 32-bit count at `ready` (host
-// memory) as it goes; the launch's first thread mirrors it into `mirror` (GPU memory, tagged
-// with `generation`), and a warp reads block b's ids only once it has seen the count pass b.
 template <u32 DEPTH, u32 SHIFTED_DEPTH>
 __device__ __forceinline__ void copy_paged(const u64* src_bases, const u64* dst_bases, u32 pools,
                                            const u32* src_ids, const u32* dst_ids, u32 blocks,
                                            u64 src_stride, u64 dst_stride, u64 src_offset,
-                                           u64 dst_offset, u64 len, u64 chunk, u32 head,
-                                           const u32* ready, u64* mirror, u32 generation) {
-    if (head < blocks && blockIdx.x == 0 && threadIdx.x < 32) {
-        if (threadIdx.x == 0) {
-            mirror_count(ready, mirror, generation, blocks);
-        }
-        __syncwarp();
-    }
+                                           u64 dst_offset, u64 len, u64 chunk) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     const u64 pieces = (len + chunk - 1) / chunk;
     const u64 items = (u64)pools * blocks * pieces;
-    // The count this warp saw last, in shared memory rather than a register: one more
-    // register spilled the plain build past its launch bounds.
-    __shared__ u32 written[THREADS / 32];
-    u32* seen = &written[threadIdx.x >> 5];
-    if (lane == 0) {
-        *seen = head;
-    }
-    __syncwarp();
     for (u64 item = warp; item < items; item += warps) {
         const u64 pair = pieces == 1 ? item : item / pieces;
         const u64 piece = item - pair * pieces;
         const u64 pool = pair / blocks;
         const u64 block = pair - pool * blocks;
-        if (block >= *seen) {
-            const u32 count = wait_for_ids(ready, mirror, generation, block);
-            __syncwarp();
-            if (lane == 0) {
-                *seen = count;
-            }
-            __syncwarp();
-        }
         const u64 skip = piece * chunk;
         const u64 bytes = len - skip < chunk ? len - skip : chunk;
         const u64 src = src_bases[pool] + (u64)src_ids[block] * src_stride + src_offset + skip;
@@ -307,11 +222,10 @@ __device__ __forceinline__ void copy_paged(const u64* src_bases, const u64* dst_
 #define PAGED_PARAMS                                                                               \
     const u64 *src_bases, const u64 *dst_bases, u32 pools, const u32 *src_ids,                     \
         const u32 *dst_ids, u32 blocks, u64 src_stride, u64 dst_stride, u64 src_offset,            \
-        u64 dst_offset, u64 len, u64 chunk, u32 head, const u32 *ready, u64 *mirror,               \
-        u32 generation
+        u64 dst_offset, u64 len, u64 chunk
 #define PAGED_ARGS                                                                                 \
     src_bases, dst_bases, pools, src_ids, dst_ids, blocks, src_stride, dst_stride, src_offset,     \
-        dst_offset, len, chunk, head, ready, mirror, generation
+        dst_offset, len, chunk
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 ferry_copy_list(const CopyEntry* entries, u64 count) {

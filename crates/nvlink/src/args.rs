@@ -1,11 +1,8 @@
 //! Pinned host buffers that carry kernel arguments too large for a launch (copy lists, block
-//! ids). The kernels read them in place over the bus, so no upload is queued before a launch;
-//! a long id list is even read while the host still writes it, and [`CountMirrors`] hold
-//! the count of ids written where the kernel's warps look for it.
+//! ids). The kernels read them in place over the bus, so no upload is queued before a launch.
 
-use ferry_core::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer};
+use ferry_core::cuda::{Context, CudaError, Event, PinnedBuffer};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Smallest buffer allocated, so small batches reuse one buffer.
@@ -58,42 +55,5 @@ impl ArgumentPool {
     /// Returns `buffer` for reuse once `fence` (recorded after the launch reading it) fires.
     pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Arc<Event>) {
         self.free.lock().push((buffer, fence));
-    }
-}
-
-/// GPU memory where a streamed paged launch's first thread mirrors the host's count of ids
-/// written, one 64-bit word per stream of a lane (launches on one stream run one after
-/// another, so each word serves one launch at a time), and the generations that tell one
-/// launch's count from the one before it on the same word.
-#[derive(Debug)]
-pub(crate) struct CountMirrors {
-    words: DeviceBuffer,
-    streams: usize,
-    generation: AtomicU32,
-}
-
-impl CountMirrors {
-    /// Zeroed words for `streams` streams of `context`'s GPU (no launch has generation 0).
-    pub(crate) fn new(context: Arc<Context>, streams: usize) -> ferry_core::Result<CountMirrors> {
-        let words = DeviceBuffer::new(context, 8 * streams)?;
-        words.write_at(0, &vec![0u8; 8 * streams])?;
-        Ok(CountMirrors {
-            words,
-            streams,
-            generation: AtomicU32::new(1),
-        })
-    }
-
-    /// The GPU address of `stream`'s word and a generation of its own for the next launch
-    /// there; `None` for a stream the lane does not have.
-    pub(crate) fn next(&self, stream: usize) -> Option<(u64, u32)> {
-        if stream >= self.streams {
-            return None;
-        }
-        let generation = match self.generation.fetch_add(1, Ordering::Relaxed) {
-            0 => self.generation.fetch_add(1, Ordering::Relaxed),
-            generation => generation,
-        };
-        Some((self.words.addr() + 8 * stream as u64, generation))
     }
 }

@@ -1,4 +1,4 @@
-use crate::args::{ArgumentPool, CountMirrors};
+use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
 use crate::export::GpuExport;
 use crate::import::{OpenError, Opened, PeerMapping};
@@ -56,9 +56,6 @@ struct GpuLane {
     /// `None` when the kernels could not be loaded; every copy then uses the copy engines.
     kernels: Option<KernelShare>,
     args: ArgumentPool,
-    /// `None` when they could not be allocated: every paged launch then has its ids written
-    /// whole before it.
-    mirrors: Option<CountMirrors>,
     /// Peer GPUs (ordinals) whose memory this GPU's kernels may touch, by whether enabling
     /// peer access to them worked.
     peers: Mutex<HashMap<u32, bool>>,
@@ -152,16 +149,10 @@ impl NvlinkLink {
                 None
             }
         };
-        let mirrors = CountMirrors::new(Arc::clone(&context), streams.len())
-            .inspect_err(|error| {
-                tracing::warn!(gpu = ordinal, %error, "no GPU memory for the copy kernel's id counts; long block id lists are written whole before each launch");
-            })
-            .ok();
         let lane = Arc::new(GpuLane {
             streams,
             kernels,
             args: ArgumentPool::new(context),
-            mirrors,
             peers: Mutex::default(),
         });
         self.lanes.lock().insert(ordinal, Arc::clone(&lane));

@@ -302,54 +302,26 @@ pub(crate) fn any_shifted(entries: &[[u64; 3]]) -> bool {
     entries.iter().any(|&[src, dst, _]| (src ^ dst) % 16 != 0)
 }
 
-/// Id lists at least this long are written while the kernel already runs: writing the
-/// 40,960 ids of each side of `blocks-4k` into the argument buffer takes about 16 us on an
-/// H200 machine, which the launch used to wait for. Shorter lists are written whole before the
-/// launch, so their kernel never waits for the host.
-pub(crate) const STREAMED_IDS_FROM: usize = 16_384;
-
-/// Ids of each list written before a streamed launch: enough that the warps of a full H200
-/// grid (4,224) find their first two blocks' ids there.
-const STREAM_HEAD: usize = 8_192;
-
-/// Ids of each list written between two stores of the count the kernel waits on: 16 KiB of
-/// each list, a few hundred nanoseconds of writing.
-const STREAM_CHUNK: usize = 4_096;
-
-/// Where each array starts: the count word sits alone in the first 128 bytes, and each id list
-/// starts on 128 bytes, so no line the GPU caches holds both written and unwritten ids once
-/// the count is a multiple of [`STREAM_CHUNK`].
-const ALIGN: u64 = 128;
-
-/// Where the paged kernel's arguments sit in its argument buffer: the count of ids written
-/// (u32, for a streamed launch), source and destination pool bases (u64 each), then source
-/// and destination block ids (u32 each).
+/// Where the paged kernel's arrays sit in its argument buffer: source and destination pool
+/// bases (u64 each), then source and destination block ids (u32 each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PagedArgs {
-    pub(crate) ready: u64,
     pub(crate) src_bases: u64,
     pub(crate) dst_bases: u64,
     pub(crate) src_ids: u64,
     pub(crate) dst_ids: u64,
     end: u64,
-    ids: usize,
 }
 
 impl PagedArgs {
     pub(crate) fn new(pools: usize, ids: usize) -> PagedArgs {
-        let (pool_count, id_count) = (pools as u64, ids as u64);
-        let src_bases = ALIGN;
-        let dst_bases = src_bases + 8 * pool_count;
-        let src_ids = (dst_bases + 8 * pool_count).next_multiple_of(ALIGN);
-        let dst_ids = (src_ids + 4 * id_count).next_multiple_of(ALIGN);
+        let (pools, ids) = (pools as u64, ids as u64);
         PagedArgs {
-            ready: 0,
-            src_bases,
-            dst_bases,
-            src_ids,
-            dst_ids,
-            end: dst_ids + 4 * id_count,
-            ids,
+            src_bases: 0,
+            dst_bases: 8 * pools,
+            src_ids: 16 * pools,
+            dst_ids: 16 * pools + 4 * ids,
+            end: 16 * pools + 8 * ids,
         }
     }
 
@@ -358,97 +330,29 @@ impl PagedArgs {
         self.end as usize
     }
 
-    /// Writes what the kernel needs before its launch into `out`, which holds at least
-    /// [`PagedArgs::bytes`] bytes: the bases, and every id, or, where `may_stream` and the
-    /// lists are long enough ([`STREAMED_IDS_FROM`]), the first [`STREAM_HEAD`] of each list
-    /// and their count. Returns the ids written of each list: fewer than all of them means
-    /// the launch is streamed, and [`Self::write_after_launch`] writes the rest.
-    pub(crate) fn write_before_launch(
+    /// Writes the four arrays into `out`, which holds at least [`PagedArgs::bytes`] bytes.
+    pub(crate) fn write(
         &self,
         out: &mut [u8],
         src_bases: &[u64],
         dst_bases: &[u64],
         src_ids: &[u32],
         dst_ids: &[u32],
-        may_stream: bool,
-    ) -> usize {
+    ) {
+        fn put<const N: usize, T: std::marker::Copy>(
+            out: &mut [u8],
+            at: u64,
+            values: &[T],
+            bytes: fn(T) -> [u8; N],
+        ) {
+            for (slot, &value) in out[at as usize..].chunks_exact_mut(N).zip(values) {
+                slot.copy_from_slice(&bytes(value));
+            }
+        }
         put(out, self.src_bases, src_bases, u64::to_le_bytes);
         put(out, self.dst_bases, dst_bases, u64::to_le_bytes);
-        let head = match may_stream && self.ids >= STREAMED_IDS_FROM {
-            true => STREAM_HEAD,
-            false => self.ids,
-        };
-        self.write_ids(out, 0..head, src_ids, dst_ids);
-        put(out, self.ready, &[head as u32], u32::to_le_bytes);
-        head
-    }
-
-    /// Writes the ids from `from` on, [`STREAM_CHUNK`] of each list at a time, into `out`'s
-    /// bytes (the buffer [`Self::write_before_launch`] wrote), publishing the count of ids
-    /// written after each chunk: a multiple of the chunk, and last the whole length.
-    pub(crate) fn write_after_launch(
-        &self,
-        out: &mut impl StreamedArgs,
-        from: usize,
-        src_ids: &[u32],
-        dst_ids: &[u32],
-    ) {
-        let mut written = from;
-        while written < self.ids {
-            let end = ((written / STREAM_CHUNK + 1) * STREAM_CHUNK).min(self.ids);
-            self.write_ids(out.bytes(), written..end, src_ids, dst_ids);
-            out.publish(self.ready, end as u32);
-            written = end;
-        }
-    }
-
-    /// Writes ids `range` of both lists.
-    fn write_ids(
-        &self,
-        out: &mut [u8],
-        range: std::ops::Range<usize>,
-        src_ids: &[u32],
-        dst_ids: &[u32],
-    ) {
-        let skip = 4 * range.start as u64;
-        let (src, dst) = (src_ids.get(range.clone()), dst_ids.get(range));
-        put(
-            out,
-            self.src_ids + skip,
-            src.unwrap_or_default(),
-            u32::to_le_bytes,
-        );
-        put(
-            out,
-            self.dst_ids + skip,
-            dst.unwrap_or_default(),
-            u32::to_le_bytes,
-        );
-    }
-}
-
-/// An argument buffer a kernel may already read while the host fills it.
-pub(crate) trait StreamedArgs {
-    /// The buffer's bytes, to write what the kernel has not been told of yet.
-    fn bytes(&mut self) -> &mut [u8];
-
-    /// Stores `count` into the 32-bit word at byte `at`, ordered after every byte written
-    /// before: a kernel that loads the word with acquire semantics sees them.
-    fn publish(&self, at: u64, count: u32);
-}
-
-/// Writes `values` into `out` from byte `at` on, as far as `out` reaches.
-fn put<const N: usize, T: std::marker::Copy>(
-    out: &mut [u8],
-    at: u64,
-    values: &[T],
-    bytes: fn(T) -> [u8; N],
-) {
-    let Some(slots) = out.get_mut(at as usize..) else {
-        return;
-    };
-    for (slot, &value) in slots.chunks_exact_mut(N).zip(values) {
-        slot.copy_from_slice(&bytes(value));
+        put(out, self.src_ids, src_ids, u32::to_le_bytes);
+        put(out, self.dst_ids, dst_ids, u32::to_le_bytes);
     }
 }
 
@@ -583,125 +487,19 @@ mod tests {
         assert!(!any_shifted(&[]));
     }
 
-    /// An argument buffer in memory, logging every count published and the ids written by
-    /// then.
-    struct Recorded {
-        bytes: Vec<u8>,
-        layout: PagedArgs,
-        published: std::cell::RefCell<Vec<(u32, Vec<u32>)>>,
-    }
-
-    impl Recorded {
-        fn ids_at(&self, at: u64, count: usize) -> Vec<u32> {
-            self.bytes[at as usize..][..4 * count]
-                .chunks_exact(4)
-                .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-                .collect()
-        }
-    }
-
-    impl StreamedArgs for Recorded {
-        fn bytes(&mut self) -> &mut [u8] {
-            &mut self.bytes
-        }
-
-        fn publish(&self, at: u64, count: u32) {
-            assert_eq!(at, self.layout.ready);
-            let dst = self.ids_at(self.layout.dst_ids, count as usize);
-            self.published.borrow_mut().push((count, dst));
-        }
-    }
-
     #[test]
-    fn paged_arguments_sit_in_kernel_order_with_each_id_list_on_its_own_lines() {
+    fn paged_arguments_sit_back_to_back_in_kernel_order() {
         let layout = PagedArgs::new(2, 3);
-        assert_eq!(
-            (layout.ready, layout.src_bases, layout.dst_bases),
-            (0, 128, 144)
-        );
-        assert_eq!((layout.src_ids, layout.dst_ids), (256, 384));
-        assert_eq!(layout.bytes(), 384 + 3 * 4);
+        assert_eq!(layout.bytes(), 2 * 16 + 3 * 8);
         let mut out = vec![0u8; layout.bytes()];
-        let written = layout.write_before_launch(
-            &mut out,
-            &[10, 11],
-            &[20, 21],
-            &[1, 2, 3],
-            &[4, 5, 6],
-            true,
-        );
-        assert_eq!(written, 3);
-        assert_eq!(&out[0..4], &3u32.to_le_bytes());
-        assert_eq!(&out[128..136], &10u64.to_le_bytes());
-        assert_eq!(&out[136..144], &11u64.to_le_bytes());
-        assert_eq!(&out[144..152], &20u64.to_le_bytes());
-        assert_eq!(&out[256..260], &1u32.to_le_bytes());
-        assert_eq!(&out[264..268], &3u32.to_le_bytes());
-        assert_eq!(&out[384..388], &4u32.to_le_bytes());
-        assert_eq!(&out[392..396], &6u32.to_le_bytes());
-    }
-
-    #[test]
-    fn a_long_id_list_is_streamed_in_whole_chunks_each_published_after_its_ids() {
-        let ids = STREAMED_IDS_FROM + 1_000;
-        let src: Vec<u32> = (0..ids as u32).collect();
-        let dst: Vec<u32> = (0..ids as u32).rev().collect();
-        let layout = PagedArgs::new(3, ids);
-        assert_eq!(layout.dst_ids % ALIGN, 0);
-        let mut args = Recorded {
-            bytes: vec![0u8; layout.bytes()],
-            layout,
-            published: Default::default(),
-        };
-        let written =
-            layout.write_before_launch(&mut args.bytes, &[1; 3], &[2; 3], &src, &dst, true);
-        assert_eq!(written, STREAM_HEAD);
-        assert_eq!(&args.bytes[0..4], &(STREAM_HEAD as u32).to_le_bytes());
-        assert_eq!(
-            args.ids_at(layout.src_ids, ids)[STREAM_HEAD],
-            0,
-            "not written yet"
-        );
-        layout.write_after_launch(&mut args, written, &src, &dst);
-        let published = args.published.take();
-        let counts: Vec<u32> = published.iter().map(|(count, _)| *count).collect();
-        let mut expected: Vec<u32> = (STREAM_HEAD + STREAM_CHUNK..ids)
-            .step_by(STREAM_CHUNK)
-            .map(|count| count as u32)
-            .collect();
-        expected.push(ids as u32);
-        assert_eq!(counts, expected);
-        for (count, dst_then) in &published {
-            assert_eq!(
-                dst_then[..],
-                dst[..*count as usize],
-                "ids {count} published before written"
-            );
-        }
-        assert_eq!(args.ids_at(layout.src_ids, ids), src);
-        assert_eq!(args.ids_at(layout.dst_ids, ids), dst);
-    }
-
-    #[test]
-    fn a_short_id_list_or_a_launch_that_may_not_stream_is_written_whole_before_it() {
-        for (ids, may_stream) in [
-            (STREAMED_IDS_FROM - 1, true),
-            (STREAMED_IDS_FROM * 2, false),
-        ] {
-            let src: Vec<u32> = (0..ids as u32).collect();
-            let layout = PagedArgs::new(1, ids);
-            let mut args = Recorded {
-                bytes: vec![0u8; layout.bytes()],
-                layout,
-                published: Default::default(),
-            };
-            let written =
-                layout.write_before_launch(&mut args.bytes, &[1], &[2], &src, &src, may_stream);
-            assert_eq!(written, ids);
-            layout.write_after_launch(&mut args, written, &src, &src);
-            assert!(args.published.take().is_empty());
-            assert_eq!(args.ids_at(layout.dst_ids, ids), src);
-        }
+        layout.write(&mut out, &[10, 11], &[20, 21], &[1, 2, 3], &[4, 5, 6]);
+        assert_eq!(&out[0..8], &10u64.to_le_bytes());
+        assert_eq!(&out[8..16], &11u64.to_le_bytes());
+        assert_eq!(&out[16..24], &20u64.to_le_bytes());
+        assert_eq!(&out[32..36], &1u32.to_le_bytes());
+        assert_eq!(&out[40..44], &3u32.to_le_bytes());
+        assert_eq!(&out[44..48], &4u32.to_le_bytes());
+        assert_eq!(&out[52..56], &6u32.to_le_bytes());
     }
 
     #[test]

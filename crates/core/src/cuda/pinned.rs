@@ -2,7 +2,6 @@ use super::context::Context;
 use super::error::CudaError;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Page-locked host memory from `cuMemHostAlloc`, which the GPUs' copy engines read and write
@@ -61,25 +60,6 @@ impl PinnedBuffer {
         // SAFETY: `ptr` points to `len` initialised bytes owned by this buffer, and `&mut self`
         // makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    /// Stores `value` into the 4 bytes at `offset` with release ordering, so that a GPU
-    /// kernel loading them with acquire semantics at system scope (`ld.acquire.sys`) also sees
-    /// every byte the host wrote into the buffer before: how a host tells a running kernel
-    /// that more of its arguments are written. Returns false, storing nothing, where the word
-    /// does not lie inside the buffer or `offset` is not a multiple of 4.
-    pub fn store_release_u32(&self, offset: usize, value: u32) -> bool {
-        let inside = offset.checked_add(4).is_some_and(|end| end <= self.len);
-        if !inside || offset % 4 != 0 {
-            return false;
-        }
-        // SAFETY: the word lies inside this live allocation and is 4-byte aligned (the
-        // allocation is page-aligned); an AtomicU32 has the size and alignment of a u32, and
-        // the host touches the word only through `&self` here or `&mut self` (which excludes
-        // this call), so no non-atomic host access races with the store.
-        let word = unsafe { AtomicU32::from_ptr(self.ptr.add(offset).cast::<u32>()) };
-        word.store(value, Ordering::Release);
-        true
     }
 }
 

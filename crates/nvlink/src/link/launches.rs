@@ -5,50 +5,46 @@
 use super::{GpuLane, NvlinkLink};
 use crate::kernels::THREADS_PER_BLOCK;
 use crate::plan::{self, Launch};
-use ferry_core::cuda::{
-    launch_all, Event, Kernel, KernelArg, Launcher, PinnedBuffer, Poller, Stream,
-};
+use ferry_core::cuda::{launch_all, Event, Kernel, KernelArg, Launcher, Poller, Stream};
 use ferry_core::{Error, Notified, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 impl NvlinkLink {
     /// Launches `kernel` on the lane's stream `stream` with its large arguments in a pinned
-    /// buffer that `args` fills, before the launch and right after the launch call. Returns the
-    /// event recorded right after the launch.
+    /// buffer of `arg_bytes` bytes, which `fill` writes (given the buffer's address) before
+    /// returning the launch's arguments. Returns the event recorded right after the launch.
     ///
-    /// The caller vouches that the arguments match `kernel`'s parameters and that every range
-    /// they name was checked against live registrations reachable from this GPU.
+    /// The caller vouches that the returned arguments match `kernel`'s parameters and that
+    /// every range they name was checked against live registrations reachable from this GPU.
     fn launch_kernel(
         &self,
         lane: &GpuLane,
         stream: usize,
         kernel: &Kernel,
         grid: u32,
-        mut args: impl LaunchArgs,
+        arg_bytes: usize,
+        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
     ) -> Result<Arc<Event>> {
-        let mut buffer = lane.args.take(args.bytes())?;
-        let base = buffer.addr();
-        let launch_args = args.write(buffer.as_mut_slice(), base);
+        let mut args = lane.args.take(arg_bytes)?;
+        let base = args.addr();
+        let launch_args = fill(args.as_mut_slice(), base);
         let stream = &lane.streams[stream];
         // SAFETY: the caller matched the arguments to the kernel and checked every range they
         // name (the transfer keeps the local registrations and the peer mappings until every
         // stream it gave work has finished); the pinned argument buffer goes back to the pool
         // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
         let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
-        // Also after a launch that reported an error: whether it queued nothing is the
-        // driver's word, and writing costs only the time.
-        args.finish(&mut buffer);
         let fence = match Event::record(stream) {
             Ok(fence) => Arc::new(fence),
             Err(error) => {
                 // The launch may still read the arguments: leak them rather than free them
                 // under the GPU.
-                std::mem::forget(buffer);
+                std::mem::forget(args);
                 return Err(error.into());
             }
         };
-        lane.args.give_back(buffer, Arc::clone(&fence));
+        lane.args.give_back(args, Arc::clone(&fence));
         launched.map(|()| fence)
     }
 
@@ -72,7 +68,11 @@ impl NvlinkLink {
                     0,
                     kernel,
                     kernels.grid(count, &self.config, shifted),
-                    ListArgs(entries),
+                    entries.len() * plan::ENTRY_BYTES,
+                    |args, base| {
+                        plan::write_entries(entries, args);
+                        vec![KernelArg::U64(base), KernelArg::U64(count)]
+                    },
                 )
                 .map(Some)
             }
@@ -102,6 +102,7 @@ impl NvlinkLink {
                     .kernels
                     .as_ref()
                     .ok_or_else(|| self.refused("the copy kernels are not loaded"))?;
+                let (src, dst, layout) = (&paged.src, &paged.dst, paged.layout);
                 if let Some(event) = &paged.after {
                     lane.streams[paged.stream].wait_event(event)?;
                 }
@@ -109,17 +110,31 @@ impl NvlinkLink {
                     true => &kernels.paged_shifted,
                     false => &kernels.paged,
                 };
-                let mirror = lane
-                    .mirrors
-                    .as_ref()
-                    .and_then(|mirrors| mirrors.next(paged.stream));
-                let args = PagedLaunchArgs {
-                    paged,
-                    mirror,
-                    written: 0,
-                };
-                self.launch_kernel(lane, paged.stream, kernel, paged.grid, args)
-                    .map(Some)
+                self.launch_kernel(
+                    lane,
+                    paged.stream,
+                    kernel,
+                    paged.grid,
+                    layout.bytes(),
+                    |args, base| {
+                        layout.write(args, &src.bases, &dst.bases, &src.ids, &dst.ids);
+                        vec![
+                            KernelArg::U64(base + layout.src_bases),
+                            KernelArg::U64(base + layout.dst_bases),
+                            KernelArg::U32(paged.pools),
+                            KernelArg::U64(base + layout.src_ids),
+                            KernelArg::U64(base + layout.dst_ids),
+                            KernelArg::U32(paged.ids),
+                            KernelArg::U64(src.stride),
+                            KernelArg::U64(dst.stride),
+                            KernelArg::U64(src.offset),
+                            KernelArg::U64(dst.offset),
+                            KernelArg::U64(paged.len),
+                            KernelArg::U64(paged.chunk),
+                        ]
+                    },
+                )
+                .map(Some)
             }
             Work::CopyPublish {
                 stream,
@@ -276,109 +291,6 @@ impl NvlinkLink {
         let wait = |event: Arc<Event>| Poller::global().wait(event);
         launch_all(launches, wait, keep).await?;
         self.still_alive()
-    }
-}
-
-impl plan::StreamedArgs for PinnedBuffer {
-    fn bytes(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
-    }
-
-    fn publish(&self, at: u64, count: u32) {
-        // The layout's count word sits at the start of a buffer of at least its size.
-        let stored = usize::try_from(at).is_ok_and(|at| self.store_release_u32(at, count));
-        debug_assert!(
-            stored,
-            "the count word at {at} lies outside the argument buffer"
-        );
-    }
-}
-
-/// What a kernel launch puts into its pinned argument buffer.
-trait LaunchArgs {
-    /// Bytes the buffer needs.
-    fn bytes(&self) -> usize;
-
-    /// Writes what the kernel reads first into `buffer` (at GPU address `base`) and returns
-    /// the launch's arguments.
-    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg>;
-
-    /// Right after the launch call: writes the rest, which the kernel waits for. Nothing here
-    /// may fail, or the kernel would wait forever.
-    fn finish(&mut self, _buffer: &mut PinnedBuffer) {}
-}
-
-/// The entries of `ferry_copy_list`.
-struct ListArgs<'a>(&'a [[u64; 3]]);
-
-impl LaunchArgs for ListArgs<'_> {
-    fn bytes(&self) -> usize {
-        self.0.len() * plan::ENTRY_BYTES
-    }
-
-    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg> {
-        plan::write_entries(self.0, buffer);
-        vec![KernelArg::U64(base), KernelArg::U64(self.0.len() as u64)]
-    }
-}
-
-/// The bases and ids of `ferry_copy_paged`, the ids of a long list streamed while the kernel
-/// runs when `mirror` (the word and generation of [`crate::args::CountMirrors::next`]) is
-/// there.
-struct PagedLaunchArgs<'a> {
-    paged: &'a Paged,
-    mirror: Option<(u64, u32)>,
-    /// Ids of each list written before the launch.
-    written: usize,
-}
-
-impl LaunchArgs for PagedLaunchArgs<'_> {
-    fn bytes(&self) -> usize {
-        self.paged.layout.bytes()
-    }
-
-    fn write(&mut self, buffer: &mut [u8], base: u64) -> Vec<KernelArg> {
-        let Paged {
-            layout, src, dst, ..
-        } = self.paged;
-        self.written = layout.write_before_launch(
-            buffer,
-            &src.bases,
-            &dst.bases,
-            &src.ids,
-            &dst.ids,
-            self.mirror.is_some(),
-        );
-        let head = self.written as u32;
-        let (mirror, generation) = match head < self.paged.ids {
-            true => self.mirror.unwrap_or_default(),
-            false => (0, 0),
-        };
-        vec![
-            KernelArg::U64(base + layout.src_bases),
-            KernelArg::U64(base + layout.dst_bases),
-            KernelArg::U32(self.paged.pools),
-            KernelArg::U64(base + layout.src_ids),
-            KernelArg::U64(base + layout.dst_ids),
-            KernelArg::U32(self.paged.ids),
-            KernelArg::U64(src.stride),
-            KernelArg::U64(dst.stride),
-            KernelArg::U64(src.offset),
-            KernelArg::U64(dst.offset),
-            KernelArg::U64(self.paged.len),
-            KernelArg::U64(self.paged.chunk),
-            KernelArg::U32(head),
-            KernelArg::U64(base + layout.ready),
-            KernelArg::U64(mirror),
-            KernelArg::U32(generation),
-        ]
-    }
-
-    fn finish(&mut self, buffer: &mut PinnedBuffer) {
-        let Paged {
-            layout, src, dst, ..
-        } = self.paged;
-        layout.write_after_launch(buffer, self.written, &src.ids, &dst.ids);
     }
 }
 
