@@ -34,6 +34,17 @@ step() {
   fi
 }
 
+# GPUs nvidia-smi lists.
+gpu_count() {
+  nvidia-smi -L 2>/dev/null | grep -c '^GPU'
+}
+
+# The decode GPU of a single-pair run: GPU 1 where there are two GPUs or more, else GPU 0 (both
+# processes on one GPU, against the device-to-device copy).
+decode_gpu() {
+  if [ "$(gpu_count)" -ge 2 ]; then echo 1; else echo 0; fi
+}
+
 tests() {
   step nvidia-smi nvidia-smi
   step probe "$here/ferry" probe
@@ -61,28 +72,26 @@ tests() {
 
 containers() {
   step "namespace matrix (containers.sh)" timeout 1200 "$here/containers.sh" "$logs"
-  if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+  if [ "$(gpu_count)" -ge 2 ]; then
     step "namespace matrix, prefill on GPU 0, decode on GPU 1" timeout 1200 \
       "$here/containers.sh" "$logs/two-gpu" 0 1
   fi
 }
 
-# The single-pair rows and the sweep: GPU0 -> GPU1, or within GPU0 (against the device-to-device
-# copy) on a machine with one GPU.
+# The single-pair rows and the sweep, GPU 0 to decode_gpu.
 bench() {
-  local decode=1
-  [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || decode=0
+  local decode
+  decode=$(decode_gpu)
   step "ferry bench" timeout 420 "$here/ferry" bench --prefill-gpu 0 --decode-gpu "$decode" \
     --paths auto,kernel,copy-engine,batched --json "$logs/bench.json" --plot "$logs/bench.svg"
   step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
     --prefill-gpu 0 --decode-gpu "$decode" --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
 }
 
-# The curve multiprocessors -> GB/s -> GEMM slowdown: GPU0 -> GPU1, or within GPU0 on a machine
-# with one GPU.
+# The curve multiprocessors -> GB/s -> GEMM slowdown, GPU 0 to decode_gpu.
 contend() {
-  local decode=1
-  [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || decode=0
+  local decode
+  decode=$(decode_gpu)
   step "ferry bench --contend" timeout 420 "$here/ferry" bench --contend \
     --prefill-gpu 0 --decode-gpu "$decode" --workloads kv-llama70b-4k,kv-layerwise \
     --kernel-max-sms 8,16,32,66,all --json "$logs/contend.json"
@@ -96,7 +105,7 @@ pairs() {
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
     gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
   else
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    gpus=$(gpu_count)
   fi
   if [ "$gpus" -lt 2 ]; then
     echo "FAIL bench pairs: need 2 or more GPUs, found $gpus" >>"$summary"
