@@ -6,6 +6,7 @@
 //! pure-Python half of the package (`python/ferry_kv`) turns tensors and buffers into
 //! addresses and adds `asyncio`. Every call that moves or registers memory releases the GIL.
 
+mod compat;
 mod errors;
 mod lists;
 mod logging;

@@ -5,15 +5,14 @@
 //! (stderr, `FERRY_LOG`). Any `protocol` is accepted: ferry picks the fastest transport for
 //! each pair of buffers itself.
 
+mod batches;
 mod host;
-mod notify;
-mod plan;
-mod regions;
-mod session;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use session::{Entry, RdmaChoice, Session};
+use crate::compat::notify;
+use crate::compat::session::{self, Entry, RdmaChoice, Session};
+use batches::Batches;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -69,6 +68,7 @@ impl TransferNotify {
 #[pyclass(module = "ferry_kv.mooncake", frozen)]
 pub(crate) struct TransferEngine {
     session: OnceLock<Session>,
+    batches: Batches,
     /// `MC_TRANSFER_TIMEOUT` as it was when the engine was created (Mooncake reads it there).
     timeout: Result<Duration, String>,
 }
@@ -136,10 +136,11 @@ impl TransferEngine {
             if entries.is_empty() && notify.is_none() {
                 return Ok(0);
             }
+            let notify = notify.map(|(name, msg)| notify::encode(&name, &msg));
             let transfer = session.submit(target, opcode.direction(), &entries, notify)?;
             Ok(
-                match session::code_of(transfer.wait_spinning(session::WAIT_SPIN)) {
-                    session::DONE => 0,
+                match batches::code_of(transfer.wait_spinning(session::WAIT_SPIN)) {
+                    batches::DONE => 0,
                     _ => -1,
                 },
             )
@@ -156,7 +157,8 @@ impl TransferEngine {
         entries: Vec<Entry>,
     ) -> u64 {
         self.run(py, call, 0, |session| {
-            session.submit_tracked(target, opcode.direction(), &entries)
+            let transfer = session.submit(target, opcode.direction(), &entries, None)?;
+            Ok(self.batches.track(transfer))
         })
     }
 }
@@ -167,6 +169,7 @@ impl TransferEngine {
     fn new() -> Self {
         TransferEngine {
             session: OnceLock::new(),
+            batches: Batches::default(),
             timeout: transfer_timeout(),
         }
     }
@@ -459,7 +462,7 @@ impl TransferEngine {
     /// unknown), -2 when it timed out. A finished batch's id is forgotten once reported.
     fn transfer_check_status(&self, batch_id: u64) -> i32 {
         match self.session() {
-            Ok(session) => session.status(batch_id),
+            Ok(_) => self.batches.status(batch_id),
             Err(error) => failed("transfer_check_status", error),
         }
     }
@@ -539,8 +542,8 @@ impl TransferEngine {
     /// Waits for every batch of `batch_ids`: 0 when all moved, -1 when any failed, timed out
     /// or is unknown. The ids are forgotten afterwards.
     fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> i32 {
-        self.run(py, "get_batch_transfer_status", -1, |session| {
-            Ok(session.wait_all(&batch_ids))
+        self.run(py, "get_batch_transfer_status", -1, |_| {
+            Ok(self.batches.wait_all(&batch_ids))
         })
     }
 
@@ -566,8 +569,9 @@ impl TransferEngine {
             return Vec::new();
         };
         session
-            .notifies()
+            .notifications()
             .into_iter()
+            .map(|note| notify::decode(&note.from, &note.payload))
             .map(|(name, msg)| TransferNotify {
                 name: String::from_utf8_lossy(&name).into_owned(),
                 msg: String::from_utf8_lossy(&msg).into_owned(),

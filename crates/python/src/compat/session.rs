@@ -1,32 +1,22 @@
-//! One initialized compatible engine: ferry's engine plus the bookkeeping Mooncake's API
-//! implies (registrations by containment, peers by session name, batch ids, notifies).
+//! The engine behind the address-based compatible APIs (Mooncake's and NIXL's): ferry's engine
+//! plus the bookkeeping such callers imply (registrations by containment, peers by session
+//! name, flat entries planned into paged block copies).
 
-use super::notify;
+use super::paged::{extent, PagedCopy};
 use super::plan::{self, Outside, Span};
 use super::regions::Regions;
 use ferry::{
     BlockCopy, BlockLayout, BufferDescriptor, Direction, Engine, Notifications, Peer, Transfer,
 };
-use futures::FutureExt;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// One entry of a transfer: local address, the peer's address, length.
 pub(crate) type Entry = (u64, u64, u64);
 
-/// Status codes of `transfer_check_status`, as Mooncake returns them.
-pub(crate) const DONE: i32 = 1;
-/// Still moving.
-pub(crate) const PENDING: i32 = 0;
-/// Failed, or an id this engine never gave out.
-pub(crate) const FAILED: i32 = -1;
-/// Did not finish within the transfer timeout.
-pub(crate) const TIMED_OUT: i32 = -2;
-
-/// How long a synchronous Mooncake call looks for its transfer's end before it parks: the
+/// How long a synchronous call looks for its transfer's end before it parks: the
 /// caller waits for nothing else, and a parked thread's wake-up (and the cold core it wakes
 /// on) costs a 1.25 GiB request about a quarter of its rate on an H200.
 pub(crate) const WAIT_SPIN: Duration = Duration::from_millis(20);
@@ -64,8 +54,6 @@ pub(crate) struct Session {
     engine: Engine,
     regions: RwLock<Regions>,
     peers: Mutex<HashMap<String, OpenPeer>>,
-    batches: Mutex<HashMap<u64, Transfer>>,
-    next_batch: AtomicU64,
     inbox: Mutex<Notifications>,
 }
 
@@ -125,8 +113,6 @@ impl Session {
             engine,
             regions: RwLock::default(),
             peers: Mutex::default(),
-            batches: Mutex::default(),
-            next_batch: AtomicU64::new(1),
             inbox: Mutex::new(inbox),
         })
     }
@@ -232,13 +218,14 @@ impl Session {
         Ok(peer)
     }
 
-    /// Submits `entries` to `target` as one batch, with `notify` delivered after the data.
+    /// Submits `entries` to `target` as one batch, with the notification payload `notify`
+    /// delivered after the data.
     pub(crate) fn submit(
         &self,
         target: &str,
         direction: Direction,
         entries: &[Entry],
-        notify: Option<(Vec<u8>, Vec<u8>)>,
+        notify: Option<Vec<u8>>,
     ) -> Result<Transfer, String> {
         if entries.is_empty() && notify.is_none() {
             return Err("the batch is empty; pass at least one buffer".into());
@@ -280,77 +267,96 @@ impl Session {
                 Direction::Read => batch.read(region, flat.offset, flat.remote, flat.len),
             };
         }
-        if let Some((name, msg)) = notify {
-            batch = batch.notify(notify::encode(&name, &msg));
+        if let Some(payload) = notify {
+            batch = batch.notify(payload);
         }
         batch.submit().map_err(|error| error.to_string())
     }
 
-    /// Submits like [`Self::submit`] and keeps the transfer under a new batch id.
-    pub(crate) fn submit_tracked(
+    /// Submits paged copies named by addresses to `target` as one batch, with the
+    /// notification payload `notify` delivered after the data. Each pool must lie inside one
+    /// local registration and one buffer the peer registered.
+    pub(crate) fn submit_paged(
         &self,
         target: &str,
         direction: Direction,
-        entries: &[Entry],
-    ) -> Result<u64, String> {
-        let transfer = self.submit(target, direction, entries, None)?;
-        let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
-        self.batches.lock().insert(id, transfer);
-        Ok(id)
-    }
-
-    /// Where batch `id` stands; a finished batch is forgotten once its end is reported.
-    pub(crate) fn status(&self, id: u64) -> i32 {
-        let mut batches = self.batches.lock();
-        let Some(transfer) = batches.get_mut(&id) else {
-            return FAILED;
-        };
-        let Some(outcome) = transfer.now_or_never() else {
-            return PENDING;
-        };
-        batches.remove(&id);
-        code_of(outcome)
-    }
-
-    /// Waits for every batch of `ids`: `0` when all moved, `-1` when any failed, timed out
-    /// or is unknown. The ids are forgotten.
-    pub(crate) fn wait_all(&self, ids: &[u64]) -> i32 {
-        let transfers: Vec<Option<Transfer>> = {
-            let mut batches = self.batches.lock();
-            ids.iter().map(|id| batches.remove(id)).collect()
-        };
-        let mut code = 0;
-        for transfer in transfers {
-            let moved =
-                transfer.is_some_and(|transfer| code_of(transfer.wait_spinning(WAIT_SPIN)) == DONE);
-            if !moved {
-                code = FAILED;
-            }
+        copies: &[PagedCopy],
+        notify: Option<Vec<u8>>,
+    ) -> Result<Transfer, String> {
+        if copies.is_empty() && notify.is_none() {
+            return Err("the transfer is empty; pass at least one descriptor".into());
         }
-        code
+        let mut peer = self.peer(target)?;
+        let regions = self.regions.read();
+        let mut batch = match paged_batch(&self.engine, &regions, &peer, direction, copies) {
+            Err(Outside::Peer(_)) => {
+                // The peer may have registered it after this engine fetched its descriptor.
+                peer = self.reconnect(target)?;
+                paged_batch(&self.engine, &regions, &peer, direction, copies)
+            }
+            built => built,
+        }
+        .map_err(|outside| outside.to_string())?;
+        if let Some(payload) = notify {
+            batch = batch.notify(payload);
+        }
+        batch.submit().map_err(|error| error.to_string())
     }
 
-    /// The notifies that arrived since the last call, as `(name, msg)`.
-    pub(crate) fn notifies(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// Sends `payload` to `target` on its own, once the peer accepted it.
+    pub(crate) fn notify(&self, target: &str, payload: Vec<u8>) -> Result<(), String> {
+        let peer = self.peer(target)?;
+        self.engine
+            .notify_blocking(&peer.peer, payload)
+            .map_err(|error| error.to_string())
+    }
+
+    /// The notifications that arrived since the last call, in arrival order.
+    pub(crate) fn notifications(&self) -> Vec<ferry::Notification> {
         let mut inbox = self.inbox.lock();
         let mut notes = Vec::new();
         while let Ok(Some(note)) = inbox.try_recv() {
-            notes.push(notify::decode(&note.from, &note.payload));
+            notes.push(note);
         }
         notes
     }
 }
 
-/// Mooncake's code for how a transfer ended.
-pub(crate) fn code_of(outcome: ferry::Result<ferry::Completion>) -> i32 {
-    match outcome {
-        Ok(_) => DONE,
-        Err(ferry::Error::Timeout { .. }) => TIMED_OUT,
-        Err(error) => {
-            tracing::error!("transfer failed: {error}");
-            FAILED
+/// A batch of `copies` to `peer`, each pool found in the local `regions` and the peer's buffers.
+fn paged_batch(
+    engine: &Engine,
+    regions: &Regions,
+    peer: &OpenPeer,
+    direction: Direction,
+    copies: &[PagedCopy],
+) -> Result<ferry::Batch, Outside> {
+    let mut batch = engine.batch(&peer.peer);
+    for paged in copies {
+        let mut copy = BlockCopy::new(
+            paged.len,
+            paged.local,
+            paged.remote,
+            Arc::clone(&paged.local_ids),
+            Arc::clone(&paged.remote_ids),
+        );
+        let local_extent = extent(&paged.local, paged.len);
+        let remote_extent = extent(&paged.remote, paged.len);
+        for &(local, remote) in &paged.pools {
+            let (region, offset) = regions
+                .containing(local, local_extent)
+                .map_err(Outside::Local)?;
+            let buffer = plan::holding(&peer.spans, remote, remote_extent).ok_or_else(|| {
+                Outside::Peer(format!("peer range {remote:#x}+{remote_extent} is not inside memory the peer registered; the peer must register it first"))
+            })?;
+            let buffer = &peer.buffers[buffer];
+            copy = copy.pool_at(region, offset, buffer, remote - buffer.addr);
         }
+        batch = match direction {
+            Direction::Write => batch.write_blocks(copy),
+            Direction::Read => batch.read_blocks(copy),
+        };
     }
+    Ok(batch)
 }
 
 #[cfg(test)]

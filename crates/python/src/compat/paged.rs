@@ -1,0 +1,163 @@
+//! Paged copies named by addresses: what a caller that describes its KV as strided rows of
+//! blocks (NIXL's `(addr, len, devID, stride, count)` lists) turns into. The pools are raw
+//! addresses here; the session finds the local region and the peer buffer holding each pool
+//! when it submits, so one plan can be submitted again after registrations changed.
+
+use ferry::BlockLayout;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Block `local_ids[i]` of every local pool to (or from) block `remote_ids[i]` of its peer
+/// pool, `len` bytes each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PagedCopy {
+    /// Bytes per block.
+    pub(crate) len: u64,
+    /// The layout of every local pool.
+    pub(crate) local: BlockLayout,
+    /// The layout of every peer pool.
+    pub(crate) remote: BlockLayout,
+    /// Local block ids.
+    pub(crate) local_ids: Arc<[u32]>,
+    /// Peer block ids, one per local id.
+    pub(crate) remote_ids: Arc<[u32]>,
+    /// `(local pool base, peer pool base)` addresses of every pool pair.
+    pub(crate) pools: Vec<(u64, u64)>,
+}
+
+/// The bytes from a pool's base to the end of the last block byte a copy of `len` bytes per
+/// block touches in a pool of `layout`.
+pub(crate) fn extent(layout: &BlockLayout, len: u64) -> u64 {
+    layout.pool_bytes.saturating_sub(layout.block_stride) + layout.offset + len
+}
+
+/// One side's pool: base address and layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Pool {
+    pub(crate) base: u64,
+    pub(crate) stride: u64,
+    pub(crate) blocks: u64,
+}
+
+/// Collects `(local pool, peer pool)` block pairs and groups pool pairs that move the same ids
+/// into one copy each.
+#[derive(Default)]
+pub(crate) struct Grouper {
+    pairs: Vec<((Pool, Pool, u64), Vec<u32>, Vec<u32>)>,
+    index: HashMap<(Pool, Pool, u64), usize>,
+    last: Option<((Pool, Pool, u64), usize)>,
+}
+
+impl Grouper {
+    /// Block `local_id` of `local` to block `remote_id` of `remote`, `len` bytes.
+    pub(crate) fn add(&mut self, local: Pool, local_id: u32, remote: Pool, remote_id: u32, len: u64) {
+        let key = (local, remote, len);
+        // Callers list one pool pair's blocks one after another: the last pair usually holds
+        // the next block too, which spares the map.
+        let slot = match self.last {
+            Some((last, slot)) if last == key => slot,
+            _ => {
+                let pairs = &mut self.pairs;
+                let slot = *self.index.entry(key).or_insert_with(|| {
+                    pairs.push((key, Vec::new(), Vec::new()));
+                    pairs.len() - 1
+                });
+                self.last = Some((key, slot));
+                slot
+            }
+        };
+        let (_, locals, remotes) = &mut self.pairs[slot];
+        locals.push(local_id);
+        remotes.push(remote_id);
+    }
+
+    /// The copies: pool pairs of one shape and the same id lists share one.
+    pub(crate) fn copies(self) -> Vec<PagedCopy> {
+        let mut copies: Vec<PagedCopy> = Vec::new();
+        let mut by_shape: HashMap<(u64, u64, u64, u64, u64, Vec<u32>, Vec<u32>), usize> =
+            HashMap::new();
+        for ((local, remote, len), local_ids, remote_ids) in self.pairs {
+            let shape = (
+                len,
+                local.stride,
+                local.blocks,
+                remote.stride,
+                remote.blocks,
+                local_ids,
+                remote_ids,
+            );
+            if let Some(&slot) = by_shape.get(&shape) {
+                copies[slot].pools.push((local.base, remote.base));
+                continue;
+            }
+            let layout = |pool: Pool| BlockLayout {
+                pool_bytes: pool.stride * pool.blocks,
+                block_stride: pool.stride,
+                offset: 0,
+            };
+            copies.push(PagedCopy {
+                len,
+                local: layout(local),
+                remote: layout(remote),
+                local_ids: shape.5.clone().into(),
+                remote_ids: shape.6.clone().into(),
+                pools: vec![(local.base, remote.base)],
+            });
+            by_shape.insert(shape, copies.len() - 1);
+        }
+        copies
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = 4096;
+
+    fn pool(base: u64) -> Pool {
+        Pool {
+            base,
+            stride: BLOCK,
+            blocks: 8,
+        }
+    }
+
+    #[test]
+    fn pool_pairs_with_the_same_ids_share_one_copy() {
+        let mut grouper = Grouper::default();
+        for layer in 0..3u64 {
+            for (local, remote) in [(1, 5), (2, 6)] {
+                grouper.add(pool(layer << 20), local, pool(0x100_0000 + (layer << 20)), remote, BLOCK);
+            }
+        }
+        grouper.add(pool(0x80_0000), 7, pool(0x180_0000), 0, BLOCK);
+        let copies = grouper.copies();
+        assert_eq!(copies.len(), 2);
+        assert_eq!(&*copies[0].local_ids, &[1, 2]);
+        assert_eq!(&*copies[0].remote_ids, &[5, 6]);
+        assert_eq!(
+            copies[0].pools,
+            vec![(0, 0x100_0000), (1 << 20, 0x110_0000), (2 << 20, 0x120_0000)]
+        );
+        assert_eq!(copies[0].local.pool_bytes, 8 * BLOCK);
+        assert_eq!(&*copies[1].local_ids, &[7]);
+        assert_eq!(extent(&copies[1].local, BLOCK), 8 * BLOCK);
+    }
+
+    #[test]
+    fn strides_wider_than_the_block_make_their_own_copy() {
+        let mut grouper = Grouper::default();
+        let wide = Pool {
+            base: 0x2000,
+            stride: 2 * BLOCK,
+            blocks: 4,
+        };
+        grouper.add(pool(0), 1, wide, 1, BLOCK);
+        grouper.add(pool(1 << 20), 1, pool(0x4000_0000), 1, BLOCK);
+        let copies = grouper.copies();
+        assert_eq!(copies.len(), 2);
+        assert_eq!(copies[0].remote.block_stride, 2 * BLOCK);
+        assert_eq!(extent(&copies[0].remote, BLOCK), 7 * BLOCK);
+    }
+}
