@@ -12,6 +12,7 @@ mod lists;
 mod logging;
 mod mooncake;
 mod native;
+mod nixl;
 
 use pyo3::prelude::*;
 
@@ -23,5 +24,6 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     mooncake::register(m)?;
     native::register(m)?;
+    nixl::register(m)?;
     Ok(())
 }

@@ -39,18 +39,32 @@ pub(crate) struct Pool {
     pub(crate) blocks: u64,
 }
 
+/// A local pool, a peer pool and the block length: the blocks of one pool pair.
+type PairKey = (Pool, Pool, u64);
+
+/// Block length, both pools' strides and block counts, and both id lists: pool pairs sharing
+/// one move in one copy.
+type Shape = (u64, u64, u64, u64, u64, Vec<u32>, Vec<u32>);
+
 /// Collects `(local pool, peer pool)` block pairs and groups pool pairs that move the same ids
 /// into one copy each.
 #[derive(Default)]
 pub(crate) struct Grouper {
-    pairs: Vec<((Pool, Pool, u64), Vec<u32>, Vec<u32>)>,
-    index: HashMap<(Pool, Pool, u64), usize>,
-    last: Option<((Pool, Pool, u64), usize)>,
+    pairs: Vec<(PairKey, Vec<u32>, Vec<u32>)>,
+    index: HashMap<PairKey, usize>,
+    last: Option<(PairKey, usize)>,
 }
 
 impl Grouper {
     /// Block `local_id` of `local` to block `remote_id` of `remote`, `len` bytes.
-    pub(crate) fn add(&mut self, local: Pool, local_id: u32, remote: Pool, remote_id: u32, len: u64) {
+    pub(crate) fn add(
+        &mut self,
+        local: Pool,
+        local_id: u32,
+        remote: Pool,
+        remote_id: u32,
+        len: u64,
+    ) {
         let key = (local, remote, len);
         // Callers list one pool pair's blocks one after another: the last pair usually holds
         // the next block too, which spares the map.
@@ -74,8 +88,7 @@ impl Grouper {
     /// The copies: pool pairs of one shape and the same id lists share one.
     pub(crate) fn copies(self) -> Vec<PagedCopy> {
         let mut copies: Vec<PagedCopy> = Vec::new();
-        let mut by_shape: HashMap<(u64, u64, u64, u64, u64, Vec<u32>, Vec<u32>), usize> =
-            HashMap::new();
+        let mut by_shape: HashMap<Shape, usize> = HashMap::new();
         for ((local, remote, len), local_ids, remote_ids) in self.pairs {
             let shape = (
                 len,
@@ -128,7 +141,13 @@ mod tests {
         let mut grouper = Grouper::default();
         for layer in 0..3u64 {
             for (local, remote) in [(1, 5), (2, 6)] {
-                grouper.add(pool(layer << 20), local, pool(0x100_0000 + (layer << 20)), remote, BLOCK);
+                grouper.add(
+                    pool(layer << 20),
+                    local,
+                    pool(0x100_0000 + (layer << 20)),
+                    remote,
+                    BLOCK,
+                );
             }
         }
         grouper.add(pool(0x80_0000), 7, pool(0x180_0000), 0, BLOCK);
@@ -138,7 +157,11 @@ mod tests {
         assert_eq!(&*copies[0].remote_ids, &[5, 6]);
         assert_eq!(
             copies[0].pools,
-            vec![(0, 0x100_0000), (1 << 20, 0x110_0000), (2 << 20, 0x120_0000)]
+            vec![
+                (0, 0x100_0000),
+                (1 << 20, 0x110_0000),
+                (2 << 20, 0x120_0000)
+            ]
         );
         assert_eq!(copies[0].local.pool_bytes, 8 * BLOCK);
         assert_eq!(&*copies[1].local_ids, &[7]);

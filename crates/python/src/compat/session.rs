@@ -164,6 +164,11 @@ impl Session {
         Ok(())
     }
 
+    /// Whether `[addr, addr + len)` lies inside one registered region; the reason when not.
+    pub(crate) fn check_local(&self, addr: u64, len: u64) -> Result<(), String> {
+        self.regions.read().containing(addr, len).map(|_| ())
+    }
+
     /// A host buffer of `len` bytes, registered; its address.
     pub(crate) fn allocate(&self, len: u64) -> Result<u64, String> {
         let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;

@@ -8,11 +8,11 @@
 mod batches;
 mod host;
 
-use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 use crate::compat::notify;
 use crate::compat::session::{self, Entry, RdmaChoice, Session};
 use batches::Batches;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use std::sync::OnceLock;
 use std::time::Duration;
 
