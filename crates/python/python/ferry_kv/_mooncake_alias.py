@@ -13,10 +13,11 @@ still come from Mooncake's package when it is installed.
 """
 
 import importlib.abc
-import importlib.machinery
 import importlib.util
-import os
 import sys
+
+from ._alias_choice import choice as _decide
+from ._alias_choice import installed as _installed
 
 _TARGET = "mooncake.engine"
 _VARIABLE = "FERRY_MOONCAKE"
@@ -24,26 +25,13 @@ _VARIABLE = "FERRY_MOONCAKE"
 
 def _mooncake_installed():
     """Whether Mooncake's own package is importable (found without this hook)."""
-    return importlib.machinery.PathFinder.find_spec("mooncake") is not None
+    return _installed("mooncake")
 
 
 def _choice():
     """``"ferry"`` or ``"mooncake"``, or raises ImportError saying how to choose."""
-    value = os.environ.get(_VARIABLE)
-    if value is None:
-        if _mooncake_installed():
-            raise ImportError(
-                "both ferry-kv and Mooncake's package provide mooncake.engine; set "
-                f"{_VARIABLE}=1 to use ferry or {_VARIABLE}=0 to use Mooncake"
-            )
-        return "ferry"
-    if value.strip() == "1":
-        return "ferry"
-    if value.strip() == "0":
-        return "mooncake"
-    raise ImportError(
-        f"{_VARIABLE}={value!r} is neither 1 (use ferry for mooncake.engine) nor 0 (use Mooncake)"
-    )
+    decided = _decide(_VARIABLE, "mooncake", _TARGET, "Mooncake")
+    return "ferry" if decided == "ferry" else "mooncake"
 
 
 class _Package(importlib.abc.Loader):
