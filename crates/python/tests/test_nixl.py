@@ -1,0 +1,358 @@
+"""``ferry_kv.nixl`` between two processes on 127.0.0.1, in the call sequences vLLM's
+``NixlConnector`` makes (pull: decode READs; push: prefill WRITEs after a registration
+message), on host memory. This process plays one side; ``nixl_peer.py`` the other. Agent
+metadata crosses a pipe, as it crosses vLLM's side channel. Every wait is bounded.
+"""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
+
+from ferry_kv.nixl import (  # noqa: E402
+    nixl_agent,
+    nixl_agent_config,
+    nixlInvalidParamError,
+    nixlMismatchError,
+    nixlNoTelemetryError,
+    nixlNotFoundError,
+    nixlNotPostedError,
+    nixlXferDList,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER = os.path.join(HERE, "nixl_peer.py")
+REGIONS, BLOCKS, BLOCK = 4, 32, 4096
+POISON = 0xAB
+REPLY_TIMEOUT_S = 30
+
+
+def value(region, block, seed):
+    return (seed * 31 + region * 7 + block) % 251 + 1
+
+
+class Peer:
+    """The other agent's process and its command pipe."""
+
+    def __init__(self, name="prefill", block=BLOCK):
+        self.process = subprocess.Popen(
+            [sys.executable, PEER, name, str(REGIONS), str(BLOCKS), str(block)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "FERRY_NIXL_HOST": "127.0.0.1"},
+        )
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = self._reply()
+        self.metadata = bytes.fromhex(hello["metadata"])
+        self.addrs = hello["addrs"]
+        self.block = block
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def _reply(self):
+        try:
+            line = self.lines.get(timeout=REPLY_TIMEOUT_S)
+        except queue.Empty:
+            raise AssertionError(f"the peer did not answer within {REPLY_TIMEOUT_S} s") from None
+        answer = json.loads(line)
+        assert "error" not in answer, answer
+        return answer
+
+    def ask(self, **command):
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def rows(self):
+        return [[addr, self.block, 0, self.block, BLOCKS] for addr in self.addrs]
+
+    def pools(self):
+        return [np.frombuffer(bytes.fromhex(pool), dtype=np.uint8) for pool in self.ask(op="dump")["pools"]]
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+class Side:
+    """This process's agent, registered as vLLM registers: 4-tuples per storage, then the
+    strided rows of its regions."""
+
+    def __init__(self, name="decode", telemetry=True, block=BLOCK):
+        self.agent = nixl_agent(name, nixl_agent_config(num_threads=4, capture_telemetry=telemetry))
+        self.pools = [np.full(BLOCKS * block, POISON, dtype=np.uint8) for _ in range(REGIONS)]
+        self.block = block
+        descs = self.agent.get_reg_descs([(p.ctypes.data, p.nbytes, 0, "") for p in self.pools], "DRAM")
+        self.registered = self.agent.register_memory(descs, backends=["UCX"])
+        self.rows = np.array(
+            [[p.ctypes.data, block, 0, block, BLOCKS] for p in self.pools], dtype=np.uint64
+        )
+        self.local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.rows, mem_type="DRAM")
+
+
+@pytest.fixture
+def peer():
+    process = Peer()
+    yield process
+    process.close()
+
+
+def ids(blocks):
+    """vLLM's descriptor ids: region-major, ``region * BLOCKS + block``."""
+    offsets = np.arange(REGIONS, dtype=np.int64)[:, None] * BLOCKS
+    return (offsets + np.asarray(blocks, dtype=np.int64)[None, :]).ravel()
+
+
+def wait(agent, handle, timeout_s=20):
+    deadline = time.monotonic() + timeout_s
+    state = agent.check_xfer_state(handle)
+    while state == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.0005)
+        state = agent.check_xfer_state(handle)
+    return state
+
+
+def check_blocks(pools, moved, seed, block=BLOCK):
+    """Every block of ``moved`` (local block -> source block) holds the source's value; every
+    other block still holds the poison."""
+    for region, pool in enumerate(pools):
+        for b in range(BLOCKS):
+            got = pool[b * block : (b + 1) * block]
+            want = value(region, moved[b], seed) if b in moved else POISON
+            assert (got == want).all(), f"region {region} block {b}: {got[:4]} != {want}"
+
+
+def pull(side, remote_name, remote, local_blocks, remote_blocks, notif):
+    handle = side.agent.make_prepped_xfer(
+        "READ", side.local, ids(local_blocks), remote, ids(remote_blocks), notif_msg=notif
+    )
+    assert side.agent.transfer(handle) in ("PROC", "DONE")
+    state = wait(side.agent, handle)
+    telemetry = side.agent.get_xfer_telemetry(handle)
+    side.agent.release_xfer_handle(handle)
+    return state, telemetry
+
+
+def test_pull_mode_reads_every_block_and_notifies_the_prefill_after(peer):
+    side = Side()
+    peer.ask(op="fill", seed=1)
+    name = side.agent.add_remote_agent(peer.metadata)
+    assert name == b"prefill"
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    local_blocks, remote_blocks = [0, 5, 6, 7, 31], [9, 2, 3, 4, 0]
+    state, telemetry = pull(side, name, remote, local_blocks, remote_blocks, b"req-1:1")
+    assert state == "DONE"
+    assert telemetry.totalBytes == REGIONS * len(local_blocks) * BLOCK
+    assert telemetry.descCount == REGIONS * len(local_blocks)
+    assert telemetry.xferDuration > 0 and telemetry.startTime > 0
+    check_blocks(side.pools, dict(zip(local_blocks, remote_blocks)), seed=1)
+    notifs = peer.ask(op="notifs", count=1, wait_s=10)["notifs"]
+    assert notifs == [["decode", b"req-1:1".hex()]]
+    side.agent.release_dlist_handle(remote)
+    side.agent.remove_remote_agent(name)
+    assert side.agent.check_remote_metadata(name) is False
+
+
+def test_a_read_s_notification_reaches_the_peer_only_after_the_read(peer):
+    # The prefill overwrites its blocks the moment a notification arrives; a notification
+    # sent before the read had ended would show up as overwritten bytes here.
+    side = Side()
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    blocks = list(range(BLOCKS))
+    for seed in range(2, 42):
+        peer.ask(op="fill", seed=seed, overwrite_on_notif=True)
+        state, _ = pull(side, name, remote, blocks, blocks[::-1], f"req-{seed}:1".encode())
+        assert state == "DONE"
+        check_blocks(side.pools, dict(zip(blocks, blocks[::-1])), seed=seed)
+        assert peer.ask(op="notifs", count=1, wait_s=10)["notifs"] == [
+            ["decode", f"req-{seed}:1".encode().hex()]
+        ]
+
+
+def test_push_mode_registration_message_of_any_length_then_writes(peer):
+    side = Side()
+    name = side.agent.add_remote_agent(peer.metadata)
+    # The decode sends its registration to a prefill that never added the decode's agent.
+    registration = b"PUSH_REG:" + bytes(range(256)) * 1000
+    side.agent.send_notif(name, notif_msg=registration)
+    notifs = peer.ask(op="notifs", count=1, wait_s=10)["notifs"]
+    assert notifs == [["decode", registration.hex()]]
+    assert peer.ask(op="add", metadata=side.agent.get_agent_metadata().hex())["name"] == "decode"
+    peer.ask(op="fill", seed=3)
+    local_blocks, remote_blocks = [1, 2, 3, 20], [4, 5, 6, 7]
+    rows = [[int(row[0]), BLOCK, 0, BLOCK, BLOCKS] for row in side.rows]
+    answer = peer.ask(
+        op="write",
+        to="decode",
+        rows=rows,
+        local_ids=[int(i) for i in ids(remote_blocks)],
+        remote_ids=[int(i) for i in ids(local_blocks)],
+        notif=b"req-9:1".hex(),
+    )
+    assert answer == {"state": "DONE", "bytes": REGIONS * 4 * BLOCK}
+    deadline = time.monotonic() + 10
+    notifs = {}
+    while not notifs and time.monotonic() < deadline:
+        notifs = side.agent.get_new_notifs()
+    assert notifs == {"prefill": [b"req-9:1"]}
+    check_blocks(side.pools, dict(zip(local_blocks, remote_blocks)), seed=3)
+
+
+def test_heterogeneous_tp_reads_half_blocks_at_an_offset(peer):
+    # Decode TP 2 reads its half of every head from a prefill of TP 1: the remote rows start
+    # half a block in and keep the whole-block stride.
+    half = BLOCK // 2
+    side = Side(block=half)
+    peer.ask(op="fill", seed=4)
+    name = side.agent.add_remote_agent(peer.metadata)
+    rows = np.array([[addr + half, half, 0, BLOCK, BLOCKS] for addr in peer.addrs], dtype=np.uint64)
+    remote = side.agent.prep_xfer_dlist(name, rows, mem_type="DRAM")
+    state, _ = pull(side, name, remote, [0, 1], [10, 11], b"req-4:2")
+    assert state == "DONE"
+    for region, pool in enumerate(side.pools):
+        assert (pool[:half] == value(region, 10, 4)).all()
+        assert (pool[half : 2 * half] == value(region, 11, 4)).all()
+        assert (pool[2 * half :] == POISON).all()
+
+
+def test_flat_descriptor_lists_move_too(peer):
+    side = Side()
+    peer.ask(op="fill", seed=5)
+    name = side.agent.add_remote_agent(peer.metadata)
+    local = nixlXferDList("DRAM", [(side.pools[0].ctypes.data + 3 * BLOCK, BLOCK, 0)])
+    remote = nixlXferDList("DRAM", [(peer.addrs[1] + 8 * BLOCK, BLOCK, 0)])
+    handle = side.agent.initialize_xfer("READ", local, remote, name, b"flat")
+    assert side.agent.transfer(handle) in ("PROC", "DONE")
+    assert wait(side.agent, handle) == "DONE"
+    assert (side.pools[0][3 * BLOCK : 4 * BLOCK] == value(1, 8, 5)).all()
+    assert (side.pools[0][: 3 * BLOCK] == POISON).all()
+
+
+def test_transfers_from_many_threads_at_once(peer):
+    side = Side()
+    peer.ask(op="fill", seed=6)
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    errors = []
+
+    def one(block):
+        try:
+            state, _ = pull(side, name, remote, [block], [BLOCKS - 1 - block], f"req-{block}:1")
+            assert state == "DONE"
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(block,)) for block in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    check_blocks(side.pools, {b: BLOCKS - 1 - b for b in range(16)}, seed=6)
+    got = peer.ask(op="notifs", count=16, wait_s=10)["notifs"]
+    assert sorted(bytes.fromhex(msg) for _, msg in got) == sorted(f"req-{b}:1".encode() for b in range(16))
+
+
+def test_handles_are_reposted_and_errors_are_nixl_s(peer):
+    side = Side()
+    peer.ask(op="fill", seed=7)
+    name = side.agent.add_remote_agent(peer.metadata)
+    rows = np.array(peer.rows(), dtype=np.uint64)
+    with pytest.raises(nixlNotFoundError):
+        side.agent.prep_xfer_dlist(b"nobody", rows, mem_type="DRAM")
+    outside = rows.copy()
+    outside[0, 0] += BLOCK
+    with pytest.raises(nixlNotFoundError):
+        side.agent.prep_xfer_dlist(name, outside, mem_type="DRAM")
+    with pytest.raises(ValueError):
+        side.agent.prep_xfer_dlist(name, rows)
+    remote = side.agent.prep_xfer_dlist(name, rows, mem_type="DRAM")
+    agent = side.agent
+    with pytest.raises(nixlInvalidParamError):
+        agent.make_prepped_xfer("READ", side.local, ids([0]), remote, ids([0, 1]))
+    with pytest.raises(nixlInvalidParamError):
+        agent.make_prepped_xfer("READ", side.local, [], remote, [])
+    with pytest.raises(nixlInvalidParamError):
+        agent.make_prepped_xfer("READ", side.local, [REGIONS * BLOCKS], remote, [0])
+    with pytest.raises(nixlInvalidParamError):
+        agent.make_prepped_xfer("READ", side.local, [-1], remote, [0])
+    with pytest.raises(KeyError):
+        agent.make_prepped_xfer("COPY", side.local, [0], remote, [0])
+    half = agent.prep_xfer_dlist(
+        "NIXL_INIT_AGENT", np.array([[side.pools[0].ctypes.data, BLOCK // 2, 0, BLOCK, BLOCKS]], dtype=np.uint64), "DRAM"
+    )
+    with pytest.raises(nixlMismatchError):
+        agent.make_prepped_xfer("READ", half, [0], remote, [0])
+    handle = agent.make_prepped_xfer("READ", side.local, np.array([0, 1], dtype=np.int32), remote, [2, 3])
+    with pytest.raises(nixlNotPostedError):
+        agent.check_xfer_state(handle)
+    for _ in range(3):
+        agent.transfer(handle)
+        assert wait(agent, handle) == "DONE"
+    assert (side.pools[0][:BLOCK] == value(0, 2, 7)).all()
+    agent.release_xfer_handle(handle)
+    agent.release_xfer_handle(handle)
+    agent.remove_remote_agent(name)
+    with pytest.raises(nixlNotFoundError):
+        agent.make_prepped_xfer("READ", side.local, [0], remote, [0])
+    with pytest.raises(nixlNotFoundError):
+        agent.send_notif(name, notif_msg=b"x")
+    agent.remove_remote_agent(b"never-added")
+    with pytest.raises(nixlNotFoundError):
+        agent.deregister_memory([(12345, 1, 0, b"")])
+    agent.deregister_memory(side.registered)
+    with pytest.raises(nixlNotFoundError):
+        agent.prep_xfer_dlist("NIXL_INIT_AGENT", side.rows, mem_type="DRAM")
+
+
+def test_telemetry_needs_capture_telemetry(peer):
+    side = Side(telemetry=False)
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    handle = side.agent.make_prepped_xfer("READ", side.local, ids([0]), remote, ids([1]))
+    side.agent.transfer(handle)
+    assert wait(side.agent, handle) == "DONE"
+    with pytest.raises(nixlNoTelemetryError):
+        side.agent.get_xfer_telemetry(handle)
+
+
+def test_a_dead_peer_ends_in_err_or_an_exception_within_the_timeout():
+    process = Peer()
+    side = Side()
+    name = side.agent.add_remote_agent(process.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(process.rows(), dtype=np.uint64), mem_type="DRAM")
+    process.process.kill()
+    process.process.wait(timeout=10)
+    started = time.monotonic()
+    handle = side.agent.make_prepped_xfer("READ", side.local, ids([0]), remote, ids([1]), notif_msg=b"r:1")
+    try:
+        state = side.agent.transfer(handle)
+        if state == "PROC":
+            state = wait(side.agent, handle, timeout_s=60)
+    except Exception as error:  # noqa: BLE001 - NIXL raises as well as reporting ERR
+        state = f"raised {type(error).__name__}"
+    assert state == "ERR" or state == "raised nixlBackendError", state
+    assert time.monotonic() - started < 45
+    assert (side.pools[0][:BLOCK] == POISON).all(), "a failed read wrote nothing it reported"
