@@ -8,57 +8,22 @@ site-packages.
 """
 
 import os
-import site
-import subprocess
-import sys
-import sysconfig
-import textwrap
 
 import pytest
+from alias_children import HERE
+from alias_children import installed_pth as _installed_pth
+from alias_children import run_child as _run_child
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PTH_NAME = "ferry_kv_mooncake.pth"
-CHILD_TIMEOUT_S = 60
 
 
 def installed_pth():
-    """The ``.pth`` in this interpreter's site-packages, or None (``maturin develop`` omits it)."""
-    folders = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    folders.update(site.getsitepackages())
-    for folder in folders:
-        path = os.path.join(folder, PTH_NAME)
-        if os.path.exists(path):
-            return path
-    return None
+    return _installed_pth(PTH_NAME)
 
 
 def run_child(code=None, *, ferry_mooncake=None, fake=None, script=None):
-    """Runs ``code`` (or ``script``) in a fresh interpreter; returns the completed process.
-
-    Where the ``.pth`` is not installed (a ``maturin develop`` checkout), the child first loads
-    the repository's copy the way site-packages would, so the import rules are still tested;
-    ``test_the_wheel_installs_the_pth_file`` is what fails in that case.
-    """
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if fake is not None:
-        env["PYTHONPATH"] = str(fake)
-    if ferry_mooncake is not None:
-        env["FERRY_MOONCAKE"] = ferry_mooncake
-    prelude = ""
-    if installed_pth() is None:
-        repo_copy = os.path.join(HERE, "..")
-        prelude = f"import site; site.addsitedir({os.path.abspath(repo_copy)!r})\n"
-    if script is not None:
-        body = prelude + f"import runpy; runpy.run_path({script!r}, run_name='__main__')\n"
-    else:
-        body = prelude + textwrap.dedent(code)
-    return subprocess.run(
-        [sys.executable, "-c", body],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
+    variables = {} if ferry_mooncake is None else {"FERRY_MOONCAKE": ferry_mooncake}
+    return _run_child(PTH_NAME, code, variables=variables, fake=fake, script=script)
 
 
 @pytest.fixture
