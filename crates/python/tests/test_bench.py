@@ -3,6 +3,7 @@ judge its own result: the merging of adjacent entries and the block-by-block che
 
 import ctypes
 import json
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,19 @@ def test_check_notices_a_block_shifted_inside_itself():
     base = destination.addresses[0] + 4096
     ctypes.memmove(base + 64, source.addresses[0] + 32, 4096 - 64)
     assert destination.check([0], [1]) == ["tensor 0: block 1 does not hold source block 0"]
+
+
+def test_bench_nixl_rows_pull_and_push_through_nixl_s_api_and_verify(tmp_path):
+    report = tmp_path / "bench.json"
+    args = [arg for arg in TINY if arg not in ("--engines", "ferry")]
+    result = subprocess.run(
+        [sys.executable, "-m", "ferry_kv.bench", *args, "--api", "nixl", "--json", str(report)],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "FERRY_NIXL_HOST": "127.0.0.1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(report.read_text())["rows"]
+    assert [row["engine"] for row in rows] == ["nixl-pull", "nixl-push", "ferry"]
+    for row in rows:
+        assert row["verified"] is True and row["problems"] == [], row
+        assert row["gbps_p50"] > 0 and len(row["seconds"]) == 2

@@ -1,5 +1,7 @@
 """``python -m ferry_kv.bench``: the ``kv-llama70b-4k`` workload through the Mooncake-compatible
-API, the way SGLang calls it, for ferry and (when importable) Mooncake itself, in the same run.
+API, the way SGLang calls it, for ferry and (when importable) Mooncake itself, in the same run;
+with ``--api nixl``, through NIXL's API the way vLLM's NixlConnector calls it (decode pulling,
+prefill pushing; see ``_bench_nixl``), beside ferry through Mooncake's.
 
 Per request: ``2 x layers`` pool tensors (K and V per layer), ``blocks`` blocks of 32 KiB each
 picked at random from a pool of ``pool_blocks`` (source and destination ids distinct random
@@ -23,10 +25,20 @@ import multiprocessing
 import statistics
 import sys
 
+from . import _bench_nixl as nixl_workers
 from . import _bench_workers as workers
 
 BLOCK_BYTES = 32 * 1024
-ENGINES = ("ferry", "mooncake")
+ENGINES = ("ferry", "mooncake", "nixl-pull", "nixl-push")
+APIS = {"mooncake": "ferry,mooncake", "nixl": "nixl-pull,nixl-push,ferry"}
+# Each engine's two processes: the one started first (it reports "ready"), and the one given
+# its session and addresses.
+PROCESSES = {
+    "ferry": (workers.decode_main, workers.prefill_main),
+    "mooncake": (workers.decode_main, workers.prefill_main),
+    "nixl-push": (nixl_workers.sink_main, nixl_workers.writer_main),
+    "nixl-pull": (nixl_workers.source_main, nixl_workers.reader_main),
+}
 
 
 def parse_args(argv):
@@ -35,8 +47,13 @@ def parse_args(argv):
         prog="python -m ferry_kv.bench",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--engines", default="ferry,mooncake",
-                        help="comma-separated engines to run: ferry, mooncake (default both)")
+    parser.add_argument("--api", choices=sorted(APIS), default="mooncake",
+                        help="which API's rows to run when --engines is not given: mooncake "
+                             "(ferry and Mooncake through it), nixl (ferry through NIXL's API, "
+                             "decode pulling and prefill pushing, beside ferry through Mooncake's)")
+    parser.add_argument("--engines",
+                        help="comma-separated engines to run: ferry (through Mooncake's API), "
+                             "mooncake, nixl-pull, nixl-push (ferry through NIXL's API)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="pool memory: torch CUDA tensors, or host memory (moves over TCP)")
     parser.add_argument("--prefill-gpu", type=int, default=0, help="GPU of the prefill process")
@@ -63,10 +80,11 @@ def parse_args(argv):
     parser.add_argument("--require-all", action="store_true",
                         help="fail when an engine asked for cannot run here")
     args = parser.parse_args(argv)
-    args.engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    engines = APIS[args.api] if args.engines is None else args.engines
+    args.engines = [name.strip() for name in engines.split(",") if name.strip()]
     unknown = [name for name in args.engines if name not in ENGINES]
     if unknown or not args.engines:
-        parser.error(f"--engines {','.join(unknown) or '(none)'}: use ferry and/or mooncake")
+        parser.error(f"--engines {','.join(unknown) or '(none)'}: use {', '.join(ENGINES)}")
     if args.pool_blocks is None:
         args.pool_blocks = 4096 if args.device == "cuda" else 512
     if args.blocks is None:
@@ -134,9 +152,13 @@ def run_engine(context, engine, args, memory):
         base, device=f"cuda:{args.prefill_gpu}" if on_gpu else "cpu")
     row = {"engine": engine}
     finished = False
+    first, second = PROCESSES[engine]
+    pull = engine == "nixl-pull"
+    first_config, second_config = (
+        (prefill_config, decode_config) if pull else (decode_config, prefill_config))
     decode_conn, decode_end = context.Pipe()
-    decode = context.Process(target=workers.decode_main, args=(decode_end, decode_config),
-                             name=f"{engine} decode", daemon=True)
+    decode = context.Process(target=first, args=(decode_end, first_config),
+                             name=f"{engine} {'prefill' if pull else 'decode'}", daemon=True)
     processes = [decode]
     try:
         decode.start()
@@ -147,25 +169,23 @@ def run_engine(context, engine, args, memory):
             return row
         prefill_conn, prefill_end = context.Pipe()
         prefill = context.Process(
-            target=workers.prefill_main,
-            args=(prefill_end, prefill_config, ready["session"], ready["addresses"]),
-            name=f"{engine} prefill", daemon=True)
+            target=second,
+            args=(prefill_end, second_config, ready["session"], ready["addresses"]),
+            name=f"{engine} {'decode' if pull else 'prefill'}", daemon=True)
         processes.append(prefill)
         prefill.start()
         prefill_end.close()
         step_timeout = args.timeout * (1 + args.warmup + args.requests)
-        asked = receive(prefill_conn, prefill, step_timeout, "poison-decode")
-        if asked["kind"] == "unavailable":
+        if pull:
+            # The decode reads, poisons its own pools before the last request and checks them.
+            done = receive(prefill_conn, prefill, step_timeout, "done")
+            verified = done
+        else:
+            done, verified = push(decode_conn, decode, prefill_conn, prefill, args, step_timeout)
+        if done["kind"] == "unavailable":
             decode_conn.send({"kind": "exit"})
-            row["skipped"] = asked["reason"]
+            row["skipped"] = done["reason"]
             return row
-        decode_conn.send({"kind": "poison"})
-        receive(decode_conn, decode, args.timeout, "poisoned")
-        prefill_conn.send({"kind": "go"})
-        done = receive(prefill_conn, prefill, args.timeout, "done")
-        decode_conn.send({"kind": "verify", "src_ids": done["src_ids"],
-                          "dst_ids": done["dst_ids"]})
-        verified = receive(decode_conn, decode, args.timeout, "verified")
         for conn in (prefill_conn, decode_conn):
             conn.send({"kind": "exit"})
         finished = True
@@ -187,6 +207,21 @@ def run_engine(context, engine, args, memory):
                 process.terminate()
                 process.join(5)
     return row
+
+
+def push(decode_conn, decode, prefill_conn, prefill, args, step_timeout):
+    """The prefill's requests, the decode pools poisoned before its last one and checked
+    after it: the prefill's ``done`` and the decode's ``verified`` (or the ``unavailable``
+    message twice)."""
+    asked = receive(prefill_conn, prefill, step_timeout, "poison-decode")
+    if asked["kind"] == "unavailable":
+        return asked, asked
+    decode_conn.send({"kind": "poison"})
+    receive(decode_conn, decode, args.timeout, "poisoned")
+    prefill_conn.send({"kind": "go"})
+    done = receive(prefill_conn, prefill, args.timeout, "done")
+    decode_conn.send({"kind": "verify", "src_ids": done["src_ids"], "dst_ids": done["dst_ids"]})
+    return done, receive(decode_conn, decode, args.timeout, "verified")
 
 
 def describe(args, memory):

@@ -1,0 +1,176 @@
+"""The processes of ``ferry_kv.bench``'s NIXL rows: ferry through NIXL's API, called as vLLM's
+``NixlConnector`` calls it. One region per pool tensor, prepared as NIXL's strided rows
+``(base, block, devID, block, pool_blocks)``, and vLLM's descriptor ids ``tensor * pool_blocks
++ block``; one ``make_prepped_xfer`` per request with a ``"req:1"`` notification, posted with
+``transfer`` and polled with ``check_xfer_state`` until ``"DONE"``.
+
+- ``nixl-push``: the prefill WRITEs (vLLM's ``NixlPushConnector``). Same messages as the
+  Mooncake rows (``_bench_workers``): the decode is ready first, the prefill times.
+- ``nixl-pull``: the decode READs (vLLM's default ``NixlConnector``). The prefill is ready
+  first; the decode times, poisons its own pools before the last request and checks them.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from ._bench_pools import make_pools
+from ._bench_workers import _run_worker, request_block_ids
+
+POLL_S = 0.00002
+
+
+def _agent(config, name, pools):
+    """A NIXL agent with ``pools`` registered as vLLM registers them, and the strided rows of
+    its regions."""
+    os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
+    from .nixl import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent(name, nixl_agent_config(num_threads=4, capture_telemetry=True))
+    mem = "VRAM" if config.device.startswith("cuda") else "DRAM"
+    device = _device(config)
+    descs = agent.get_reg_descs(
+        [(addr, length, device, "") for addr, length in zip(pools.addresses, pools.lengths)], mem
+    )
+    agent.register_memory(descs, backends=["UCX"])
+    return agent, mem, _rows(pools.addresses, config, device)
+
+
+def _rows(addresses, config, device):
+    return np.array(
+        [[addr, config.block_bytes, device, config.block_bytes, config.pool_blocks] for addr in addresses],
+        dtype=np.uint64,
+    )
+
+
+def _device(config):
+    return int(config.device.split(":")[1]) if ":" in config.device else 0
+
+
+def _ids(config, blocks):
+    offsets = np.arange(config.tensors, dtype=np.int64)[:, None] * config.pool_blocks
+    return (offsets + np.asarray(blocks, dtype=np.int64)[None, :]).ravel()
+
+
+def _requests(agent, config, op, local, remote, before_last):
+    """Runs every request; the seconds of the timed ones and the last one's (local, remote)
+    block ids. ``before_last()`` runs untimed before the last request."""
+    seconds = []
+    total = config.warmup + config.requests
+    for request in range(total):
+        src_ids, dst_ids = request_block_ids(config, request)
+        local_blocks, remote_blocks = (dst_ids, src_ids) if op == "READ" else (src_ids, dst_ids)
+        if request == total - 1:
+            before_last()
+        started = time.perf_counter()
+        handle = agent.make_prepped_xfer(
+            op, local, _ids(config, local_blocks), remote, _ids(config, remote_blocks),
+            notif_msg=f"req-{request}:1".encode(),
+        )
+        agent.transfer(handle)
+        state = agent.check_xfer_state(handle)
+        while state == "PROC":
+            time.sleep(POLL_S)
+            state = agent.check_xfer_state(handle)
+        elapsed = time.perf_counter() - started
+        if state != "DONE":
+            raise RuntimeError(f"request {request}: the transfer ended {state}")
+        agent.get_xfer_telemetry(handle)
+        agent.release_xfer_handle(handle)
+        if request >= config.warmup:
+            seconds.append(elapsed)
+    return seconds, src_ids, dst_ids
+
+
+def source_main(conn, config):
+    """The pull row's prefill: pools holding the pattern; reports its metadata and pool
+    addresses, then waits to be read until ``exit``."""
+
+    def body(conn):
+        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                           config.device, config.seed)
+        pools.fill_pattern()
+        agent, _, _ = _agent(config, "prefill", pools)
+        conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
+                   "addresses": pools.addresses})
+        conn.recv()
+
+    _run_worker(conn, config, body)
+
+
+def writer_main(conn, config, metadata, remote_addresses):
+    """The push row's prefill: writes every request into the decode, asking the parent to
+    poison the decode pools before the last, and reports the seconds and the last block ids."""
+
+    def body(conn):
+        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                           config.device, config.seed)
+        pools.fill_pattern()
+        agent, mem, rows = _agent(config, "prefill", pools)
+        name = agent.add_remote_agent(bytes.fromhex(metadata))
+        local, remote = _lists(agent, config, mem, rows, name, remote_addresses)
+
+        def poison_decode():
+            conn.send({"kind": "poison-decode"})
+            if conn.recv()["kind"] != "go":
+                raise RuntimeError("the parent did not confirm the decode pools were poisoned")
+
+        seconds, src_ids, dst_ids = _requests(agent, config, "WRITE", local, remote, poison_decode)
+        conn.send({"kind": "done", "seconds": seconds, "entries": len(_ids(config, src_ids)),
+                   "src_ids": src_ids, "dst_ids": dst_ids})
+        conn.recv()
+
+    _run_worker(conn, config, body)
+
+
+def _lists(agent, config, mem, rows, name, remote_addresses):
+    """The local list and the peer's, prepared as vLLM prepares them."""
+    device = _device(config)
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", rows, mem_type=mem)
+    remote = agent.prep_xfer_dlist(name, _rows(remote_addresses, config, device), mem_type=mem)
+    return local, remote
+
+
+def reader_main(conn, config, metadata, remote_addresses):
+    """The pull row's decode: reads every request from the source, poisoning its pools before
+    the last, and checks them."""
+
+    def body(conn):
+        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                           config.device, config.seed)
+        pools.poison()
+        agent, mem, rows = _agent(config, "decode", pools)
+        name = agent.add_remote_agent(bytes.fromhex(metadata))
+        local, remote = _lists(agent, config, mem, rows, name, remote_addresses)
+        seconds, src_ids, dst_ids = _requests(agent, config, "READ", local, remote, pools.poison)
+        conn.send({"kind": "done", "seconds": seconds, "entries": len(_ids(config, src_ids)),
+                   "problems": pools.check(src_ids, dst_ids)})
+        conn.recv()
+
+    _run_worker(conn, config, body)
+
+
+def sink_main(conn, config):
+    """The push row's decode: poisoned pools; reports its metadata, answers ``poison`` and
+    ``verify`` until ``exit``."""
+
+    def body(conn):
+        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                           config.device, config.seed)
+        pools.poison()
+        agent, _, _ = _agent(config, "decode", pools)
+        conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
+                   "addresses": pools.addresses})
+        while True:
+            message = conn.recv()
+            if message["kind"] == "poison":
+                pools.poison()
+                conn.send({"kind": "poisoned"})
+            elif message["kind"] == "verify":
+                conn.send({"kind": "verified",
+                           "problems": pools.check(message["src_ids"], message["dst_ids"])})
+            elif message["kind"] == "exit":
+                return
+
+    _run_worker(conn, config, body)
