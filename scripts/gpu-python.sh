@@ -4,7 +4,8 @@
 # scripts/python-carry.sh. Installs the carried ferry wheel, then runs, each under a time limit:
 #   - the host-memory pytest suite and the GPU pytest files (crates/python/tests/gpu);
 #   - examples/python/run_gpu.sh, when the repository has it;
-#   - python -m ferry_kv.bench on CUDA: ferry alone, then ferry and Mooncake in the same run
+#   - python -m ferry_kv.bench on CUDA: ferry alone, ferry through NIXL's API (pull and push)
+#     beside it, then ferry and Mooncake in the same run
 #     when Mooncake's files were carried; GPU 0 -> GPU 0 and, with two GPUs, GPU 0 -> GPU 1;
 #   - the native `ferry bench --workloads kv-llama70b-4k` on the same GPUs.
 # Usage: scripts/gpu-python.sh LOG_DIR [all|tests|bench]
@@ -118,6 +119,8 @@ for pair in "${pairs[@]}"; do
   bench=("$python" -m ferry_kv.bench --device cuda --prefill-gpu "$prefill" --decode-gpu "$decode")
   step "bench ferry $where" timeout 600 "${bench[@]}" --engines ferry \
     --json "$logs/bench-ferry-$prefill-$decode.json"
+  step "bench nixl $where" timeout 600 "${bench[@]}" --api nixl \
+    --json "$logs/bench-nixl-$prefill-$decode.json"
   if [ ${#mooncake_env[@]} -gt 0 ]; then
     step "bench ferry+mooncake $where" timeout 900 "${mooncake_env[@]}" "${bench[@]}" \
       --engines ferry,mooncake --require-all --json "$logs/bench-both-$prefill-$decode.json"
@@ -142,7 +145,7 @@ done
   for log in "$logs"/*bench*.log; do
     [ -f "$log" ] || continue
     echo "-- $(basename "$log")"
-    grep -E "^(kv-llama70b-4k|engine|ferry|mooncake|ratio|  *tensor|workload|peer_copy|d2d|verified)|GB/s" "$log"
+    grep -E "^(kv-llama70b-4k|engine|ferry|mooncake|nixl|ratio|  *tensor|workload|peer_copy|d2d|verified)|GB/s" "$log"
   done
 } >>"$summary"
 echo
