@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ._bench_pools import make_pools
-from ._bench_workers import _run_worker, request_block_ids
+from ._bench_workers import _run_worker, request_block_ids, serve_checks
 
 POLL_S = 0.00002
 
@@ -42,6 +42,11 @@ def _rows(addresses, config, device):
         [[addr, config.block_bytes, device, config.block_bytes, config.pool_blocks] for addr in addresses],
         dtype=np.uint64,
     )
+
+
+def _pools(config):
+    return make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                      config.device, config.seed)
 
 
 def _device(config):
@@ -88,8 +93,7 @@ def source_main(conn, config):
     addresses, then waits to be read until ``exit``."""
 
     def body(conn):
-        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
-                           config.device, config.seed)
+        pools = _pools(config)
         pools.fill_pattern()
         agent, _, _ = _agent(config, "prefill", pools)
         conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
@@ -104,8 +108,7 @@ def writer_main(conn, config, metadata, remote_addresses):
     poison the decode pools before the last, and reports the seconds and the last block ids."""
 
     def body(conn):
-        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
-                           config.device, config.seed)
+        pools = _pools(config)
         pools.fill_pattern()
         agent, mem, rows = _agent(config, "prefill", pools)
         name = agent.add_remote_agent(bytes.fromhex(metadata))
@@ -137,8 +140,7 @@ def reader_main(conn, config, metadata, remote_addresses):
     the last, and checks them."""
 
     def body(conn):
-        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
-                           config.device, config.seed)
+        pools = _pools(config)
         pools.poison()
         agent, mem, rows = _agent(config, "decode", pools)
         name = agent.add_remote_agent(bytes.fromhex(metadata))
@@ -156,21 +158,11 @@ def sink_main(conn, config):
     ``verify`` until ``exit``."""
 
     def body(conn):
-        pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
-                           config.device, config.seed)
+        pools = _pools(config)
         pools.poison()
         agent, _, _ = _agent(config, "decode", pools)
         conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
                    "addresses": pools.addresses})
-        while True:
-            message = conn.recv()
-            if message["kind"] == "poison":
-                pools.poison()
-                conn.send({"kind": "poisoned"})
-            elif message["kind"] == "verify":
-                conn.send({"kind": "verified",
-                           "problems": pools.check(message["src_ids"], message["dst_ids"])})
-            elif message["kind"] == "exit":
-                return
+        serve_checks(conn, pools)
 
     _run_worker(conn, config, body)

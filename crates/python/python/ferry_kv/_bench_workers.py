@@ -177,19 +177,24 @@ def decode_main(conn, config):
         pools.poison()
         engine, session = start_engine(config, pools)
         conn.send({"kind": "ready", "session": session, "addresses": pools.addresses})
-        while True:
-            message = conn.recv()
-            if message["kind"] == "poison":
-                pools.poison()
-                conn.send({"kind": "poisoned"})
-            elif message["kind"] == "verify":
-                problems = pools.check(message["src_ids"], message["dst_ids"])
-                conn.send({"kind": "verified", "problems": problems})
-            elif message["kind"] == "exit":
-                engine.batch_unregister_memory(pools.addresses)
-                return
+        serve_checks(conn, pools)
+        engine.batch_unregister_memory(pools.addresses)
 
     _run_worker(conn, config, body)
+
+
+def serve_checks(conn, pools):
+    """Answers the parent's ``poison`` and ``verify`` on the decode's ``pools`` until ``exit``."""
+    while True:
+        message = conn.recv()
+        if message["kind"] == "poison":
+            pools.poison()
+            conn.send({"kind": "poisoned"})
+        elif message["kind"] == "verify":
+            problems = pools.check(message["src_ids"], message["dst_ids"])
+            conn.send({"kind": "verified", "problems": problems})
+        elif message["kind"] == "exit":
+            return
 
 
 def prefill_main(conn, config, session, remote_addresses):
