@@ -59,9 +59,11 @@ def _ids(config, blocks):
 
 
 def _requests(agent, config, op, local, remote, before_last):
-    """Runs every request; the seconds of the timed ones and the last one's (local, remote)
-    block ids. ``before_last()`` runs untimed before the last request."""
-    seconds = []
+    """Runs every request; the seconds of the timed ones, the last one's block ids and, per
+    timed request, where its time went (microseconds: making the transfer, posting it, the
+    transfer as the agent timed it, and from the post to seeing ``"DONE"``). ``before_last()``
+    runs untimed before the last request."""
+    seconds, phases = [], []
     total = config.warmup + config.requests
     for request in range(total):
         src_ids, dst_ids = request_block_ids(config, request)
@@ -73,19 +75,22 @@ def _requests(agent, config, op, local, remote, before_last):
             op, local, _ids(config, local_blocks), remote, _ids(config, remote_blocks),
             notif_msg=f"req-{request}:1".encode(),
         )
+        made = time.perf_counter()
         agent.transfer(handle)
         state = agent.check_xfer_state(handle)
         while state == "PROC":
             time.sleep(POLL_S)
             state = agent.check_xfer_state(handle)
-        elapsed = time.perf_counter() - started
+        ended = time.perf_counter()
         if state != "DONE":
             raise RuntimeError(f"request {request}: the transfer ended {state}")
-        agent.get_xfer_telemetry(handle)
+        telemetry = agent.get_xfer_telemetry(handle)
         agent.release_xfer_handle(handle)
         if request >= config.warmup:
-            seconds.append(elapsed)
-    return seconds, src_ids, dst_ids
+            seconds.append(ended - started)
+            phases.append({"make_us": round((made - started) * 1e6), "post_us": telemetry.postDuration,
+                           "xfer_us": telemetry.xferDuration, "done_us": round((ended - made) * 1e6)})
+    return seconds, phases, src_ids, dst_ids
 
 
 def source_main(conn, config):
@@ -119,9 +124,10 @@ def writer_main(conn, config, metadata, remote_addresses):
             if conn.recv()["kind"] != "go":
                 raise RuntimeError("the parent did not confirm the decode pools were poisoned")
 
-        seconds, src_ids, dst_ids = _requests(agent, config, "WRITE", local, remote, poison_decode)
-        conn.send({"kind": "done", "seconds": seconds, "entries": len(_ids(config, src_ids)),
-                   "src_ids": src_ids, "dst_ids": dst_ids})
+        seconds, phases, src_ids, dst_ids = _requests(agent, config, "WRITE", local, remote,
+                                                      poison_decode)
+        conn.send({"kind": "done", "seconds": seconds, "phases": phases,
+                   "entries": len(_ids(config, src_ids)), "src_ids": src_ids, "dst_ids": dst_ids})
         conn.recv()
 
     _run_worker(conn, config, body)
@@ -145,9 +151,10 @@ def reader_main(conn, config, metadata, remote_addresses):
         agent, mem, rows = _agent(config, "decode", pools)
         name = agent.add_remote_agent(bytes.fromhex(metadata))
         local, remote = _lists(agent, config, mem, rows, name, remote_addresses)
-        seconds, src_ids, dst_ids = _requests(agent, config, "READ", local, remote, pools.poison)
-        conn.send({"kind": "done", "seconds": seconds, "entries": len(_ids(config, src_ids)),
-                   "problems": pools.check(src_ids, dst_ids)})
+        seconds, phases, src_ids, dst_ids = _requests(agent, config, "READ", local, remote,
+                                                      pools.poison)
+        conn.send({"kind": "done", "seconds": seconds, "phases": phases,
+                   "entries": len(_ids(config, src_ids)), "problems": pools.check(src_ids, dst_ids)})
         conn.recv()
 
     _run_worker(conn, config, body)

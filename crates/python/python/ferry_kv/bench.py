@@ -198,6 +198,8 @@ def run_engine(context, engine, args, memory):
             entries_per_request=done["entries"],
             seconds=done["seconds"],
         )
+        if "phases" in done:
+            row["phases"] = done["phases"]
     except StepFailed as error:
         row["error"] = str(error)
     finally:

@@ -56,18 +56,19 @@ pub(crate) struct Grouper {
 }
 
 impl Grouper {
-    /// Block `local_id` of `local` to block `remote_id` of `remote`, `len` bytes.
+    /// Blocks `local_ids[i]` of `local` to blocks `remote_ids[i]` of `remote`, `len` bytes
+    /// each.
     pub(crate) fn add(
         &mut self,
         local: Pool,
-        local_id: u32,
+        local_ids: impl IntoIterator<Item = u32>,
         remote: Pool,
-        remote_id: u32,
+        remote_ids: impl IntoIterator<Item = u32>,
         len: u64,
     ) {
         let key = (local, remote, len);
         // Callers list one pool pair's blocks one after another: the last pair usually holds
-        // the next block too, which spares the map.
+        // the next blocks too, which spares the map.
         let slot = match self.last {
             Some((last, slot)) if last == key => slot,
             _ => {
@@ -81,8 +82,8 @@ impl Grouper {
             }
         };
         let (_, locals, remotes) = &mut self.pairs[slot];
-        locals.push(local_id);
-        remotes.push(remote_id);
+        locals.extend(local_ids);
+        remotes.extend(remote_ids);
     }
 
     /// The copies: pool pairs of one shape and the same id lists share one.
@@ -99,6 +100,14 @@ impl Grouper {
                 local_ids,
                 remote_ids,
             );
+            // Pool pairs that move the same ids usually come one after another (every layer of
+            // a request): comparing with the last copy spares hashing the id lists.
+            if let Some(last) = copies.last_mut() {
+                if same_shape(last, &shape) {
+                    last.pools.push((local.base, remote.base));
+                    continue;
+                }
+            }
             if let Some(&slot) = by_shape.get(&shape) {
                 copies[slot].pools.push((local.base, remote.base));
                 continue;
@@ -122,6 +131,19 @@ impl Grouper {
     }
 }
 
+/// Whether pool pairs of `shape` can join `copy`.
+fn same_shape(copy: &PagedCopy, shape: &Shape) -> bool {
+    let (len, local_stride, local_blocks, remote_stride, remote_blocks, local_ids, remote_ids) =
+        shape;
+    copy.len == *len
+        && copy.local.block_stride == *local_stride
+        && copy.local.pool_bytes == local_stride * local_blocks
+        && copy.remote.block_stride == *remote_stride
+        && copy.remote.pool_bytes == remote_stride * remote_blocks
+        && *copy.local_ids == **local_ids
+        && *copy.remote_ids == **remote_ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,14 +165,14 @@ mod tests {
             for (local, remote) in [(1, 5), (2, 6)] {
                 grouper.add(
                     pool(layer << 20),
-                    local,
+                    [local],
                     pool(0x100_0000 + (layer << 20)),
-                    remote,
+                    [remote],
                     BLOCK,
                 );
             }
         }
-        grouper.add(pool(0x80_0000), 7, pool(0x180_0000), 0, BLOCK);
+        grouper.add(pool(0x80_0000), [7], pool(0x180_0000), [0], BLOCK);
         let copies = grouper.copies();
         assert_eq!(copies.len(), 2);
         assert_eq!(&*copies[0].local_ids, &[1, 2]);
@@ -176,8 +198,8 @@ mod tests {
             stride: 2 * BLOCK,
             blocks: 4,
         };
-        grouper.add(pool(0), 1, wide, 1, BLOCK);
-        grouper.add(pool(1 << 20), 1, pool(0x4000_0000), 1, BLOCK);
+        grouper.add(pool(0), [1], wide, [1], BLOCK);
+        grouper.add(pool(1 << 20), [1], pool(0x4000_0000), [1], BLOCK);
         let copies = grouper.copies();
         assert_eq!(copies.len(), 2);
         assert_eq!(copies[0].remote.block_stride, 2 * BLOCK);

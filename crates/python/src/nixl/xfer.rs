@@ -63,67 +63,123 @@ pub(crate) fn plan(
             "the transfer names no descriptors; pass at least one index on each side".into(),
         ));
     }
-    let paged = local.strided && remote.strided;
-    let mut grouper = Grouper::default();
-    let mut flat = Vec::new();
+    if local.strided && remote.strided {
+        let (copies, bytes) = plan_paged(local, local_ids, remote, remote_ids)?;
+        return Ok((Moves::Paged(copies), bytes));
+    }
+    let mut flat = Vec::with_capacity(local_ids.len());
     let mut bytes = 0u64;
     let (mut local_hint, mut remote_hint) = (0, 0);
     for (position, (&li, &ri)) in local_ids.iter().zip(remote_ids).enumerate() {
-        let out_of_range = |side: &str, index: u64, list: &DescList| {
-            NixlError::InvalidParam(format!(
-                "{side} index {index} (position {position}) is past the {} descriptors of the {side} list",
-                list.len()
-            ))
-        };
-        let lp = local
-            .place(li, local_hint)
-            .ok_or_else(|| out_of_range("local", li, local))?;
-        let rp = remote
-            .place(ri, remote_hint)
-            .ok_or_else(|| out_of_range("remote", ri, remote))?;
+        let lp = find(local, li, local_hint, "local", position)?;
+        let rp = find(remote, ri, remote_hint, "remote", position)?;
         (local_hint, remote_hint) = (lp.row, rp.row);
         let (local_addr, len) = local.descriptor(lp);
         let (remote_addr, remote_len) = remote.descriptor(rp);
-        if len != remote_len {
-            return Err(NixlError::Mismatch(format!(
-                "local descriptor {li} is {len} bytes and remote descriptor {ri} {remote_len}; paired descriptors must be of one length"
-            )));
-        }
+        check_lengths(li, len, ri, remote_len)?;
         bytes += len;
-        if paged {
-            let (local_pool, local_id) = pool(local, lp)?;
-            let (remote_pool, remote_id) = pool(remote, rp)?;
-            grouper.add(local_pool, local_id, remote_pool, remote_id, len);
-        } else {
-            flat.push((local_addr, remote_addr, len));
-        }
+        flat.push((local_addr, remote_addr, len));
     }
-    let moves = if paged {
-        Moves::Paged(grouper.copies())
-    } else {
-        Moves::Flat(flat)
-    };
-    Ok((moves, bytes))
+    Ok((Moves::Flat(flat), bytes))
 }
 
-/// Descriptor `place`'s row as a pool, and its block id there.
-fn pool(list: &DescList, place: Place) -> Result<(Pool, u32), NixlError> {
-    let row = &list.rows()[place.row];
-    let id = u32::try_from(place.k).map_err(|_| {
+/// Plans pairs of strided lists: the pairs are cut into runs that stay in one row on each
+/// side (vLLM's ids are a whole row's blocks, region after region), and each run's ids go to
+/// the copy of its pool pair at once.
+fn plan_paged(
+    local: &DescList,
+    local_ids: &[u64],
+    remote: &DescList,
+    remote_ids: &[u64],
+) -> Result<(Vec<PagedCopy>, u64), NixlError> {
+    let mut grouper = Grouper::default();
+    let mut bytes = 0u64;
+    let (mut local_hint, mut remote_hint) = (0, 0);
+    let mut start = 0;
+    while start < local_ids.len() {
+        let lp = find(local, local_ids[start], local_hint, "local", start)?;
+        let rp = find(remote, remote_ids[start], remote_hint, "remote", start)?;
+        (local_hint, remote_hint) = (lp.row, rp.row);
+        let (local_first, local_row) = (local_ids[start] - lp.k, &local.rows()[lp.row]);
+        let (remote_first, remote_row) = (remote_ids[start] - rp.k, &remote.rows()[rp.row]);
+        check_lengths(
+            local_ids[start],
+            local_row.len,
+            remote_ids[start],
+            remote_row.len,
+        )?;
+        let inside = |index: u64, first: u64, count: u64| index.wrapping_sub(first) < count;
+        let mut end = start + 1;
+        while end < local_ids.len()
+            && inside(local_ids[end], local_first, local_row.count)
+            && inside(remote_ids[end], remote_first, remote_row.count)
+        {
+            end += 1;
+        }
+        let (local_pool, remote_pool) = (pool(local, lp.row)?, pool(remote, rp.row)?);
+        // Ids inside a row of at most u32::MAX descriptors fit 32 bits (checked by `pool`).
+        grouper.add(
+            local_pool,
+            local_ids[start..end]
+                .iter()
+                .map(|&id| (id - local_first) as u32),
+            remote_pool,
+            remote_ids[start..end]
+                .iter()
+                .map(|&id| (id - remote_first) as u32),
+            local_row.len,
+        );
+        bytes += local_row.len * (end - start) as u64;
+        start = end;
+    }
+    Ok((grouper.copies(), bytes))
+}
+
+/// Where descriptor `index` of `list` is, or an error naming it.
+fn find(
+    list: &DescList,
+    index: u64,
+    hint: usize,
+    side: &str,
+    position: usize,
+) -> Result<Place, NixlError> {
+    list.place(index, hint).ok_or_else(|| {
         NixlError::InvalidParam(format!(
-            "row {} holds more blocks than 32-bit ids name",
-            place.row
+            "{side} index {index} (position {position}) is past the {} descriptors of the {side} list",
+            list.len()
         ))
-    })?;
-    let stride = if row.count == 1 { row.len } else { row.stride };
-    Ok((
-        Pool {
-            base: row.addr,
-            stride,
-            blocks: row.count,
-        },
-        id,
-    ))
+    })
+}
+
+/// Paired descriptors must be of one length.
+fn check_lengths(local: u64, len: u64, remote: u64, remote_len: u64) -> Result<(), NixlError> {
+    if len == remote_len {
+        Ok(())
+    } else {
+        Err(NixlError::Mismatch(format!(
+            "local descriptor {local} is {len} bytes and remote descriptor {remote} {remote_len}; paired descriptors must be of one length"
+        )))
+    }
+}
+
+/// Row `row` of `list` as a pool of blocks.
+fn pool(list: &DescList, row: usize) -> Result<Pool, NixlError> {
+    let row_of = &list.rows()[row];
+    if row_of.count > u64::from(u32::MAX) {
+        return Err(NixlError::InvalidParam(format!(
+            "row {row} holds more blocks than 32-bit ids name"
+        )));
+    }
+    let stride = if row_of.count == 1 {
+        row_of.len
+    } else {
+        row_of.stride
+    };
+    Ok(Pool {
+        base: row_of.addr,
+        stride,
+        blocks: row_of.count,
+    })
 }
 
 #[cfg(test)]
