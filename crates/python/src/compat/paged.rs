@@ -51,6 +51,8 @@ type Shape = (u64, u64, u64, u64, u64, Vec<u32>, Vec<u32>);
 #[derive(Default)]
 pub(crate) struct Grouper {
     pairs: Vec<(PairKey, Vec<u32>, Vec<u32>)>,
+    /// Per pair, the pool pairs known to move exactly its ids (added with [`Grouper::add_twin`]).
+    twins: Vec<Vec<(Pool, Pool)>>,
     index: HashMap<PairKey, usize>,
     last: Option<(PairKey, usize)>,
 }
@@ -72,25 +74,53 @@ impl Grouper {
         let slot = match self.last {
             Some((last, slot)) if last == key => slot,
             _ => {
-                let pairs = &mut self.pairs;
+                let (pairs, twins) = (&mut self.pairs, &mut self.twins);
                 let slot = *self.index.entry(key).or_insert_with(|| {
                     pairs.push((key, Vec::new(), Vec::new()));
+                    twins.push(Vec::new());
                     pairs.len() - 1
                 });
                 self.last = Some((key, slot));
                 slot
             }
         };
+        // Twins moved the ids this pair held so far, not the ones added now: they become pairs
+        // of their own first.
+        for (local_twin, remote_twin) in std::mem::take(&mut self.twins[slot]) {
+            let (_, locals, remotes) = &self.pairs[slot];
+            let copied = (
+                (local_twin, remote_twin, len),
+                locals.clone(),
+                remotes.clone(),
+            );
+            self.index.insert(copied.0, self.pairs.len());
+            self.pairs.push(copied);
+            self.twins.push(Vec::new());
+        }
         let (_, locals, remotes) = &mut self.pairs[slot];
         locals.extend(local_ids);
         remotes.extend(remote_ids);
+    }
+
+    /// Pools `local` and `remote` move exactly the ids, block length and pool shapes of the
+    /// pool pair last given to [`Grouper::add`]; the caller checked that. Spares copying the
+    /// ids of every layer of a request.
+    pub(crate) fn add_twin(&mut self, local: Pool, remote: Pool) {
+        if let Some((_, slot)) = self.last {
+            self.twins[slot].push((local, remote));
+        }
     }
 
     /// The copies: pool pairs of one shape and the same id lists share one.
     pub(crate) fn copies(self) -> Vec<PagedCopy> {
         let mut copies: Vec<PagedCopy> = Vec::new();
         let mut by_shape: HashMap<Shape, usize> = HashMap::new();
-        for ((local, remote, len), local_ids, remote_ids) in self.pairs {
+        for (((local, remote, len), local_ids, remote_ids), twins) in
+            self.pairs.into_iter().zip(self.twins)
+        {
+            let twin_bases = twins
+                .iter()
+                .map(|(local, remote)| (local.base, remote.base));
             let shape = (
                 len,
                 local.stride,
@@ -105,11 +135,13 @@ impl Grouper {
             if let Some(last) = copies.last_mut() {
                 if same_shape(last, &shape) {
                     last.pools.push((local.base, remote.base));
+                    last.pools.extend(twin_bases);
                     continue;
                 }
             }
             if let Some(&slot) = by_shape.get(&shape) {
                 copies[slot].pools.push((local.base, remote.base));
+                copies[slot].pools.extend(twin_bases);
                 continue;
             }
             let layout = |pool: Pool| BlockLayout {
@@ -123,7 +155,9 @@ impl Grouper {
                 remote: layout(remote),
                 local_ids: shape.5.clone().into(),
                 remote_ids: shape.6.clone().into(),
-                pools: vec![(local.base, remote.base)],
+                pools: std::iter::once((local.base, remote.base))
+                    .chain(twin_bases)
+                    .collect(),
             });
             by_shape.insert(shape, copies.len() - 1);
         }
@@ -188,6 +222,40 @@ mod tests {
         assert_eq!(copies[0].local.pool_bytes, 8 * BLOCK);
         assert_eq!(&*copies[1].local_ids, &[7]);
         assert_eq!(extent(&copies[1].local, BLOCK), 8 * BLOCK);
+    }
+
+    #[test]
+    fn twins_join_their_pair_s_copy_and_leave_it_when_the_pair_gets_more_ids() {
+        let mut grouper = Grouper::default();
+        grouper.add(pool(0), [1, 2], pool(0x100_0000), [5, 6], BLOCK);
+        grouper.add_twin(pool(1 << 20), pool(0x110_0000));
+        grouper.add_twin(pool(2 << 20), pool(0x120_0000));
+        let copies = grouper.copies();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(
+            copies[0].pools,
+            vec![
+                (0, 0x100_0000),
+                (1 << 20, 0x110_0000),
+                (2 << 20, 0x120_0000)
+            ]
+        );
+        let mut grouper = Grouper::default();
+        grouper.add(pool(0), [1], pool(0x100_0000), [5], BLOCK);
+        grouper.add_twin(pool(1 << 20), pool(0x110_0000));
+        grouper.add(pool(0), [3], pool(0x100_0000), [7], BLOCK);
+        let copies = grouper.copies();
+        assert_eq!(copies.len(), 2, "the twin keeps only the ids it moved");
+        assert_eq!(
+            (&*copies[0].local_ids, &*copies[0].remote_ids),
+            (&[1, 3][..], &[5, 7][..])
+        );
+        assert_eq!(copies[0].pools, vec![(0, 0x100_0000)]);
+        assert_eq!(
+            (&*copies[1].local_ids, &*copies[1].remote_ids),
+            (&[1][..], &[5][..])
+        );
+        assert_eq!(copies[1].pools, vec![(1 << 20, 0x110_0000)]);
     }
 
     #[test]

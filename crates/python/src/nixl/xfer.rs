@@ -98,44 +98,129 @@ fn plan_paged(
     let mut grouper = Grouper::default();
     let mut bytes = 0u64;
     let (mut local_hint, mut remote_hint) = (0, 0);
+    let mut last: Option<Run> = None;
     let mut start = 0;
     while start < local_ids.len() {
         let lp = find(local, local_ids[start], local_hint, "local", start)?;
         let rp = find(remote, remote_ids[start], remote_hint, "remote", start)?;
         (local_hint, remote_hint) = (lp.row, rp.row);
-        let (local_first, local_row) = (local_ids[start] - lp.k, &local.rows()[lp.row]);
-        let (remote_first, remote_row) = (remote_ids[start] - rp.k, &remote.rows()[rp.row]);
+        let (local_row, remote_row) = (&local.rows()[lp.row], &remote.rows()[rp.row]);
         check_lengths(
             local_ids[start],
             local_row.len,
             remote_ids[start],
             remote_row.len,
         )?;
-        let inside = |index: u64, first: u64, count: u64| index.wrapping_sub(first) < count;
-        let mut end = start + 1;
-        while end < local_ids.len()
-            && inside(local_ids[end], local_first, local_row.count)
-            && inside(remote_ids[end], remote_first, remote_row.count)
-        {
-            end += 1;
-        }
-        let (local_pool, remote_pool) = (pool(local, lp.row)?, pool(remote, rp.row)?);
-        // Ids inside a row of at most u32::MAX descriptors fit 32 bits (checked by `pool`).
-        grouper.add(
-            local_pool,
-            local_ids[start..end]
-                .iter()
-                .map(|&id| (id - local_first) as u32),
-            remote_pool,
-            remote_ids[start..end]
-                .iter()
-                .map(|&id| (id - remote_first) as u32),
-            local_row.len,
+        let run = Run {
+            start,
+            end: start + 1,
+            local_first: local_ids[start] - lp.k,
+            remote_first: remote_ids[start] - rp.k,
+            local_row: lp.row,
+            remote_row: rp.row,
+        };
+        let end = run_end(
+            start,
+            (local_ids, run.local_first, local_row.count),
+            (remote_ids, run.remote_first, remote_row.count),
         );
+        let run = Run { end, ..run };
+        let (local_pool, remote_pool) = (pool(local, lp.row)?, pool(remote, rp.row)?);
+        match last {
+            Some(previous) if run.twin_of(&previous, local, local_ids, remote, remote_ids) => {
+                grouper.add_twin(local_pool, remote_pool);
+            }
+            _ => {
+                // Ids inside a row of at most u32::MAX descriptors fit 32 bits (see `pool`).
+                grouper.add(
+                    local_pool,
+                    local_ids[start..end]
+                        .iter()
+                        .map(|&id| (id - run.local_first) as u32),
+                    remote_pool,
+                    remote_ids[start..end]
+                        .iter()
+                        .map(|&id| (id - run.remote_first) as u32),
+                    local_row.len,
+                );
+            }
+        }
         bytes += local_row.len * (end - start) as u64;
+        last = Some(run);
         start = end;
     }
     Ok((grouper.copies(), bytes))
+}
+
+/// Where the run of pairs from `start` ends: the first pair whose local or remote id leaves its
+/// side's row (`(ids, the row's first id, the row's count)`), or the end.
+fn run_end(start: usize, local: (&[u64], u64, u64), remote: (&[u64], u64, u64)) -> usize {
+    const CHUNK: usize = 64;
+    let inside = |index: usize| {
+        local.0[index].wrapping_sub(local.1) < local.2
+            && remote.0[index].wrapping_sub(remote.1) < remote.2
+    };
+    let len = local.0.len();
+    let mut end = start + 1;
+    // Whole chunks first, each checked with a fold the compiler vectorizes; the chunk that
+    // leaves the rows is then walked pair by pair.
+    while end + CHUNK <= len {
+        let leaves = (end..end + CHUNK).fold(false, |out, index| out | !inside(index));
+        if leaves {
+            break;
+        }
+        end += CHUNK;
+    }
+    while end < len && inside(end) {
+        end += 1;
+    }
+    end
+}
+
+/// Pairs `start..end` of a transfer that stay in one row on each side.
+#[derive(Clone, Copy)]
+struct Run {
+    start: usize,
+    end: usize,
+    local_first: u64,
+    remote_first: u64,
+    local_row: usize,
+    remote_row: usize,
+}
+
+impl Run {
+    /// Whether this run moves the same blocks as `previous` (the run just before it) between
+    /// other rows of the same shape: the next layer of a request, as vLLM lists them.
+    fn twin_of(
+        &self,
+        previous: &Run,
+        local: &DescList,
+        local_ids: &[u64],
+        remote: &DescList,
+        remote_ids: &[u64],
+    ) -> bool {
+        let same_row_shape = |list: &DescList, a: usize, b: usize| {
+            let (a, b) = (&list.rows()[a], &list.rows()[b]);
+            a.len == b.len && a.stride == b.stride && a.count == b.count
+        };
+        // A fold over every pair rather than a search that stops at the first difference: the
+        // compiler turns it into vector instructions, and twins, the usual case, are read whole.
+        let same_ids = |ids: &[u64], first: u64, previous_first: u64| {
+            ids[self.start..self.end]
+                .iter()
+                .zip(&ids[previous.start..previous.end])
+                .fold(0, |differ, (&id, &before)| {
+                    differ | (id.wrapping_sub(first) ^ before.wrapping_sub(previous_first))
+                })
+                == 0
+        };
+        self.end - self.start == previous.end - previous.start
+            && (self.local_row, self.remote_row) != (previous.local_row, previous.remote_row)
+            && same_row_shape(local, self.local_row, previous.local_row)
+            && same_row_shape(remote, self.remote_row, previous.remote_row)
+            && same_ids(local_ids, self.local_first, previous.local_first)
+            && same_ids(remote_ids, self.remote_first, previous.remote_first)
+    }
 }
 
 /// Where descriptor `index` of `list` is, or an error naming it.
