@@ -124,6 +124,9 @@ pub(crate) struct NixlAgent {
     next_generation: AtomicU64,
     next_message: AtomicU64,
     assembler: Mutex<notes::Assembler>,
+    /// The decoded indices of the last `make_xfer`, kept for the next one (see
+    /// [`xfer::indices_into`]).
+    scratch: Mutex<(Vec<u64>, Vec<u64>)>,
 }
 
 impl NixlAgent {
@@ -246,6 +249,7 @@ impl NixlAgent {
             next_generation: AtomicU64::new(1),
             next_message: AtomicU64::new(1),
             assembler: Mutex::default(),
+            scratch: Mutex::default(),
         })
     }
 
@@ -454,10 +458,13 @@ impl NixlAgent {
         };
         self.remote_engine(&remote_agent)?;
         let (moves, bytes, descriptors) = py.detach(|| {
-            let local_ids = xfer::indices(local_ids, "local")?;
-            let remote_ids = xfer::indices(remote_ids, "remote")?;
-            let (moves, bytes) = xfer::plan(&local_list, &local_ids, &remote_list, &remote_ids)?;
-            Ok::<_, NixlError>((moves, bytes, local_ids.len() as u64))
+            let mut scratch = self.scratch.lock();
+            let (local_scratch, remote_scratch) = &mut *scratch;
+            xfer::indices_into(local_ids, "local", local_scratch)?;
+            xfer::indices_into(remote_ids, "remote", remote_scratch)?;
+            let (moves, bytes) =
+                xfer::plan(&local_list, local_scratch, &remote_list, remote_scratch)?;
+            Ok::<_, NixlError>((moves, bytes, local_scratch.len() as u64))
         })?;
         let handle = self.handle();
         self.xfers.lock().insert(

@@ -21,30 +21,36 @@ pub(crate) enum Moves {
     Flat(Vec<Entry>),
 }
 
-/// The descriptor indices of an index array: native-endian `i64`s.
-pub(crate) fn indices(bytes: &[u8], side: &str) -> Result<Vec<u64>, NixlError> {
+/// Decodes the descriptor indices of an index array (native-endian `i64`s) into `out`, which
+/// the caller keeps from one request to the next: a fresh allocation of a request's indices
+/// costs more in page faults than the planning.
+pub(crate) fn indices_into(bytes: &[u8], side: &str, out: &mut Vec<u64>) -> Result<(), NixlError> {
     if bytes.len() % 8 != 0 {
         return Err(NixlError::InvalidParam(format!(
             "the {side} indices are {} bytes, not whole 64-bit integers",
             bytes.len()
         )));
     }
-    // A plain loop and a separate sign check let the compiler vectorize both: vLLM hands over
-    // tens of thousands of indices per request.
-    let values: Vec<i64> = bytes
-        .chunks_exact(8)
-        .map(|word| {
-            let mut value = [0u8; 8];
-            value.copy_from_slice(word);
-            i64::from_ne_bytes(value)
-        })
-        .collect();
-    if let Some(position) = values.iter().position(|&value| value < 0) {
+    out.clear();
+    // A plain pass and a separate sign check let the compiler vectorize both.
+    out.extend(bytes.chunks_exact(8).map(|word| {
+        let mut value = [0u8; 8];
+        value.copy_from_slice(word);
+        i64::from_ne_bytes(value) as u64
+    }));
+    if out
+        .iter()
+        .fold(false, |negative, &value| negative | ((value as i64) < 0))
+    {
+        let position = out
+            .iter()
+            .position(|&value| (value as i64) < 0)
+            .unwrap_or_default();
         return Err(NixlError::InvalidParam(format!(
             "{side} index {position} is negative; descriptor indices count from 0"
         )));
     }
-    Ok(values.into_iter().map(|value| value as u64).collect())
+    Ok(())
 }
 
 /// Plans descriptors `local_ids[i]` of `local` with `remote_ids[i]` of `remote`.
@@ -349,10 +355,17 @@ mod tests {
             plan(&local, &[], &same, &[]),
             Err(NixlError::InvalidParam(_))
         ));
-        assert!(indices(&(-1i64).to_ne_bytes(), "local").is_err());
-        assert_eq!(
-            indices(&7i64.to_ne_bytes(), "local").expect("valid"),
-            vec![7]
+        let mut out = vec![3];
+        let negative = [7i64, -1].map(i64::to_ne_bytes).concat();
+        let refused = indices_into(&negative, "local", &mut out).map_err(|error| error.to_string());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|text| text.contains("local index 1 is negative")),
+            "{refused:?}"
         );
+        assert!(indices_into(&[0; 9], "local", &mut out).is_err());
+        indices_into(&7i64.to_ne_bytes(), "local", &mut out).expect("valid");
+        assert_eq!(out, vec![7]);
     }
 }
