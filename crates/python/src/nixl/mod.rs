@@ -60,6 +60,31 @@ enum State {
     Failed { started_us: u64, post_us: u64 },
 }
 
+/// Where a prepared transfer stands, as `poll` finds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// Never posted.
+    Ready,
+    /// Moving.
+    Proc,
+    /// The last post moved every byte.
+    Done,
+    /// The last post failed.
+    Err,
+}
+
+impl Status {
+    /// The state name NIXL reports (`Ready` has none: NIXL raises for it).
+    fn name(self) -> &'static str {
+        match self {
+            Status::Ready => "READY",
+            Status::Proc => "PROC",
+            Status::Done => "DONE",
+            Status::Err => "ERR",
+        }
+    }
+}
+
 /// A prepared transfer.
 struct Xfer {
     direction: Direction,
@@ -72,8 +97,8 @@ struct Xfer {
 }
 
 impl Xfer {
-    /// Looks at a running transfer's end without waiting; the state name NIXL reports.
-    fn poll(&mut self) -> &'static str {
+    /// Looks at a running transfer's end without waiting.
+    fn poll(&mut self) -> Status {
         if let State::Running {
             transfer,
             posted,
@@ -83,7 +108,7 @@ impl Xfer {
         {
             let (started_us, post_us) = (*started_us, *post_us);
             match transfer.now_or_never() {
-                None => return "PROC",
+                None => return Status::Proc,
                 Some(Ok(_)) => {
                     let xfer_us = posted.elapsed().as_micros() as u64;
                     self.state = State::Done {
@@ -102,10 +127,10 @@ impl Xfer {
             }
         }
         match self.state {
-            State::Ready => "READY",
-            State::Running { .. } => "PROC",
-            State::Done { .. } => "DONE",
-            State::Failed { .. } => "ERR",
+            State::Ready => Status::Ready,
+            State::Running { .. } => Status::Proc,
+            State::Done { .. } => Status::Done,
+            State::Failed { .. } => Status::Err,
         }
     }
 }
@@ -154,7 +179,7 @@ impl NixlAgent {
 
     /// Posts `xfer` (whose lock the caller holds) with `notif`.
     fn post(&self, xfer: &mut Xfer, notif: &[u8]) -> Result<&'static str, NixlError> {
-        if matches!(xfer.poll(), "PROC") {
+        if xfer.poll() == Status::Proc {
             return Err(NixlError::RepostActive(
                 "the transfer is still moving; post it again once check_xfer_state says DONE or ERR".into(),
             ));
@@ -196,7 +221,7 @@ impl NixlAgent {
                     post_us,
                 };
                 // A short transfer may already be over: NIXL reports DONE at once then.
-                Ok(xfer.poll())
+                Ok(xfer.poll().name())
             }
             Err(error) => {
                 xfer.state = State::Failed {
@@ -502,11 +527,11 @@ impl NixlAgent {
     /// `"DONE"`, `"PROC"` or `"ERR"` (the reason logged) for transfer `handle`.
     fn xfer_state(&self, handle: u64) -> PyResult<&'static str> {
         match self.xfer(handle)?.lock().poll() {
-            "READY" => Err(NixlError::NotPosted(format!(
+            Status::Ready => Err(NixlError::NotPosted(format!(
                 "transfer handle {handle:#x} was never posted; call transfer() first"
             ))
             .into()),
-            state => Ok(state),
+            status => Ok(status.name()),
         }
     }
 
@@ -548,7 +573,7 @@ impl NixlAgent {
         let Some(xfer) = xfers.get(&handle) else {
             return Ok(());
         };
-        if xfer.lock().poll() == "PROC" {
+        if xfer.lock().poll() == Status::Proc {
             return Err(NixlError::RepostActive(format!(
                 "transfer handle {handle:#x} is still moving and a GPU copy cannot be taken back; release it once check_xfer_state says DONE or ERR"
             ))
