@@ -7,6 +7,7 @@ metadata crosses a pipe, as it crosses vLLM's side channel. Every wait is bounde
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from ferry_kv.nixl import (  # noqa: E402
     nixlNoTelemetryError,
     nixlNotFoundError,
     nixlNotPostedError,
+    nixlRepostActiveError,
     nixlXferDList,
 )
 
@@ -356,3 +358,55 @@ def test_a_dead_peer_ends_in_err_or_an_exception_within_the_timeout():
     assert state == "ERR" or state == "raised nixlBackendError", state
     assert time.monotonic() - started < 45
     assert (side.pools[0][:BLOCK] == POISON).all(), "a failed read wrote nothing it reported"
+
+
+def test_a_moving_transfer_cannot_be_posted_again_or_released(peer):
+    # The peer is stopped, so the transfer stays in flight until the peer runs again.
+    side = Side()
+    peer.ask(op="fill", seed=8)
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    handle = side.agent.make_prepped_xfer("READ", side.local, ids([0]), remote, ids([1]))
+    side.agent.transfer(handle)
+    assert wait(side.agent, handle) == "DONE", "the connection is up before the peer stops"
+    os.kill(peer.process.pid, signal.SIGSTOP)
+    try:
+        side.agent.transfer(handle)
+        assert side.agent.check_xfer_state(handle) == "PROC"
+        with pytest.raises(nixlRepostActiveError):
+            side.agent.transfer(handle)
+        with pytest.raises(nixlRepostActiveError):
+            side.agent.release_xfer_handle(handle)
+    finally:
+        os.kill(peer.process.pid, signal.SIGCONT)
+    assert wait(side.agent, handle) == "DONE"
+    side.agent.release_xfer_handle(handle)
+    check_blocks(side.pools, {0: 1}, seed=8)
+
+
+def test_lmcache_and_dynamo_helpers(peer):
+    side = Side()
+    agent = side.agent
+    base = side.pools[0].ctypes.data
+    from_tuples = agent.get_xfer_descs([(base, BLOCK, 0), (base + BLOCK, BLOCK, 0)], "DRAM")
+    from_array = agent.get_xfer_descs(np.array([[base, BLOCK, 0], [base + BLOCK, BLOCK, 0]]), "DRAM")
+    assert from_tuples == from_array and from_tuples.descCount() == 2
+    assert agent.get_xfer_descs([(base, BLOCK, 0)]) is None, "tuples need a memory type"
+    copied = agent.deserialize_descs(agent.get_serialized_descs(from_tuples))
+    assert copied == from_tuples and copied[1] == (base + BLOCK, BLOCK, 0)
+    registered = agent.get_reg_descs([(base, BLOCK, 0, "meta")], "DRAM")
+    assert registered[0] == (base, BLOCK, 0, b"meta") and registered.trim()[0] == (base, BLOCK, 0)
+    name = agent.add_remote_agent(peer.metadata)
+    assert agent.check_remote_metadata(name)
+    assert agent.check_remote_metadata(name, nixlXferDList("DRAM", [(peer.addrs[0], BLOCK, 0)]))
+    assert not agent.check_remote_metadata(name, nixlXferDList("DRAM", [(base, BLOCK, 0)]))
+    assert peer.ask(op="add", metadata=agent.get_agent_metadata().hex())["name"] == "decode"
+    for msg in ("tag-1:a", "tag-2:b"):
+        peer.ask(op="send_notif", to="decode", msg=msg.encode().hex())
+    deadline = time.monotonic() + 10
+    while len(agent.update_notifs().get("prefill", [])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert agent.notifs["prefill"] == [b"tag-1:a", b"tag-2:b"]
+    assert agent.check_remote_xfer_done(name, b"tag-2")
+    assert not agent.check_remote_xfer_done(name, b"tag-2")
+    assert agent.check_remote_xfer_done(name, b"tag-1:a", tag_is_prefix=False)
