@@ -41,9 +41,24 @@ def _rows(addresses, config, device):
     )
 
 
-def _pools(config):
-    return make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
-                      config.device, config.seed)
+def _side(config, role):
+    """``role``'s pools (the prefill's hold the pattern, the decode's the poison) and its agent,
+    lists' memory type and rows (see ``_agent``)."""
+    pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
+                       config.device, config.seed)
+    if role == "prefill":
+        pools.fill_pattern()
+    else:
+        pools.poison()
+    return pools, _agent(config, role, pools)
+
+
+def _ready(conn, side):
+    """Reports ``side``'s agent metadata and pool addresses to the parent; ``side``."""
+    pools, (agent, _, _) = side
+    conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
+               "addresses": pools.addresses})
+    return side
 
 
 def _device(config):
@@ -97,11 +112,7 @@ def source_main(conn, config):
     addresses, then waits to be read until ``exit``."""
 
     def body(conn):
-        pools = _pools(config)
-        pools.fill_pattern()
-        agent, _, _ = _agent(config, "prefill", pools)
-        conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
-                   "addresses": pools.addresses})
+        _ready(conn, _side(config, "prefill"))
         conn.recv()
 
     _run_worker(conn, config, body)
@@ -112,9 +123,7 @@ def writer_main(conn, config, metadata, remote_addresses):
     poison the decode pools before the last, and reports the seconds and the last block ids."""
 
     def body(conn):
-        pools = _pools(config)
-        pools.fill_pattern()
-        agent, mem, rows = _agent(config, "prefill", pools)
+        pools, (agent, mem, rows) = _side(config, "prefill")
         name = agent.add_remote_agent(bytes.fromhex(metadata))
         local, remote = _lists(agent, config, mem, rows, name, remote_addresses)
 
@@ -145,9 +154,7 @@ def reader_main(conn, config, metadata, remote_addresses):
     the last, and checks them."""
 
     def body(conn):
-        pools = _pools(config)
-        pools.poison()
-        agent, mem, rows = _agent(config, "decode", pools)
+        pools, (agent, mem, rows) = _side(config, "decode")
         name = agent.add_remote_agent(bytes.fromhex(metadata))
         local, remote = _lists(agent, config, mem, rows, name, remote_addresses)
         seconds, phases, src_ids, dst_ids = _requests(agent, config, "READ", local, remote,
@@ -164,11 +171,7 @@ def sink_main(conn, config):
     ``verify`` until ``exit``."""
 
     def body(conn):
-        pools = _pools(config)
-        pools.poison()
-        agent, _, _ = _agent(config, "decode", pools)
-        conn.send({"kind": "ready", "session": agent.get_agent_metadata().hex(),
-                   "addresses": pools.addresses})
+        pools, _ = _ready(conn, _side(config, "decode"))
         serve_checks(conn, pools)
 
     _run_worker(conn, config, body)
