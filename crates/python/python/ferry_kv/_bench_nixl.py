@@ -112,8 +112,10 @@ def source_main(conn, config):
     addresses, then waits to be read until ``exit``."""
 
     def body(conn):
-        _ready(conn, _side(config, "prefill"))
+        # The agent must outlive the reads: its engine serves them.
+        side = _ready(conn, _side(config, "prefill"))
         conn.recv()
+        del side
 
     _run_worker(conn, config, body)
 
