@@ -302,6 +302,8 @@ def test_handles_are_reposted_and_errors_are_nixl_s(peer):
         agent.make_prepped_xfer("READ", side.local, [-1], remote, [0])
     with pytest.raises(KeyError):
         agent.make_prepped_xfer("COPY", side.local, [0], remote, [0])
+    with pytest.raises(nixlInvalidParamError, match="send_notif"):
+        agent.make_prepped_xfer("READ", side.local, [0], remote, [0], notif_msg=b"x" * 70_000)
     half = agent.prep_xfer_dlist(
         "NIXL_INIT_AGENT", np.array([[side.pools[0].ctypes.data, BLOCK // 2, 0, BLOCK, BLOCKS]], dtype=np.uint64), "DRAM"
     )

@@ -177,6 +177,18 @@ impl NixlAgent {
         }
     }
 
+    /// Whether `notif` can ride on a transfer: it must fit one ferry notification.
+    fn check_attached(&self, notif: &[u8]) -> Result<(), NixlError> {
+        if notes::fits_whole(&self.name, notif.len()) {
+            Ok(())
+        } else {
+            Err(NixlError::InvalidParam(format!(
+                "a transfer's notification of {} bytes does not fit one ferry notification (64 KiB with the agent's name); send it with send_notif after the transfer",
+                notif.len()
+            )))
+        }
+    }
+
     /// Posts `xfer` (whose lock the caller holds) with `notif`.
     fn post(&self, xfer: &mut Xfer, notif: &[u8]) -> Result<&'static str, NixlError> {
         if xfer.poll() == Status::Proc {
@@ -188,15 +200,9 @@ impl NixlAgent {
         let payload = if notif.is_empty() {
             None
         } else {
+            self.check_attached(notif)?;
             let id = self.next_message.fetch_add(1, Ordering::Relaxed);
-            let mut pieces = notes::encode(&self.name, id, notif);
-            if pieces.len() > 1 {
-                return Err(NixlError::InvalidParam(format!(
-                    "a transfer's notification of {} bytes does not fit one ferry notification; send it with send_notif after the transfer",
-                    notif.len()
-                )));
-            }
-            pieces.pop()
+            notes::encode(&self.name, id, notif).pop()
         };
         let started_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -457,6 +463,9 @@ impl NixlAgent {
         notif: Vec<u8>,
     ) -> PyResult<u64> {
         let direction = direction(op)?;
+        if !notif.is_empty() {
+            self.check_attached(&notif)?;
+        }
         let (local_list, remote_list, remote_agent) = {
             let lists = self.lists.lock();
             let find = |handle: u64| {

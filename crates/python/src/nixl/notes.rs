@@ -20,28 +20,37 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Bytes of unfinished messages kept at once; a sender past it loses its oldest pieces.
 const MAX_PENDING_BYTES: usize = 256 << 20;
 
+/// Bytes of a payload before a whole message from agent `name`.
+fn head_bytes(name: &str) -> usize {
+    MARKER.len() + 5 + name.len()
+}
+
+/// Whether a message of `len` bytes from agent `name` fits one notification.
+pub(crate) fn fits_whole(name: &str, len: usize) -> bool {
+    head_bytes(name) + len <= MAX_NOTIFICATION_BYTES
+}
+
 /// The payloads that carry `msg` from agent `name`: one when it fits, else its pieces.
 pub(crate) fn encode(name: &str, id: u64, msg: &[u8]) -> Vec<Vec<u8>> {
-    let head = |kind: u8| {
-        let mut payload = Vec::with_capacity(MAX_NOTIFICATION_BYTES);
+    let head = |kind: u8, room: usize| {
+        let mut payload = Vec::with_capacity(head_bytes(name) + room);
         payload.extend_from_slice(MARKER);
         payload.push(kind);
         payload.extend_from_slice(&(name.len() as u32).to_le_bytes());
         payload.extend_from_slice(name.as_bytes());
         payload
     };
-    let whole_room = MAX_NOTIFICATION_BYTES - (MARKER.len() + 5 + name.len());
-    if msg.len() <= whole_room {
-        let mut payload = head(WHOLE);
+    if fits_whole(name, msg.len()) {
+        let mut payload = head(WHOLE, msg.len());
         payload.extend_from_slice(msg);
         return vec![payload];
     }
-    let room = whole_room - 16;
+    let room = MAX_NOTIFICATION_BYTES - head_bytes(name) - 16;
     let count = msg.len().div_ceil(room) as u32;
     msg.chunks(room)
         .enumerate()
         .map(|(index, piece)| {
-            let mut payload = head(PIECE);
+            let mut payload = head(PIECE, 16 + piece.len());
             payload.extend_from_slice(&id.to_le_bytes());
             payload.extend_from_slice(&(index as u32).to_le_bytes());
             payload.extend_from_slice(&count.to_le_bytes());
