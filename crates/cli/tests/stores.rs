@@ -73,13 +73,33 @@ fn write_and_check(
     assert_bytes_eq(&landed, &pattern(seed, 1 << 20), what);
 }
 
+/// `decode` opened from `prefill` once its descriptor in the store lists the buffer at `addr`:
+/// an engine republishes after a registration in the background, so a peer that connects
+/// right after it may still read the descriptor from before. Fails after 5 s.
+fn connect_seeing(prefill: &Engine, decode: &Engine, addr: u64, url: &str) -> ferry::Peer {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let peer = prefill
+            .connect_blocking(decode.name())
+            .unwrap_or_else(|error| panic!("{url}: connect: {error}"));
+        if peer.buffers().iter().any(|buffer| buffer.addr == addr) {
+            return peer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url}: the buffer at {addr:#x} was not published within 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn engines_find_each_other_through_the_store_and_move_bytes() {
     for url in stores() {
         let decode = engine_on(&url);
         let pool = decode.allocate(1 << 20).unwrap();
         let prefill = engine_on(&url);
-        let peer = prefill.connect_blocking(decode.name()).unwrap();
+        let peer = connect_seeing(&prefill, &decode, pool.addr(), &url);
         write_and_check(
             &prefill,
             &peer,
@@ -254,7 +274,7 @@ fn open_peers_outlive_a_store_restart_and_engines_publish_again() {
     let decode = engine_on(&url);
     let pool = decode.allocate(1 << 20).unwrap();
     let prefill = engine_on(&url);
-    let peer = prefill.connect_blocking(decode.name()).unwrap();
+    let peer = connect_seeing(&prefill, &decode, pool.addr(), &url);
     drop(server);
     // The store is gone: open peers keep working and are not closed as if gone.
     std::thread::sleep(Duration::from_millis(500));
