@@ -99,9 +99,6 @@ class _Handle:
             self._free()
             self._released = True
 
-    def __int__(self):
-        return self._handle
-
     def __index__(self):
         return self._handle
 

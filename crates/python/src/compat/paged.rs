@@ -132,34 +132,31 @@ impl Grouper {
             );
             // Pool pairs that move the same ids usually come one after another (every layer of
             // a request): comparing with the last copy spares hashing the id lists.
-            if let Some(last) = copies.last_mut() {
-                if same_shape(last, &shape) {
-                    last.pools.push((local.base, remote.base));
-                    last.pools.extend(twin_bases);
-                    continue;
-                }
-            }
-            if let Some(&slot) = by_shape.get(&shape) {
-                copies[slot].pools.push((local.base, remote.base));
-                copies[slot].pools.extend(twin_bases);
-                continue;
-            }
-            let layout = |pool: Pool| BlockLayout {
-                pool_bytes: pool.stride * pool.blocks,
-                block_stride: pool.stride,
-                offset: 0,
+            let joins_last = copies.last().is_some_and(|last| same_shape(last, &shape));
+            let slot = if joins_last {
+                copies.len() - 1
+            } else if let Some(&slot) = by_shape.get(&shape) {
+                slot
+            } else {
+                let layout = |pool: Pool| BlockLayout {
+                    pool_bytes: pool.stride * pool.blocks,
+                    block_stride: pool.stride,
+                    offset: 0,
+                };
+                copies.push(PagedCopy {
+                    len,
+                    local: layout(local),
+                    remote: layout(remote),
+                    local_ids: shape.5.clone().into(),
+                    remote_ids: shape.6.clone().into(),
+                    pools: Vec::new(),
+                });
+                by_shape.insert(shape, copies.len() - 1);
+                copies.len() - 1
             };
-            copies.push(PagedCopy {
-                len,
-                local: layout(local),
-                remote: layout(remote),
-                local_ids: shape.5.clone().into(),
-                remote_ids: shape.6.clone().into(),
-                pools: std::iter::once((local.base, remote.base))
-                    .chain(twin_bases)
-                    .collect(),
-            });
-            by_shape.insert(shape, copies.len() - 1);
+            let pools = &mut copies[slot].pools;
+            pools.push((local.base, remote.base));
+            pools.extend(twin_bases);
         }
         copies
     }

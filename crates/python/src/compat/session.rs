@@ -260,10 +260,7 @@ impl Session {
             for (region, buffer) in paged.pools {
                 copy = copy.pool(handles[region], &peer.buffers[buffer]);
             }
-            batch = match direction {
-                Direction::Write => batch.write_blocks(copy),
-                Direction::Read => batch.read_blocks(copy),
-            };
+            batch = with_blocks(batch, direction, copy);
         }
         for flat in plan.flat {
             let region = handles[flat.local];
@@ -327,6 +324,14 @@ impl Session {
     }
 }
 
+/// `batch` with `copy` added in `direction`.
+fn with_blocks(batch: ferry::Batch, direction: Direction, copy: BlockCopy) -> ferry::Batch {
+    match direction {
+        Direction::Write => batch.write_blocks(copy),
+        Direction::Read => batch.read_blocks(copy),
+    }
+}
+
 /// A batch of `copies` to `peer`, each pool found in the local `regions` and the peer's buffers.
 fn paged_batch(
     engine: &Engine,
@@ -356,10 +361,7 @@ fn paged_batch(
             let buffer = &peer.buffers[buffer];
             copy = copy.pool_at(region, offset, buffer, remote - buffer.addr);
         }
-        batch = match direction {
-            Direction::Write => batch.write_blocks(copy),
-            Direction::Read => batch.read_blocks(copy),
-        };
+        batch = with_blocks(batch, direction, copy);
     }
     Ok(batch)
 }

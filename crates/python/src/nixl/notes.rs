@@ -159,9 +159,7 @@ impl Assembler {
     ) -> Option<(String, Vec<u8>)> {
         let key = (from.to_owned(), name, id);
         if index == 0 {
-            if let Some(dropped) = self.pending.remove(&key) {
-                self.held -= dropped.pieces.len();
-            }
+            self.forget(&key);
             self.pending.insert(
                 key.clone(),
                 Pending {
@@ -181,22 +179,14 @@ impl Assembler {
             tracing::warn!(
                 "a notification from {from} came with its pieces out of order; it is dropped"
             );
-            let dropped = self
-                .pending
-                .remove(&key)
-                .map_or(0, |pending| pending.pieces.len());
-            self.held -= dropped;
+            self.forget(&key);
             return None;
         }
         if pending.pieces.len() + piece.len() > MAX_MESSAGE_BYTES
             || self.held + piece.len() > MAX_PENDING_BYTES
         {
             tracing::warn!("a notification from {from} is longer than this agent keeps ({MAX_MESSAGE_BYTES} bytes a message, {MAX_PENDING_BYTES} unfinished); it is dropped");
-            let dropped = self
-                .pending
-                .remove(&key)
-                .map_or(0, |pending| pending.pieces.len());
-            self.held -= dropped;
+            self.forget(&key);
             return None;
         }
         pending.pieces.extend_from_slice(piece);
@@ -205,9 +195,15 @@ impl Assembler {
         if pending.next < pending.count {
             return None;
         }
-        let done = self.pending.remove(&key)?;
-        self.held -= done.pieces.len();
-        Some((key.1, done.pieces))
+        let done = self.forget(&key)?;
+        Some((key.1, done))
+    }
+
+    /// Takes the message of `key` out of the unfinished ones; its pieces so far.
+    fn forget(&mut self, key: &(String, String, u64)) -> Option<Vec<u8>> {
+        let pending = self.pending.remove(key)?;
+        self.held -= pending.pieces.len();
+        Some(pending.pieces)
     }
 }
 
