@@ -1,7 +1,10 @@
 //! Host cost of handing ferry the kv-llama70b-4k request: 40,960 blocks (160 tensors x 256
-//! blocks), as one paged block copy and as 40,960 separate entries (reported per entry); and
-//! of a token-granularity request: 250,000 block ids of one pool as one paged block copy; and of
-//! one 4 KiB write, the latency-bound case.
+//! blocks), as one paged block copy and as 40,960 separate entries (reported per entry:
+//! written and read, planned into a block copy for a transport that prefers them, as nvlink
+//! does, and kept flat for one that does not); the same request as vLLM's MooncakeConnector
+//! sends it, one entry per run of 1-64 consecutive blocks (reported per block); a
+//! token-granularity request: 250,000 block ids of one pool as one paged block copy; and one
+//! 4 KiB write, the latency-bound case.
 //! Measures what the submitting thread pays, from building the batch until `submit` returns:
 //! checking every range against both sides' registrations, choosing the transport and handing
 //! it the ops.
@@ -20,8 +23,11 @@ use ferry::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Takes every host-memory op (cheaper than TCP) and completes it without moving a byte.
-struct Counting;
+/// Takes every host-memory op (cheaper than TCP) and completes it without moving a byte;
+/// `blocks` says whether it prefers block copies (so the engine plans flat entries for it).
+struct Counting {
+    blocks: bool,
+}
 
 #[async_trait::async_trait]
 impl Transport for Counting {
@@ -31,6 +37,10 @@ impl Transport for Counting {
 
     fn endpoint(&self) -> Option<Endpoint> {
         None
+    }
+
+    fn prefers_blocks(&self) -> bool {
+        self.blocks
     }
 
     fn reach(&self, local: &RegionInfo, _: &SegmentDescriptor, _: &BufferDescriptor) -> Reach {
@@ -43,7 +53,9 @@ impl Transport for Counting {
     }
 
     async fn open(&self, _: &SegmentDescriptor) -> ferry::Result<Arc<dyn Link>> {
-        Ok(Arc::new(Counting))
+        Ok(Arc::new(Counting {
+            blocks: self.blocks,
+        }))
     }
 }
 
@@ -89,12 +101,12 @@ struct Sides {
 }
 
 /// Engines on both sides with a pool of `bytes` each, the prefill side's ops taken by
-/// [`Counting`].
-fn engines(bytes: u64) -> Sides {
+/// [`Counting`] (preferring block copies when `blocks`).
+fn engines(bytes: u64, blocks: bool) -> Sides {
     let decode = Engine::builder().build_blocking().expect("decode engine");
     let pool = decode.allocate(bytes).expect("pool");
     let prefill = Engine::builder()
-        .transport(Arc::new(Counting))
+        .transport(Arc::new(Counting { blocks }))
         .build_blocking()
         .expect("prefill engine");
     let source = prefill.allocate(bytes).expect("source");
@@ -116,6 +128,24 @@ fn ids(count: u64, pool: u64, stride: u64, start: u64) -> Vec<u32> {
     (0..count)
         .map(|index| ((start + index * stride) % pool) as u32)
         .collect()
+}
+
+/// `blocks` blocks of a pool of `pool` as runs of 1-64 consecutive blocks on both sides:
+/// (local first block, remote first block, blocks), the runs scattered over the pool.
+fn block_runs(blocks: u64, pool: u64) -> Vec<(u64, u64, u64)> {
+    let mut runs = Vec::new();
+    let (mut left, mut index) = (blocks, 0u64);
+    while left > 0 {
+        let count = (1 + (index * 37 + 11) % 64).min(left);
+        // Runs start 64 blocks apart in a shuffled order, so none overlaps another.
+        let slots = pool / 64;
+        let local = (index * 17 + 3) % slots * 64;
+        let remote = (index * 29 + 5) % slots * 64;
+        runs.push((local, remote, count));
+        left -= count;
+        index += 1;
+    }
+    runs
 }
 
 /// Times `iterations` submits of the batches `build` makes (building them included); each
@@ -143,7 +173,7 @@ fn timed_group<'a>(
 }
 
 fn submit_cost(c: &mut Criterion) {
-    let sides = engines(TENSORS * POOL);
+    let sides = engines(TENSORS * POOL, true);
     // Shared, as a server keeps a request's ids, so the timed loop copies none.
     let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
         ids(REQUEST_BLOCKS, POOL_BLOCKS, 17, 3).into(),
@@ -172,17 +202,56 @@ fn submit_cost(c: &mut Criterion) {
     group.finish();
     // The whole submit divided by its entries, so the figure is the cost of one entry.
     let mut group = timed_group(c, "one entry of the 40,960-entry request");
-    group.bench_function("flat entries", |b| {
+    let flat = |batch: ferry::Batch, sides: &Sides, read: bool| {
+        let mut batch = batch;
+        for tensor in 0..TENSORS {
+            for (&local, &remote) in local_ids.iter().zip(remote_ids.iter()) {
+                let (offset, remote, len) = (
+                    tensor * POOL + u64::from(local) * BLOCK,
+                    sides.remote.addr + tensor * POOL + u64::from(remote) * BLOCK,
+                    BLOCK,
+                );
+                batch = match read {
+                    false => batch.write(&sides.source, offset, remote, len),
+                    true => batch.read(&sides.source, offset, remote, len),
+                };
+            }
+        }
+        batch
+    };
+    let unplanned = engines(TENSORS * POOL, false);
+    for (name, sides, read) in [
+        ("flat entries, planned into a block copy", &sides, false),
+        ("flat entries read, planned into a block copy", &sides, true),
+        ("flat entries, kept flat", &unplanned, false),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iterations| {
+                let spent = timed_submits(iterations, || {
+                    flat(sides.prefill.batch(&sides.peer), sides, read)
+                });
+                spent / ENTRIES as u32
+            })
+        });
+    }
+    group.finish();
+    drop(unplanned);
+
+    // vLLM's MooncakeConnector merges runs of consecutive blocks into one entry each: the
+    // request as runs of 1-64 blocks on both sides, per block moved.
+    let runs = block_runs(REQUEST_BLOCKS, POOL_BLOCKS);
+    let mut group = timed_group(c, "one block of the 40,960-block request sent as runs");
+    group.bench_function("runs of 1-64 blocks, planned into a block copy", |b| {
         b.iter_custom(|iterations| {
             let spent = timed_submits(iterations, || {
                 let mut batch = sides.prefill.batch(&sides.peer);
                 for tensor in 0..TENSORS {
-                    for (&local, &remote) in local_ids.iter().zip(remote_ids.iter()) {
+                    for &(local, remote, count) in &runs {
                         batch = batch.write(
                             &sides.source,
-                            tensor * POOL + u64::from(local) * BLOCK,
-                            sides.remote.addr + tensor * POOL + u64::from(remote) * BLOCK,
-                            BLOCK,
+                            tensor * POOL + local * BLOCK,
+                            sides.remote.addr + tensor * POOL + remote * BLOCK,
+                            count * BLOCK,
                         );
                     }
                 }
@@ -209,7 +278,7 @@ fn submit_cost(c: &mut Criterion) {
     group.finish();
     drop(sides);
 
-    let sides = engines(TOKEN_POOL_BLOCKS * BLOCK);
+    let sides = engines(TOKEN_POOL_BLOCKS * BLOCK, true);
     let (local_ids, remote_ids): (Arc<[u32]>, Arc<[u32]>) = (
         ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 7919, 5).into(),
         ids(TOKEN_IDS, TOKEN_POOL_BLOCKS, 104_729, 13).into(),

@@ -324,9 +324,13 @@ impl BlockCopy {
             }
         }
         if direction == Direction::Read {
-            let mut seen = vec![false; local_highest as usize + 1];
+            // One bit per block: a bool each made this pass most of a large read's host cost.
+            let mut seen = vec![0u64; (local_highest as usize) / 64 + 1];
             for (index, &id) in self.local_ids.iter().enumerate() {
-                if std::mem::replace(&mut seen[id as usize], true) {
+                let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+                let before = seen[word];
+                seen[word] = before | bit;
+                if before & bit != 0 {
                     return Err(fail(format!(
                         "local block id {id} at index {index} is read into twice; the copies would race"
                     )));

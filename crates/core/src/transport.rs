@@ -67,7 +67,7 @@ pub enum Reach {
 }
 
 /// Direction of one operation, seen from the initiator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// Local bytes go to the peer.
     Write,
@@ -306,6 +306,14 @@ pub trait Transport: Send + Sync + 'static {
     /// default says no.
     fn carries_notifications(&self, peer: &SegmentDescriptor) -> bool {
         let _ = peer;
+        false
+    }
+
+    /// Whether this transport's links move a paged block copy faster than the same bytes as
+    /// one op per block ([`Link::transfer_blocks`] computes the addresses itself). The engine
+    /// then plans flat entries of block shape into block copies for it; others get the entries
+    /// as ops. The default says no.
+    fn prefers_blocks(&self) -> bool {
         false
     }
 

@@ -84,6 +84,10 @@ impl Transport for MnnvlTransport {
         None
     }
 
+    fn prefers_blocks(&self) -> bool {
+        true
+    }
+
     fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
         if self.unavailable.is_some() || !matches!(region.location, Location::Device { .. }) {
             return Ok(None);

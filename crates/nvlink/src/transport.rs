@@ -157,6 +157,10 @@ impl Transport for NvlinkTransport {
         None
     }
 
+    fn prefers_blocks(&self) -> bool {
+        true
+    }
+
     fn attach(&self, engine: &EngineContext) -> Result<()> {
         if self.attached.get().is_some() {
             return Err(Error::ApiMisuse(

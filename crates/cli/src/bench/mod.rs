@@ -1,8 +1,9 @@
 //! `ferry bench`: every workload of `workload::ALL` GPU -> GPU between two processes through
 //! ferry (this one and a `ferry serve` child it starts), against the same-run `peer_copy`
-//! baseline (one in-process copy of a contiguous 1 GiB buffer), with every destination byte
-//! checked after each row. With `--tcp` or `--rdma` the same rows go over that transport alone,
-//! and a transfer that another transport carried fails the run.
+//! baseline (one in-process copy of a contiguous 1 GiB buffer), each as a write and then as a
+//! read unless `--direction` picks one, with every destination byte checked after each row.
+//! With `--tcp` or `--rdma` the same rows go over that transport alone, and a transfer that
+//! another transport carried fails the run.
 
 mod gpus;
 mod pairs;
@@ -120,9 +121,12 @@ pub(crate) struct Options {
     /// with `--features rdma` and a host where `ferry probe` lists an RDMA device.
     #[arg(long, conflicts_with_all = ["tcp", "paths", "plot"])]
     pub(crate) rdma: bool,
-    /// `write` (prefill pushes) or `read` (prefill pulls).
-    #[arg(long, default_value = "write", value_parser = parse_direction)]
-    pub(crate) direction: Direction,
+    /// `write` (prefill pushes), `read` (prefill pulls) or `both`: every row that honours the
+    /// direction runs as a write and then as a read (`small-write` and `kv-layerwise` always
+    /// write; under `both` the `--plot` sweep writes, one line per path; the multi-pair mode
+    /// always writes).
+    #[arg(long, default_value = "both", value_parser = parse_direction)]
+    pub(crate) direction: Directions,
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
@@ -160,12 +164,80 @@ fn parse_sm_cap(text: &str) -> Result<SmCap, String> {
     }
 }
 
-fn parse_direction(text: &str) -> Result<Direction, String> {
-    match text {
-        "write" => Ok(Direction::Write),
-        "read" => Ok(Direction::Read),
-        other => Err(format!("{other:?}: use write or read")),
+/// The directions `--direction` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Directions {
+    /// One direction for every row.
+    One(Direction),
+    /// Every row that honours the direction twice: a write, then a read.
+    Both,
+}
+
+impl Directions {
+    /// The directions `workload`'s rows run in, write first.
+    fn of(self, workload: &Workload) -> Vec<Direction> {
+        match self {
+            _ if workload.always_writes() => vec![Direction::Write],
+            Directions::One(direction) => vec![direction],
+            Directions::Both => vec![Direction::Write, Direction::Read],
+        }
     }
+
+    /// The one direction of the `--plot` sweep: a write under `both`, so that the plot keeps
+    /// one line per copy path.
+    fn sweep(self) -> Direction {
+        match self {
+            Directions::One(direction) => direction,
+            Directions::Both => Direction::Write,
+        }
+    }
+}
+
+/// Parses `--direction`.
+fn parse_direction(text: &str) -> Result<Directions, String> {
+    match text {
+        "write" => Ok(Directions::One(Direction::Write)),
+        "read" => Ok(Directions::One(Direction::Read)),
+        "both" => Ok(Directions::Both),
+        other => Err(format!("{other:?}: use write, read or both")),
+    }
+}
+
+/// `write` or `read`, as the table, the JSON and the progress bar say it.
+fn direction_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Write => "write",
+        Direction::Read => "read",
+    }
+}
+
+/// One row to measure: a workload, its blocks and the direction they go.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    /// What the row is named after.
+    workload: &'a Workload,
+    /// What `workload` moves.
+    shape: &'a Shape,
+    /// Seen from the prefill process.
+    direction: Direction,
+}
+
+/// A job per direction `directions` asks of each workload of `shapes`, in their order, the
+/// read right after the write.
+fn jobs(shapes: &[(Workload, Shape)], directions: Directions) -> Vec<Job<'_>> {
+    shapes
+        .iter()
+        .flat_map(|(workload, shape)| {
+            directions
+                .of(workload)
+                .into_iter()
+                .map(move |direction| Job {
+                    workload,
+                    shape,
+                    direction,
+                })
+        })
+        .collect()
 }
 
 impl Options {
@@ -248,9 +320,12 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .max()
         .unwrap_or(0)
         .max(1);
+    let rows = jobs(&shapes, options.direction);
+    let sweep_direction = Directions::One(options.direction.sweep());
+    let sweep_rows = jobs(&sweep, sweep_direction);
     let sweep_paths = [CopyPath::Kernel, CopyPath::CopyEngine, CopyPath::Batched];
     let caps = options.kernel_max_sms.len().max(1);
-    let total = (shapes.len() * options.paths.len() + sweep.len() * sweep_paths.len()) * caps;
+    let total = (rows.len() * options.paths.len() + sweep_rows.len() * sweep_paths.len()) * caps;
     let progress = progress_bar(total as u64 + 1);
     progress.set_message(format!(
         "starting the decode process ({:.1} GiB on GPU{})",
@@ -317,17 +392,18 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
             let side = Side::new(options, path, cap, area, check, &mut decode)?;
             let sms = report::sms(cap);
             if options.paths.contains(&path) {
-                for (workload, shape) in &shapes {
-                    progress.set_message(format!("{workload} ({path}, {sms} SMs)"));
-                    let row = side.row(workload, shape, options, baseline, &base, gemm.as_ref())?;
+                for &job in &rows {
+                    let (workload, direction) = (job.workload, direction_name(job.direction));
+                    progress.set_message(format!("{workload} {direction} ({path}, {sms} SMs)"));
+                    let row = side.row(job, options, baseline, &base, gemm.as_ref())?;
                     report.rows.push(row);
                     progress.inc(1);
                 }
             }
             if sweep_paths.contains(&path) {
-                for (workload, shape) in &sweep {
-                    progress.set_message(format!("sweep {workload} ({path})"));
-                    let row = side.row(workload, shape, options, baseline, &base, None)?;
+                for &job in &sweep_rows {
+                    progress.set_message(format!("sweep {} ({path})", job.workload));
+                    let row = side.row(job, options, baseline, &base, None)?;
                     report.sweep.push(row);
                     progress.inc(1);
                 }
@@ -552,22 +628,22 @@ impl Side {
         }
     }
 
-    /// One row: `workload`'s rounds timed and its bytes verified; with `gemm`, the GEMM's rate
+    /// One row: `job`'s rounds timed and its bytes verified; with `gemm`, the GEMM's rate
     /// alone just before and beside the rounds.
     fn row(
         &self,
-        workload: &Workload,
-        shape: &Shape,
+        job: Job<'_>,
         options: &Options,
         baseline: Option<f64>,
         base: &[u8],
         gemm: Option<&Gemm>,
     ) -> Result<Row, BoxError> {
+        let Job {
+            workload,
+            shape,
+            direction,
+        } = job;
         let blocks = shape.blocks();
-        let direction = match (shape, workload) {
-            (Shape::Ping(_), _) | (_, Workload::KvLayerwise) => Direction::Write,
-            _ => options.direction,
-        };
         self.prepare(&blocks, direction, base)?;
         let rounds = || self.rounds(workload, shape, direction, options);
         let (measured, contention) = match gemm {
@@ -584,10 +660,7 @@ impl Side {
             path: self
                 .only
                 .map_or_else(|| self.path.to_string(), str::to_owned),
-            direction: match direction {
-                Direction::Write => "write".into(),
-                Direction::Read => "read".into(),
-            },
+            direction: direction_name(direction).into(),
             block_bytes: blocks.iter().map(|block| block.2).max().unwrap_or(0),
             bytes: shape.bytes(),
             gbps: measured.gbps,
@@ -1047,7 +1120,7 @@ pub(crate) fn now_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Options, SmCap};
+    use super::{direction_name, jobs, Direction, Directions, Options, SmCap, Workload};
     use clap::Parser;
 
     #[derive(Parser)]
@@ -1078,6 +1151,65 @@ mod tests {
                 "{bad}: {error:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_direction_takes_write_read_or_both_and_defaults_to_both() {
+        assert_eq!(parse(&[]).unwrap().direction, Directions::Both);
+        for (text, direction) in [("write", Direction::Write), ("read", Direction::Read)] {
+            let options = parse(&["--direction", text]).unwrap();
+            assert_eq!(options.direction, Directions::One(direction));
+        }
+        assert_eq!(
+            parse(&["--direction", "both"]).unwrap().direction,
+            Directions::Both
+        );
+        let error = parse(&["--direction", "push"]).err().map(|e| e.to_string());
+        assert!(
+            error
+                .as_deref()
+                .is_some_and(|e| e.contains("use write, read or both")),
+            "{error:?}"
+        );
+        assert_eq!(Directions::Both.sweep(), Direction::Write);
+        assert_eq!(Directions::One(Direction::Read).sweep(), Direction::Read);
+    }
+
+    #[test]
+    fn both_reads_right_after_each_write_except_where_a_workload_always_writes() {
+        let shapes: Vec<_> = ["contiguous", "small-write", "kv-layerwise", "blocks-1m"]
+            .iter()
+            .map(|name| {
+                let workload: Workload = name.parse().unwrap();
+                (workload, workload.shape(1))
+            })
+            .collect();
+        let listed = |directions| -> Vec<String> {
+            jobs(&shapes, directions)
+                .iter()
+                .map(|job| format!("{} {}", job.workload, direction_name(job.direction)))
+                .collect()
+        };
+        assert_eq!(
+            listed(Directions::Both),
+            [
+                "contiguous write",
+                "contiguous read",
+                "small-write write",
+                "kv-layerwise write",
+                "blocks-1m write",
+                "blocks-1m read"
+            ]
+        );
+        assert_eq!(
+            listed(Directions::One(Direction::Read)),
+            [
+                "contiguous read",
+                "small-write write",
+                "kv-layerwise write",
+                "blocks-1m read"
+            ]
+        );
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub(crate) enum Workload {
     /// The same cache sent as 40,960 separate entries (what an engine without paged copies
     /// submits).
     KvLlama70b4kEntries,
+    /// The same cache sent as vLLM's MooncakeConnector sends it: the request's block ids come
+    /// in runs of 1-64 blocks consecutive on both sides, and each run is one entry per pool.
+    KvLlama70b4kRuns,
     /// 40,960 scattered 4 KiB blocks, sent as one block copy (a pool and two id lists).
     Blocks4k,
     /// The same blocks sent as 40,960 separate entries.
@@ -26,6 +29,10 @@ pub(crate) enum Workload {
     Blocks1m,
     /// The same blocks sent as 1,024 separate entries.
     Blocks1mEntries,
+    /// A DeepSeek-V3-style latent (MLA) cache: 61 layer pools of 16,384 tokens of 1,152 bytes,
+    /// a request of 4,096 tokens a layer in runs of 1-64 tokens consecutive on both sides,
+    /// each run one entry per pool.
+    MlaTokens,
     /// `count` scattered blocks of `bytes`.
     Blocks {
         /// Bytes per block.
@@ -42,7 +49,7 @@ pub(crate) enum Workload {
 }
 
 /// Every named workload, in table order.
-pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,small-write,kv-layerwise";
+pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,kv-llama70b-4k-runs,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,mla-tokens,small-write,kv-layerwise";
 
 impl std::str::FromStr for Workload {
     type Err = String;
@@ -52,10 +59,12 @@ impl std::str::FromStr for Workload {
             "contiguous" => Ok(Workload::Contiguous),
             "kv-llama70b-4k" => Ok(Workload::KvLlama70b4k),
             "kv-llama70b-4k-entries" => Ok(Workload::KvLlama70b4kEntries),
+            "kv-llama70b-4k-runs" => Ok(Workload::KvLlama70b4kRuns),
             "blocks-4k" => Ok(Workload::Blocks4k),
             "blocks-4k-entries" => Ok(Workload::Blocks4kEntries),
             "blocks-1m" => Ok(Workload::Blocks1m),
             "blocks-1m-entries" => Ok(Workload::Blocks1mEntries),
+            "mla-tokens" => Ok(Workload::MlaTokens),
             "small-write" => Ok(Workload::SmallWrite),
             "kv-layerwise" => Ok(Workload::KvLayerwise),
             other => Err(format!("unknown workload {other:?}; known: {ALL}")),
@@ -69,10 +78,12 @@ impl std::fmt::Display for Workload {
             Workload::Contiguous => f.write_str("contiguous"),
             Workload::KvLlama70b4k => f.write_str("kv-llama70b-4k"),
             Workload::KvLlama70b4kEntries => f.write_str("kv-llama70b-4k-entries"),
+            Workload::KvLlama70b4kRuns => f.write_str("kv-llama70b-4k-runs"),
             Workload::Blocks4k => f.write_str("blocks-4k"),
             Workload::Blocks4kEntries => f.write_str("blocks-4k-entries"),
             Workload::Blocks1m => f.write_str("blocks-1m"),
             Workload::Blocks1mEntries => f.write_str("blocks-1m-entries"),
+            Workload::MlaTokens => f.write_str("mla-tokens"),
             Workload::Blocks { bytes, count } => write!(f, "blocks-{}x{count}", size(*bytes)),
             Workload::SmallWrite => f.write_str("small-write"),
             Workload::KvLayerwise => f.write_str("kv-layerwise"),
@@ -219,6 +230,109 @@ pub(crate) fn llama(seed: u64) -> Paged {
     }
 }
 
+/// Longest run of consecutive blocks (or tokens) in the run-based workloads.
+const MOST_RUN: u64 = 64;
+
+/// A cache sent as runs: `pools` pools of `pool_units` units (blocks or tokens) of
+/// `unit_bytes` on each side, laid out back to back, a request of `request_units` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RunCache {
+    pools: u64,
+    /// Units a pool holds.
+    pool_units: u64,
+    /// Bytes of a unit.
+    unit_bytes: u64,
+    /// Units of one request, in every pool.
+    request_units: u64,
+}
+
+/// `kv-llama70b-4k-runs`: the `kv-llama70b-4k` cache (see [`llama`]) as runs of blocks.
+const LLAMA_RUNS: RunCache = RunCache {
+    pools: 2 * LLAMA_LAYERS,
+    pool_units: 4096,
+    unit_bytes: LLAMA_BLOCK_BYTES,
+    request_units: 256,
+};
+
+/// `mla-tokens`: DeepSeek-V3's 61 layers, a token's latent of 576 bf16 values (512 compressed
+/// KV and 64 rotary dims) per layer, 16,384 tokens a pool and 4,096 a request.
+const MLA: RunCache = RunCache {
+    pools: 61,
+    pool_units: 16_384,
+    unit_bytes: 1152,
+    request_units: 4096,
+};
+
+impl RunCache {
+    /// One (local offset, remote offset, len) entry per run per pool, pool by pool: the
+    /// request's runs are the same in every pool, as an engine keeps one id list per request.
+    fn entries(&self, seed: u64) -> Vec<(u64, u64, u64)> {
+        let runs = runs(self.request_units, self.pool_units, seed);
+        let pool_bytes = self.pool_units * self.unit_bytes;
+        let mut entries = Vec::with_capacity(runs.len() * self.pools as usize);
+        for pool in 0..self.pools {
+            let base = pool * pool_bytes;
+            for &(local, remote, len) in &runs {
+                entries.push((
+                    base + local * self.unit_bytes,
+                    base + remote * self.unit_bytes,
+                    len * self.unit_bytes,
+                ));
+            }
+        }
+        entries
+    }
+}
+
+/// `total` units of a pool of `pool` as runs (local first unit, remote first unit, length):
+/// lengths at random in `1..=MOST_RUN`, the last one trimmed to end at `total`, each run
+/// consecutive on both sides and the runs scattered differently on each side.
+fn runs(total: u64, pool: u64, seed: u64) -> Vec<(u64, u64, u64)> {
+    let lengths = run_lengths(total, seed);
+    let local = place(&lengths, pool, seed ^ 0xbeef);
+    let remote = place(&lengths, pool, seed ^ 0xfeed);
+    local
+        .into_iter()
+        .zip(remote)
+        .zip(lengths)
+        .map(|((local, remote), len)| (local, remote, len))
+        .collect()
+}
+
+/// Random run lengths in `1..=MOST_RUN` that add up to `total`.
+fn run_lengths(total: u64, seed: u64) -> Vec<u64> {
+    let mut random = fastrand::Rng::with_seed(seed);
+    let mut lengths = Vec::new();
+    let mut left = total;
+    while left > 0 {
+        let len = random.u64(1..=MOST_RUN).min(left);
+        lengths.push(len);
+        left -= len;
+    }
+    lengths
+}
+
+/// The first units of runs of `lengths` placed at random, disjoint, in a pool of `pool` units:
+/// the runs go in the order a [`distinct_ids`] permutation gives, and the pool's free units
+/// fall as random gaps between them, so any number of runs fits whenever their total does.
+fn place(lengths: &[u64], pool: u64, seed: u64) -> Vec<u64> {
+    let free = pool.saturating_sub(lengths.iter().sum());
+    let mut random = fastrand::Rng::with_seed(seed);
+    // Sorted cuts of the free units: the free units before each slot, never decreasing.
+    let mut gaps: Vec<u64> = lengths.iter().map(|_| random.u64(0..=free)).collect();
+    gaps.sort_unstable();
+    let count = lengths.len() as u64;
+    let mut starts = vec![0; lengths.len()];
+    let mut taken = 0;
+    // A seed of its own for the order, so it does not follow the gaps' draws.
+    let order = distinct_ids(count, count, random.u64(..));
+    for (&run, gap) in order.iter().zip(gaps) {
+        starts[run as usize] = gap + taken;
+        taken += lengths[run as usize];
+    }
+    starts
+}
+
 impl Workload {
     /// The blocks of this workload; deterministic for a seed.
     pub(crate) fn shape(&self, seed: u64) -> Shape {
@@ -227,15 +341,23 @@ impl Workload {
             Workload::Contiguous => Shape::Entries(vec![(0, 0, GIB)]),
             Workload::KvLlama70b4k | Workload::KvLayerwise => Shape::Paged(llama()),
             Workload::KvLlama70b4kEntries => Shape::Entries(llama().blocks()),
+            Workload::KvLlama70b4kRuns => Shape::Entries(LLAMA_RUNS.entries(seed)),
             Workload::Blocks4k => Shape::Paged(scattered(4 * KIB, 40_960, 4, seed)),
             Workload::Blocks4kEntries => {
                 Shape::Entries(scattered(4 * KIB, 40_960, 4, seed).blocks())
             }
             Workload::Blocks1m => Shape::Paged(scattered(MIB, 1024, 1, seed)),
             Workload::Blocks1mEntries => Shape::Entries(scattered(MIB, 1024, 1, seed).blocks()),
+            Workload::MlaTokens => Shape::Entries(MLA.entries(seed)),
             Workload::Blocks { bytes, count } => Shape::Paged(scattered(bytes, count, 1, seed)),
             Workload::SmallWrite => Shape::Ping(4 * KIB),
         }
+    }
+
+    /// Whether this workload always writes, whatever `--direction` says: `small-write` times
+    /// a write's notification and `kv-layerwise` a prefill pushing its layers.
+    pub(crate) fn always_writes(&self) -> bool {
+        matches!(self, Workload::SmallWrite | Workload::KvLayerwise)
     }
 }
 
@@ -291,6 +413,17 @@ mod tests {
             .all(|pair| pair[0].0 + pair[0].1 <= pair[1].0)
     }
 
+    /// Asserts that `shape` moves `bytes`, its blocks overlap on neither side and all of them
+    /// lie inside its area.
+    fn sized_disjoint_and_inside(shape: &Shape, bytes: u64, workload: &Workload) {
+        assert_eq!(shape.bytes(), bytes, "{workload}");
+        let all = shape.blocks();
+        assert!(disjoint(&all, |b| b.0), "{workload}: sources overlap");
+        assert!(disjoint(&all, |b| b.1), "{workload}: destinations overlap");
+        let area = shape.area();
+        assert!(all.iter().all(|b| b.0.max(b.1) + b.2 <= area));
+    }
+
     #[test]
     fn workloads_have_their_documented_sizes() {
         let cases = [
@@ -304,13 +437,27 @@ mod tests {
         ];
         for (workload, bytes, blocks) in cases {
             let shape = workload.shape(42);
-            assert_eq!(shape.bytes(), bytes, "{workload}");
             assert_eq!(shape.blocks().len(), blocks, "{workload}");
-            let all = shape.blocks();
-            assert!(disjoint(&all, |b| b.0), "{workload}: sources overlap");
-            assert!(disjoint(&all, |b| b.1), "{workload}: destinations overlap");
-            let area = shape.area();
-            assert!(all.iter().all(|b| b.0.max(b.1) + b.2 <= area));
+            sized_disjoint_and_inside(&shape, bytes, &workload);
+        }
+        // One entry per run: at least a run of 64 per 64 units, at most a run of 1 per unit.
+        let run_cases = [
+            (Workload::KvLlama70b4kRuns, LLAMA_RUNS, 1280 * MIB),
+            (Workload::MlaTokens, MLA, 61 * 4096 * 1152),
+        ];
+        for (workload, cache, bytes) in run_cases {
+            for seed in [1, 42, 7777] {
+                let shape = workload.shape(seed);
+                sized_disjoint_and_inside(&shape, bytes, &workload);
+                let units = cache.request_units * cache.pools;
+                let entries = shape.blocks().len() as u64;
+                assert!(
+                    (units / MOST_RUN..=units).contains(&entries),
+                    "{workload}: {entries} entries"
+                );
+                let pool_bytes = cache.pool_units * cache.unit_bytes;
+                assert!(shape.area() <= cache.pools * pool_bytes, "{workload}");
+            }
         }
         assert_eq!(
             Workload::KvLlama70b4k.shape(1).area(),
@@ -325,6 +472,84 @@ mod tests {
             panic!("kv-layerwise is paged");
         };
         assert_eq!(paged.pools, 2 * LLAMA_LAYERS);
+    }
+
+    /// The units (blocks or tokens) one side of `entries` covers in pool `pool` of `cache`.
+    fn units_of(
+        cache: &RunCache,
+        entries: &[(u64, u64, u64)],
+        pool: u64,
+        side: impl Fn(&(u64, u64, u64)) -> u64,
+    ) -> Vec<u64> {
+        let pool_bytes = cache.pool_units * cache.unit_bytes;
+        entries
+            .iter()
+            .filter(|entry| side(entry) / pool_bytes == pool)
+            .flat_map(|entry| {
+                let first = (side(entry) - pool * pool_bytes) / cache.unit_bytes;
+                first..first + entry.2 / cache.unit_bytes
+            })
+            .collect()
+    }
+
+    #[test]
+    fn run_shapes_are_runs_of_1_to_64_units_using_each_id_once_per_pool() {
+        for (workload, cache) in [
+            (Workload::KvLlama70b4kRuns, LLAMA_RUNS),
+            (Workload::MlaTokens, MLA),
+        ] {
+            let Shape::Entries(entries) = workload.shape(9) else {
+                panic!("{workload} is entries");
+            };
+            for &(local, remote, len) in &entries {
+                assert_eq!(
+                    len % cache.unit_bytes,
+                    0,
+                    "{workload}: a whole number of units"
+                );
+                assert!(
+                    (1..=MOST_RUN).contains(&(len / cache.unit_bytes)),
+                    "{workload}"
+                );
+                assert_eq!(local % cache.unit_bytes, 0, "{workload}");
+                assert_eq!(remote % cache.unit_bytes, 0, "{workload}");
+            }
+            let local = units_of(&cache, &entries, 0, |e| e.0);
+            let remote = units_of(&cache, &entries, 0, |e| e.1);
+            for ids in [&local, &remote] {
+                assert_eq!(ids.len() as u64, cache.request_units, "{workload}");
+                assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len());
+                assert!(ids.iter().all(|&id| id < cache.pool_units), "{workload}");
+            }
+            assert_ne!(local, remote, "{workload}: the sides' ids should differ");
+            for pool in 1..cache.pools {
+                assert_eq!(units_of(&cache, &entries, pool, |e| e.0), local);
+                assert_eq!(units_of(&cache, &entries, pool, |e| e.1), remote);
+            }
+            assert_eq!(workload.shape(9), workload.shape(9), "deterministic");
+            assert_ne!(workload.shape(9), workload.shape(10), "seeded");
+        }
+    }
+
+    #[test]
+    fn runs_are_scattered_and_fit_any_number_of_runs() {
+        let runs = runs(256, 4096, 3);
+        let packed: Vec<u64> = runs
+            .iter()
+            .scan(0, |at, run| {
+                let start = *at;
+                *at += run.2;
+                Some(start)
+            })
+            .collect();
+        let local: Vec<u64> = runs.iter().map(|run| run.0).collect();
+        assert_ne!(local, packed, "runs should be scattered over the pool");
+        // The worst case, every run a unit long, still fits a pool the request fills.
+        let starts = place(&[1; 300], 300, 5);
+        let mut sorted = starts.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..300).collect::<Vec<u64>>());
+        assert_ne!(starts, sorted, "runs go in a shuffled order");
     }
 
     #[test]

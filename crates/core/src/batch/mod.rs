@@ -3,6 +3,8 @@
 //! This module builds and checks a batch ([`Batch`]); [`transfer`] runs a submitted one and
 //! reports its [`Completion`]; [`route`] picks the transport of every entry.
 
+mod overlap;
+mod plan;
 mod route;
 mod transfer;
 
@@ -16,6 +18,7 @@ use crate::memory::{Region, RegionEntry, RegionUse};
 use crate::notify::MAX_NOTIFICATION_BYTES;
 use crate::peer::Peer;
 use crate::transport::Direction;
+use overlap::read_overlap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -344,39 +347,6 @@ fn check_ranges(entries: &[Entry], regions: &[Arc<RegionEntry>]) -> Result<(), R
         }
     }
     Ok(())
-}
-
-/// The index of an entry whose local range overlaps another's where at least one of the two
-/// reads into it, if any. Writes may share source bytes freely.
-fn read_overlap(entries: &[Entry]) -> Option<usize> {
-    if entries
-        .iter()
-        .all(|entry| entry.direction == Direction::Write)
-    {
-        return None;
-    }
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by_key(|&index| (entries[index].region, entries[index].offset));
-    // The entry reaching furthest so far in the current region: any entry starting before its
-    // end overlaps it, and an earlier read overlapping a later entry is always found here.
-    let mut furthest: Option<(u32, u64, bool)> = None;
-    for index in order {
-        let entry = &entries[index];
-        let read = entry.direction == Direction::Read;
-        let end = entry.offset + entry.len;
-        match furthest {
-            Some((region, reach, reach_read)) if region == entry.region && entry.offset < reach => {
-                if read || reach_read {
-                    return Some(index);
-                }
-                if end > reach {
-                    furthest = Some((region, end, read));
-                }
-            }
-            _ => furthest = Some((entry.region, end, read)),
-        }
-    }
-    None
 }
 
 /// What a submitted batch moves.

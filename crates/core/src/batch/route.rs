@@ -1,8 +1,9 @@
 //! Routing a submitted batch: the cheapest transport for every entry, block copy and signal.
 //! [`crate::route`] lays the same choice open for tools.
 
+use super::plan::{self, Pairs, Piece, Shape};
 use super::{Blocks, Entry, Work};
-use crate::blocks::BlockOps;
+use crate::blocks::{BlockOps, BlockPoolOp};
 use crate::descriptor::BufferDescriptor;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::RegionUse;
@@ -13,16 +14,23 @@ use std::sync::Arc;
 /// The ops of one batch for each transport (by index).
 type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
 
-/// Routes every entry and block copy of `work` over the buffers of `view`.
+/// Routes every entry and block copy of `work` over the buffers of `view`; entries of block
+/// shape bound for a transport that [`Transport::prefers_blocks`] become block copies.
 pub(super) fn route_all(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
     work: &Work,
     peer: &str,
 ) -> Result<Routed> {
-    let groups = route(transports, view, &work.uses, &work.entries, peer)?;
-    let blocks = route_blocks(transports, view, &work.uses, &work.blocks, peer)?;
-    Ok((groups, blocks))
+    let (groups, mut planned) = route(transports, view, &work.uses, &work.entries, peer)?;
+    planned.extend(route_blocks(
+        transports,
+        view,
+        &work.uses,
+        &work.blocks,
+        peer,
+    )?);
+    Ok((groups, planned))
 }
 
 /// How an entry was routed, kept for the entries after it.
@@ -40,18 +48,21 @@ struct LastRoute {
     local_base: u64,
     /// The chosen transport.
     transport: usize,
+    /// Whether the entries of this route are collected for [`plan`].
+    plans: bool,
 }
 
 /// Picks the cheapest transport for every entry and turns entries into ops, merging entries
-/// that continue each other on both sides. A remote range outside every buffer of `view` is
-/// [`RangeError::NotRegistered`], naming the entry.
+/// that continue each other on both sides, or into block copies ([`plan`]) where the
+/// transport prefers them and the entries have block shape. A remote range outside every
+/// buffer of `view` is [`RangeError::NotRegistered`], naming the entry.
 fn route(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &Arc<[Arc<RegionUse>]>,
     entries: &[Entry],
     peer: &str,
-) -> Result<Vec<(usize, TransferOps)>> {
+) -> Result<Routed> {
     if u32::try_from(view.buffers().len()).is_err() {
         return Err(Error::Unavailable {
             local: "a batch".into(),
@@ -66,6 +77,8 @@ fn route(
         .iter()
         .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(buffers), 0))
         .collect();
+    let may_plan = entries.len() >= plan::MIN_ENTRIES;
+    let mut pairs = Pairs::default();
     // Consecutive entries mostly share their region and remote buffer, so their route too:
     // an entry inside the previous entry's buffer skips the search and the choice.
     let mut last: Option<LastRoute> = None;
@@ -102,11 +115,26 @@ fn route(
                     remote_end: remote.addr.saturating_add(remote.len),
                     local_base: local.info.addr,
                     transport,
+                    plans: may_plan && transports[transport].prefers_blocks(),
                 };
                 last = Some(route);
                 route
             }
         };
+        if route.plans {
+            pairs.add(
+                entry.direction,
+                entry.region,
+                route.remote,
+                route.transport,
+                Piece {
+                    local: entry.offset,
+                    remote: entry.remote_addr - route.remote_start,
+                    len: entry.len,
+                },
+            );
+            continue;
+        }
         let group = &mut groups[route.transport];
         if group.capacity() == 0 {
             // At most one op per entry left: a single transport's group never grows again.
@@ -121,11 +149,85 @@ fn route(
             len: entry.len,
         });
     }
-    Ok(groups
+    let planned = plan_pairs(pairs, uses, buffers, &mut groups);
+    let groups = groups
         .into_iter()
         .enumerate()
         .filter(|(_, ops)| !ops.is_empty())
-        .collect())
+        .collect();
+    Ok((groups, planned))
+}
+
+/// Turns each pair of block shape into a block copy, joining pairs that move the same ids
+/// in the same shape (every layer of a request) into one copy of many pools; the entries of
+/// the other pairs go to their transport's `groups` as ops.
+fn plan_pairs(
+    pairs: Pairs,
+    uses: &[Arc<RegionUse>],
+    buffers: &[Arc<BufferDescriptor>],
+    groups: &mut [TransferOps],
+) -> Vec<(usize, BlockOps)> {
+    let mut planned: Vec<(usize, Shape, BlockOps)> = Vec::new();
+    for pair in pairs.into_pairs() {
+        let region = &uses[pair.region as usize];
+        let remote = &buffers[pair.remote as usize];
+        let paged = plan::shape(&pair.pieces)
+            .and_then(|shape| plan::ids(&pair.pieces, shape).map(|ids| (shape, ids)));
+        let Some((shape, ids)) = paged else {
+            let group = &mut groups[pair.transport];
+            for piece in &pair.pieces {
+                group.push_merged(TransferOp {
+                    direction: pair.direction,
+                    region: pair.region,
+                    local_addr: region.entry.info.addr + piece.local,
+                    remote_addr: remote.addr + piece.remote,
+                    remote: pair.remote,
+                    len: piece.len,
+                });
+            }
+            continue;
+        };
+        let pool = BlockPoolOp {
+            region: Arc::clone(region),
+            local_base: region.entry.info.addr,
+            remote: Arc::clone(remote),
+            remote_base: remote.addr,
+        };
+        // Pairs that move the same ids come one after another (the layers of a request):
+        // comparing with the last copy spares hashing the id lists.
+        if let Some((transport, last_shape, blocks)) = planned.last_mut() {
+            if *transport == pair.transport
+                && *last_shape == shape
+                && blocks.direction == pair.direction
+                && *blocks.local_ids == *ids.local
+                && *blocks.remote_ids == *ids.remote
+            {
+                blocks.pools.push(pool);
+                continue;
+            }
+        }
+        planned.push((
+            pair.transport,
+            shape,
+            BlockOps {
+                direction: pair.direction,
+                pools: vec![pool],
+                len: shape.len,
+                local_stride: shape.local.stride,
+                local_offset: shape.local.offset,
+                remote_stride: shape.remote.stride,
+                remote_offset: shape.remote.offset,
+                local_ids: ids.local.into(),
+                remote_ids: ids.remote.into(),
+                remote_highest: ids.remote_highest,
+                after: None,
+            },
+        ));
+    }
+    planned
+        .into_iter()
+        .map(|(transport, _, blocks)| (transport, blocks))
+        .collect()
 }
 
 /// The transport, remote buffer and local GPU of a batch's signal: the transport that moves

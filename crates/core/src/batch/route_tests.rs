@@ -119,7 +119,9 @@ fn route_entries(
     transports: &[Arc<dyn Transport>],
     entries: &[Entry],
 ) -> Result<Vec<(usize, TransferOps)>> {
-    route(transports, &peer_view(), &local_use(), entries, PEER)
+    let (ops, blocks) = route(transports, &peer_view(), &local_use(), entries, PEER)?;
+    assert!(blocks.is_empty(), "no fake transport prefers block copies");
+    Ok(ops)
 }
 
 /// Each op as (direction, offset into the local region, remote address, its buffer, length).
@@ -283,7 +285,7 @@ fn transports_are_asked_once_per_region_and_buffer_for_as_long_as_the_view_lasts
         write(0x200, REMOTE_A + 0x200, 16),
     ];
     for _ in 0..3 {
-        let groups = route(&transports, &view, &uses, &entries, PEER).unwrap();
+        let (groups, _) = route(&transports, &view, &uses, &entries, PEER).unwrap();
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].1.len(), 3);
     }
@@ -313,4 +315,115 @@ fn a_view_remembers_a_bounded_number_of_routes() {
     route(4096);
     route(0);
     assert_eq!(asked.get(), 4098, "past the bound the view started over");
+}
+
+/// Reaches every buffer and prefers paged block copies, as nvlink does.
+struct Paging;
+
+#[async_trait::async_trait]
+impl Transport for Paging {
+    fn name(&self) -> &'static str {
+        "paging"
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        None
+    }
+
+    fn prefers_blocks(&self) -> bool {
+        true
+    }
+
+    fn reach(&self, _: &RegionInfo, _: &SegmentDescriptor, _: &BufferDescriptor) -> Reach {
+        Reach::Yes { cost: 1 }
+    }
+
+    async fn open(&self, _: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
+        unreachable!("routing opens no links")
+    }
+}
+
+#[test]
+fn block_shaped_entries_become_one_block_copy_per_id_list_and_the_rest_stay_ops() {
+    const BLOCK: u64 = 0x80;
+    let transports: [Arc<dyn Transport>; 1] = [Arc::new(Paging)];
+    let pairs = [
+        (3, 9),
+        (0, 1),
+        (7, 2),
+        (12, 30),
+        (5, 4),
+        (9, 0),
+        (30, 6),
+        (1, 31),
+    ];
+    let mut entries: Vec<Entry> = Vec::new();
+    for remote in [REMOTE_A, REMOTE_B] {
+        entries.extend(
+            pairs
+                .iter()
+                .map(|&(local, far)| read(local * BLOCK, remote + far * BLOCK, BLOCK)),
+        );
+    }
+    // Too few for a copy of their own: ops.
+    entries.push(write(0x10, REMOTE_A + 0x10, 0x20));
+    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    assert_eq!(ops.len(), 1);
+    assert_eq!(
+        shape(&ops[0].1),
+        [(Direction::Write, 0x10, REMOTE_A + 0x10, REMOTE_A, 0x20)]
+    );
+    assert_eq!(blocks.len(), 1, "both buffers move the same ids: one copy");
+    let (transport, copy) = &blocks[0];
+    assert_eq!(*transport, 0);
+    assert_eq!(copy.direction(), Direction::Read);
+    assert_eq!(copy.block_len(), BLOCK);
+    let bases: Vec<(u64, u64)> = copy
+        .pools()
+        .iter()
+        .map(|pool| (pool.local_base, pool.remote_base))
+        .collect();
+    assert_eq!(bases, [(LOCAL, REMOTE_A), (LOCAL, REMOTE_B)]);
+    let at = |ids: &[u32], stride: u64, offset: u64| -> Vec<u64> {
+        ids.iter()
+            .map(|&id| u64::from(id) * stride + offset)
+            .collect()
+    };
+    assert_eq!(
+        at(copy.local_ids(), copy.local_stride(), copy.local_offset()),
+        pairs
+            .iter()
+            .map(|&(local, _)| local * BLOCK)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        at(
+            copy.remote_ids(),
+            copy.remote_stride(),
+            copy.remote_offset()
+        ),
+        pairs
+            .iter()
+            .map(|&(_, far)| far * BLOCK)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        u64::from(copy.remote_highest()) * copy.remote_stride() + copy.remote_offset(),
+        31 * BLOCK
+    );
+    assert_eq!(copy.bytes(), 16 * BLOCK);
+}
+
+#[test]
+fn a_pair_of_odd_entries_stays_ops_on_a_transport_that_prefers_blocks() {
+    let transports: [Arc<dyn Transport>; 1] = [Arc::new(Paging)];
+    // Eight entries, but of lengths with no common block: flat.
+    let entries: Vec<Entry> = (0..8)
+        .map(|index| write(index * 0x100, REMOTE_A + index * 0x100, 0x61 + index))
+        .collect();
+    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    assert!(blocks.is_empty());
+    assert_eq!(ops[0].1.len(), 8);
+    let bytes: u64 = ops[0].1.iter().map(|op| op.len).sum();
+    assert_eq!(bytes, (0..8).map(|index| 0x61 + index).sum::<u64>());
 }

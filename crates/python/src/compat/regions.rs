@@ -62,14 +62,6 @@ impl Regions {
         }
     }
 
-    /// Every region's span, sorted by start, and the regions in the same order.
-    pub(crate) fn spans(&self) -> (Vec<(u64, u64)>, Vec<&Region>) {
-        self.by_start
-            .iter()
-            .map(|(&start, region)| ((start, region.len()), region))
-            .unzip()
-    }
-
     /// Keeps a region the engine allocated (a managed buffer).
     pub(crate) fn insert(&mut self, region: Region) {
         self.by_start.insert(region.addr(), region);

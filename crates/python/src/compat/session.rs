@@ -1,13 +1,11 @@
 //! The engine behind the address-based compatible APIs (Mooncake's and NIXL's): ferry's engine
 //! plus the bookkeeping such callers imply (registrations by containment, peers by session
-//! name, flat entries planned into paged block copies).
+//! name, paged copies named by addresses).
 
 use super::paged::{extent, PagedCopy};
-use super::plan::{self, Outside, Span};
 use super::regions::Regions;
-use ferry::{
-    BlockCopy, BlockLayout, BufferDescriptor, Direction, Engine, Notifications, Peer, Transfer,
-};
+use super::spans::{self, Outside, Span};
+use ferry::{BlockCopy, BufferDescriptor, Direction, Engine, Notifications, Peer, Transfer};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +77,30 @@ impl OpenPeer {
             buffers: buffers.into(),
             spans: spans.into(),
         }
+    }
+
+    /// Whether every entry's peer range lies inside a buffer the peer registered, as far as
+    /// this engine knows; the first one outside when not. Checked here so that Mooncake's
+    /// callers learn it from the call, as they do from Mooncake's engine.
+    fn check(&self, entries: &[Entry]) -> Result<(), String> {
+        let mut last = None;
+        for &(_, remote, len) in entries {
+            let inside = last
+                .and_then(|index| {
+                    let (start, span_len): Span = self.spans[index];
+                    (remote >= start
+                        && remote
+                            .checked_add(len)
+                            .is_some_and(|end| end <= start.saturating_add(span_len)))
+                    .then_some(index)
+                })
+                .or_else(|| spans::holding(&self.spans, remote, len));
+            match inside {
+                Some(index) => last = Some(index),
+                None => return Err(format!("peer range {remote:#x}+{len} is not inside memory the peer registered; the peer must register_memory it first")),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -236,37 +258,37 @@ impl Session {
             return Err("the batch is empty; pass at least one buffer".into());
         }
         let mut peer = self.peer(target)?;
+        if let Err(outside) = peer.check(entries) {
+            // The peer may have registered it after this engine fetched its descriptor.
+            peer = self.reconnect(target)?;
+            peer.check(entries).map_err(|_| outside)?;
+        }
         let regions = self.regions.read();
-        let (spans, handles) = regions.spans();
-        let plan = match plan::plan(&spans, &peer.spans, entries) {
-            Err(Outside::Peer(_)) => {
-                // The peer may have registered it after this engine fetched its descriptor.
-                peer = self.reconnect(target)?;
-                plan::plan(&spans, &peer.spans, entries)
-            }
-            planned => planned,
-        }
-        .map_err(|outside| outside.to_string())?;
         let mut batch = self.engine.batch(&peer.peer);
-        for paged in plan.paged {
-            let (local_ids, remote_ids): (Vec<u32>, Vec<u32>) = paged.ids.into_iter().unzip();
-            let mut copy = BlockCopy::new(
-                paged.len,
-                BlockLayout::packed(paged.local_pool_bytes, paged.len),
-                BlockLayout::packed(paged.remote_pool_bytes, paged.len),
-                local_ids,
-                remote_ids,
-            );
-            for (region, buffer) in paged.pools {
-                copy = copy.pool(handles[region], &peer.buffers[buffer]);
-            }
-            batch = with_blocks(batch, direction, copy);
-        }
-        for flat in plan.flat {
-            let region = handles[flat.local];
+        // Callers list one tensor's blocks one after another: the last entry's region usually
+        // holds the next one too, which spares the search.
+        let mut last: Option<(u64, u64, &ferry::Region)> = None;
+        for &(local, remote, len) in entries {
+            let (region, offset) = match last {
+                Some((start, region_len, region))
+                    if local >= start
+                        && local
+                            .checked_add(len)
+                            .is_some_and(|end| end <= start + region_len) =>
+                {
+                    (region, local - start)
+                }
+                _ => {
+                    let (region, offset) = regions.containing(local, len)?;
+                    last = Some((local - offset, region.len(), region));
+                    (region, offset)
+                }
+            };
+            // The engine plans entries of block shape into block copies for links that move
+            // those faster, and checks the peer's ranges against its buffers.
             batch = match direction {
-                Direction::Write => batch.write(region, flat.offset, flat.remote, flat.len),
-                Direction::Read => batch.read(region, flat.offset, flat.remote, flat.len),
+                Direction::Write => batch.write(region, offset, remote, len),
+                Direction::Read => batch.read(region, offset, remote, len),
             };
         }
         if let Some(payload) = notify {
@@ -355,7 +377,7 @@ fn paged_batch(
             let (region, offset) = regions
                 .containing(local, local_extent)
                 .map_err(Outside::Local)?;
-            let buffer = plan::holding(&peer.spans, remote, remote_extent).ok_or_else(|| {
+            let buffer = spans::holding(&peer.spans, remote, remote_extent).ok_or_else(|| {
                 Outside::Peer(format!("peer range {remote:#x}+{remote_extent} is not inside memory the peer registered; the peer must register it first"))
             })?;
             let buffer = &peer.buffers[buffer];

@@ -4,7 +4,7 @@
 //! Lists given in NIXL's strided form are pools of blocks: each pair of descriptors becomes a
 //! block id of its row on each side, and rows that move the same ids share one paged copy, so
 //! vLLM's ids (`region * blocks + block`, the same blocks in every region) become one copy
-//! over every layer. Other lists become flat entries, which the session's planner still turns
+//! over every layer. Other lists become flat entries, which the engine's planner still turns
 //! into paged copies where they are whole blocks of registered memory.
 
 use super::dlist::{DescList, Place};

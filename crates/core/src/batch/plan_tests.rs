@@ -1,0 +1,234 @@
+use super::*;
+
+const BLOCK: u64 = 32 << 10;
+
+fn blocks(pairs: &[(u64, u64)], len: u64) -> Vec<Piece> {
+    pairs
+        .iter()
+        .map(|&(local, remote)| Piece {
+            local: local * len,
+            remote: remote * len,
+            len,
+        })
+        .collect()
+}
+
+#[test]
+fn whole_blocks_become_their_ids() {
+    let pieces = blocks(
+        &[
+            (3, 40),
+            (17, 0),
+            (9, 63),
+            (4, 2),
+            (5, 7),
+            (6, 8),
+            (100, 1),
+            (8, 9),
+        ],
+        BLOCK,
+    );
+    let shape = shape(&pieces).expect("block shape");
+    assert_eq!(shape.len, BLOCK);
+    assert_eq!(shape.local.offset, 0);
+    assert_eq!(shape.remote.offset, 0);
+    assert_eq!(shape.local.stride % BLOCK, 0);
+    let ids = ids(&pieces, shape).expect("ids fit");
+    // Ids are in units of the inferred stride, which may be a multiple of the block when
+    // every offset happens to be one: map them back to byte offsets to compare.
+    let local: Vec<u64> = ids
+        .local
+        .iter()
+        .map(|&id| u64::from(id) * shape.local.stride + shape.local.offset)
+        .collect();
+    let remote: Vec<u64> = ids
+        .remote
+        .iter()
+        .map(|&id| u64::from(id) * shape.remote.stride + shape.remote.offset)
+        .collect();
+    assert_eq!(
+        local,
+        pieces.iter().map(|piece| piece.local).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        remote,
+        pieces.iter().map(|piece| piece.remote).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        u64::from(ids.remote_highest) * shape.remote.stride,
+        63 * BLOCK
+    );
+}
+
+#[test]
+fn runs_of_consecutive_blocks_are_split_into_blocks() {
+    // vLLM's MooncakeConnector: one entry per run of 1..4 consecutive blocks.
+    let runs = [(0, 10, 3), (5, 20, 1), (7, 30, 4), (12, 2, 2)];
+    let mut pieces: Vec<Piece> = runs
+        .iter()
+        .map(|&(local, remote, count)| Piece {
+            local: local * BLOCK,
+            remote: remote * BLOCK,
+            len: count * BLOCK,
+        })
+        .collect();
+    pieces.extend(blocks(&[(20, 40), (21, 41), (22, 42), (23, 43)], BLOCK));
+    let shape = shape(&pieces).expect("block shape");
+    assert_eq!(
+        shape,
+        Shape {
+            len: BLOCK,
+            local: SideShape {
+                stride: BLOCK,
+                offset: 0
+            },
+            remote: SideShape {
+                stride: BLOCK,
+                offset: 0
+            },
+        }
+    );
+    let ids = ids(&pieces, shape).expect("ids fit");
+    assert_eq!(
+        ids.local,
+        vec![0, 1, 2, 5, 7, 8, 9, 10, 12, 13, 20, 21, 22, 23]
+    );
+    assert_eq!(
+        ids.remote,
+        vec![10, 11, 12, 20, 30, 31, 32, 33, 2, 3, 40, 41, 42, 43]
+    );
+    assert_eq!(ids.remote_highest, 43);
+}
+
+#[test]
+fn slices_at_one_offset_of_each_block_keep_the_block_stride() {
+    // Heterogeneous TP: the decode takes 12 KiB at 4 KiB into each 32 KiB block of the
+    // prefill, and lays them out 12 KiB apart.
+    let pieces: Vec<Piece> = [
+        (1u64, 0u64),
+        (4, 1),
+        (9, 2),
+        (2, 3),
+        (7, 4),
+        (3, 5),
+        (6, 6),
+        (0, 7),
+    ]
+    .iter()
+    .map(|&(local, remote)| Piece {
+        local: local * BLOCK + (4 << 10),
+        remote: remote * (12 << 10),
+        len: 12 << 10,
+    })
+    .collect();
+    let shape = shape(&pieces).expect("sliced block shape");
+    assert_eq!(shape.len, 12 << 10);
+    assert_eq!(
+        shape.local,
+        SideShape {
+            stride: BLOCK,
+            offset: 4 << 10
+        }
+    );
+    assert_eq!(
+        shape.remote,
+        SideShape {
+            stride: 12 << 10,
+            offset: 0
+        }
+    );
+    let ids = ids(&pieces, shape).expect("ids fit");
+    assert_eq!(ids.local, vec![1, 4, 9, 2, 7, 3, 6, 0]);
+    assert_eq!(ids.remote, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn entries_off_one_grid_short_or_few_stay_flat() {
+    let mut crooked = blocks(
+        &[(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)],
+        BLOCK,
+    );
+    crooked.push(Piece {
+        local: 9 * BLOCK + 100,
+        remote: 0,
+        len: BLOCK,
+    });
+    assert_eq!(shape(&crooked), None, "one entry off the grid of the rest");
+    let few = blocks(&[(1, 1), (2, 2)], BLOCK);
+    assert_eq!(shape(&few), None, "too few to gain from a block copy");
+    let tiny = blocks(
+        &[
+            (1, 1),
+            (2, 2),
+            (3, 3),
+            (4, 4),
+            (5, 5),
+            (6, 6),
+            (7, 7),
+            (8, 8),
+        ],
+        16,
+    );
+    assert_eq!(shape(&tiny), None, "blocks of 16 bytes");
+    let mut odd = blocks(
+        &[(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)],
+        BLOCK,
+    );
+    odd.push(Piece {
+        local: 20 * BLOCK,
+        remote: 20 * BLOCK,
+        len: BLOCK + 8,
+    });
+    assert_eq!(
+        shape(&odd),
+        None,
+        "an odd length would cut blocks of 8 bytes"
+    );
+    assert_eq!(shape(&[]), None);
+}
+
+#[test]
+fn ids_past_32_bits_leave_the_pair_flat() {
+    let far = u64::from(u32::MAX) + 1;
+    let pieces = blocks(
+        &[
+            (0, far),
+            (1, 1),
+            (2, 2),
+            (3, 3),
+            (4, 4),
+            (5, 5),
+            (6, 6),
+            (7, 7),
+        ],
+        64,
+    );
+    let shape = shape(&pieces).expect("block shape");
+    assert_eq!(ids(&pieces, shape), None);
+}
+
+#[test]
+fn the_same_block_sent_to_many_places_is_one_id_repeated() {
+    let pieces: Vec<Piece> = (0..8)
+        .map(|remote| Piece {
+            local: 5 * BLOCK,
+            remote: remote * BLOCK,
+            len: BLOCK,
+        })
+        .collect();
+    let shape = shape(&pieces).expect("block shape");
+    let ids = ids(&pieces, shape).expect("ids fit");
+    assert_eq!(ids.local, vec![5; 8]);
+    assert_eq!(ids.remote, (0..8).collect::<Vec<u32>>());
+}
+
+#[test]
+fn gcd_and_fold_agree() {
+    assert_eq!(gcd(0, 12), 12);
+    assert_eq!(gcd(12, 18), 6);
+    assert_eq!(fold(0, 40), 40);
+    assert_eq!(fold(4096, 8192), 4096);
+    assert_eq!(fold(4096, 6144), 2048);
+    assert_eq!(fold(1152, 3456), 1152);
+    assert_eq!(fold(1152, 1000), 8);
+}
