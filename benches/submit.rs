@@ -199,6 +199,25 @@ fn submit_cost(c: &mut Criterion) {
             })
         })
     });
+    group.bench_function("paged block copy, read", |b| {
+        b.iter_custom(|iterations| {
+            timed_submits(iterations, || {
+                let layout = BlockLayout::packed(POOL, BLOCK);
+                let mut copy = BlockCopy::new(
+                    BLOCK,
+                    layout,
+                    layout,
+                    Arc::clone(&local_ids),
+                    Arc::clone(&remote_ids),
+                );
+                for tensor in 0..TENSORS {
+                    let at = tensor * POOL;
+                    copy = copy.pool_at(&sides.source, at, &sides.remote, at);
+                }
+                sides.prefill.batch(&sides.peer).read_blocks(copy)
+            })
+        })
+    });
     group.finish();
     // The whole submit divided by its entries, so the figure is the cost of one entry.
     let mut group = timed_group(c, "one entry of the 40,960-entry request");
@@ -291,6 +310,16 @@ fn submit_cost(c: &mut Criterion) {
                     BlockCopy::packed(BLOCK, Arc::clone(&local_ids), Arc::clone(&remote_ids))
                         .pool(&sides.source, &sides.remote);
                 sides.prefill.batch(&sides.peer).write_blocks(copy)
+            })
+        })
+    });
+    group.bench_function("paged block copy, read", |b| {
+        b.iter_custom(|iterations| {
+            timed_submits(iterations, || {
+                let copy =
+                    BlockCopy::packed(BLOCK, Arc::clone(&local_ids), Arc::clone(&remote_ids))
+                        .pool(&sides.source, &sides.remote);
+                sides.prefill.batch(&sides.peer).read_blocks(copy)
             })
         })
     });

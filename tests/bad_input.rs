@@ -454,6 +454,59 @@ async fn a_read_into_bytes_another_entry_uses_is_refused_at_submit() {
 }
 
 #[tokio::test]
+async fn a_large_read_that_races_is_checked_while_it_moves_and_fails_its_transfer() {
+    const ENTRIES: u64 = 5000;
+    let pair = Pair::new(ENTRIES as usize * 64, ENTRIES as usize * 64).await;
+    let (prefill, peer, source, remote) = (&pair.prefill, &pair.peer, &pair.source, pair.remote);
+    // Entry 4321 reads into the bytes entry 17 reads into.
+    let mut racing = prefill.batch(peer);
+    for index in 0..ENTRIES {
+        let local = if index == 4321 { 17 } else { index };
+        racing = racing.read(source, local * 64, remote + index * 64, 64);
+    }
+    let transfer = racing
+        .submit()
+        .expect("a large batch is checked while it moves");
+    match transfer.await {
+        Err(Error::ApiMisuse(reason)) => assert!(reason.contains("entry 4321"), "{reason}"),
+        other => panic!("expected the racing read to fail its transfer, got {other:?}"),
+    }
+    let ids: Vec<u32> = (0..ENTRIES as u32).collect();
+    let mut twice = ids.clone();
+    twice[4999] = 3;
+    let copy = ferry::BlockCopy::packed(64, twice, ids.clone()).pool(source, &peer.buffers()[0]);
+    let transfer = prefill
+        .batch(peer)
+        .read_blocks(copy)
+        .submit()
+        .expect("a large block copy is checked while it moves");
+    match transfer.await {
+        Err(Error::Range(error)) => assert!(
+            error
+                .to_string()
+                .contains("local block id 3 at index 4999 is read into twice"),
+            "{error}"
+        ),
+        other => panic!("expected the repeated block to fail its transfer, got {other:?}"),
+    }
+    // Without a race both move every byte.
+    pair.pool
+        .write_at(0, &pattern(5, ENTRIES as usize * 64))
+        .unwrap();
+    let copy = ferry::BlockCopy::packed(64, ids.clone(), ids).pool(source, &peer.buffers()[0]);
+    prefill
+        .batch(peer)
+        .read_blocks(copy)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; ENTRIES as usize * 64];
+    source.read_at(0, &mut landed).unwrap();
+    common::assert_bytes_eq(&landed, &pattern(5, ENTRIES as usize * 64), "the read");
+}
+
+#[tokio::test]
 async fn signals_that_cannot_be_honoured_are_refused() {
     let pair = Pair::new(1 << 16, 1 << 16).await;
     let misaligned = pair

@@ -260,9 +260,10 @@ impl BlockCopy {
 
     /// Checks everything that can be checked before the peer's current buffers are consulted:
     /// lengths, layouts, ids against every pool, every pool against its region and the buffer
-    /// the caller named, and (for reads) that no local block is written twice. Returns the
-    /// highest remote block id (0 without ids), for [`BlockOps::remote_highest`].
-    pub(crate) fn validate(&self, copy: usize, direction: Direction) -> Result<u32, RangeError> {
+    /// the caller named. Returns the highest remote block id (0 without ids), for
+    /// [`BlockOps::remote_highest`]. Whether a read writes a local block twice is
+    /// [`BlockCopy::check_repeats`].
+    pub(crate) fn validate(&self, copy: usize) -> Result<u32, RangeError> {
         let fail = |problem: String| RangeError::Blocks { copy, problem };
         if self.len == 0 || self.pools.is_empty() || self.local_ids.is_empty() {
             return Err(fail(format!(
@@ -323,21 +324,26 @@ impl BlockCopy {
                 }
             }
         }
-        if direction == Direction::Read {
-            // One bit per block: a bool each made this pass most of a large read's host cost.
-            let mut seen = vec![0u64; (local_highest as usize) / 64 + 1];
-            for (index, &id) in self.local_ids.iter().enumerate() {
-                let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
-                let before = seen[word];
-                seen[word] = before | bit;
-                if before & bit != 0 {
-                    return Err(fail(format!(
-                        "local block id {id} at index {index} is read into twice; the copies would race"
-                    )));
-                }
-            }
-        }
         Ok(remote_highest)
+    }
+
+    /// Block ids of this copy (one per pair).
+    pub(crate) fn pairs(&self) -> usize {
+        self.local_ids.len()
+    }
+
+    /// For a read: that no local block id appears twice, since the copies into it would race.
+    /// [`RangeError::Blocks`] naming the second appearance when one does.
+    pub(crate) fn check_repeats(&self, copy: usize) -> Result<(), RangeError> {
+        match repeated(&self.local_ids, highest(&self.local_ids)) {
+            Some((index, id)) => Err(RangeError::Blocks {
+                copy,
+                problem: format!(
+                    "local block id {id} at index {index} is read into twice; the copies would race"
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Resolves every pool against its region use (`uses`, in pool order) and the peer's
@@ -391,6 +397,28 @@ impl BlockCopy {
             after: None,
         }
     }
+}
+
+/// The first id that appears earlier in `ids` too, with its index; every id is at most
+/// `highest`. One bit per id, set without looking at it first, then counted: a branch per id
+/// (or a bool per id) made this check most of a large read's host cost.
+fn repeated(ids: &[u32], highest: u32) -> Option<(usize, u32)> {
+    let words = highest as usize / 64 + 1;
+    let mut seen = vec![0u64; words];
+    for &id in ids {
+        seen[id as usize / 64] |= 1 << (id % 64);
+    }
+    let distinct: usize = seen.iter().map(|word| word.count_ones() as usize).sum();
+    if distinct == ids.len() {
+        return None;
+    }
+    seen.fill(0);
+    ids.iter().enumerate().find_map(|(index, &id)| {
+        let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+        let before = seen[word];
+        seen[word] = before | bit;
+        (before & bit != 0).then_some((index, id))
+    })
 }
 
 /// The highest id, 0 without ids: one pass of vector compares. Built for AVX2 and SSE4.1 as

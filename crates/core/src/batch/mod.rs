@@ -6,8 +6,10 @@
 mod overlap;
 mod plan;
 mod route;
+mod spares;
 mod transfer;
 
+pub(crate) use spares::Spares;
 pub use transfer::{Completion, Transfer};
 
 use crate::blocks::BlockCopy;
@@ -120,13 +122,14 @@ struct Blocks {
 
 impl Batch {
     pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
+        let entries = engine.spares.take();
         Batch {
             state: Box::new(State {
                 engine,
                 peer: peer.clone(),
                 regions: Vec::new(),
                 region_index: HashMap::new(),
-                entries: Vec::new(),
+                entries,
                 blocks: Vec::new(),
                 signal: None,
                 notification: None,
@@ -234,6 +237,11 @@ impl Batch {
     /// Before anything moves: [`Error::Range`] for an empty entry, a local range past its
     /// region's end, or a region of another engine; [`Error::ApiMisuse`] for a batch with
     /// nothing in it or an oversized notification. Remote ranges are checked by the transfer.
+    /// A read into bytes another entry uses ([`Error::ApiMisuse`]) or a read block copy that
+    /// names a local block twice ([`Error::Range`]) is refused here for batches of fewer than
+    /// 4,096 entries or ids; larger ones are checked while their bytes move and fail the
+    /// transfer with the same error (their destinations are then undefined, as after any
+    /// failure), so the check does not delay the copy.
     pub fn submit(self) -> Result<Transfer> {
         let empty = self.is_empty();
         let mut state = *self.state;
@@ -254,8 +262,15 @@ impl Batch {
             }
         }
         check_ranges(&state.entries, &state.regions)?;
+        let mut later = Later::default();
         for (index, blocks) in state.blocks.iter_mut().enumerate() {
-            blocks.remote_highest = blocks.copy.validate(index, blocks.direction)?;
+            blocks.remote_highest = blocks.copy.validate(index)?;
+            if blocks.direction == Direction::Read {
+                match blocks.copy.pairs() < CHECK_WHILE_MOVING {
+                    true => blocks.copy.check_repeats(index)?,
+                    false => later.blocks.push((index, blocks.copy.clone())),
+                }
+            }
         }
         if let Some((addr, _)) = state.signal {
             if addr % 4 != 0 {
@@ -270,10 +285,12 @@ impl Batch {
                 ));
             }
         }
-        if let Some(index) = read_overlap(&state.entries) {
-            return Err(Error::ApiMisuse(format!(
-                "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
-            )));
+        if state.entries.len() < CHECK_WHILE_MOVING {
+            if let Some(index) = read_overlap(&state.entries) {
+                return Err(overlap_error(index));
+            }
+        } else {
+            later.entries = true;
         }
         let mut uses = Vec::with_capacity(state.regions.len());
         for (position, region) in state.regions.iter().enumerate() {
@@ -309,6 +326,7 @@ impl Batch {
             blocks,
             signal,
             after,
+            later,
         };
         Ok(transfer::start(engine, peer, work, notification))
     }
@@ -324,6 +342,49 @@ impl Batch {
         crate::blocking::refuse_on_runtime("Batch::submit_blocking", "Batch::submit()")?;
         self.submit()?.wait()
     }
+}
+
+/// Batches of at least this many entries, and read block copies of at least this many ids,
+/// are checked for reads that race while their bytes move rather than before: the check of a
+/// large read takes a good part of the time its copy does, and a destination is undefined
+/// until its transfer succeeded anyway, so a race found then fails the transfer with the
+/// same error.
+const CHECK_WHILE_MOVING: usize = 4096;
+
+/// The checks of a submitted batch left to run while its bytes move ([`CHECK_WHILE_MOVING`]).
+#[derive(Default)]
+struct Later {
+    /// Whether the entries are checked for a read overlapping another entry.
+    entries: bool,
+    /// Read block copies, with their index in the batch, checked for a local block read into
+    /// twice.
+    blocks: Vec<(usize, BlockCopy)>,
+}
+
+impl Later {
+    fn is_empty(&self) -> bool {
+        !self.entries && self.blocks.is_empty()
+    }
+
+    /// Runs the checks on `entries`, the batch's.
+    fn run(&self, entries: &[Entry]) -> Result<()> {
+        if self.entries {
+            if let Some(index) = read_overlap(entries) {
+                return Err(overlap_error(index));
+            }
+        }
+        for (index, copy) in &self.blocks {
+            copy.check_repeats(*index)?;
+        }
+        Ok(())
+    }
+}
+
+/// The error of a read whose local range overlaps another entry's ([`read_overlap`]).
+fn overlap_error(index: usize) -> Error {
+    Error::ApiMisuse(format!(
+        "entry {index} overlaps the local range of another entry, and one of them is a read into it; the bytes would race, so split the batch"
+    ))
 }
 
 /// Checks that every entry moves at least one byte and stays inside its local region.
@@ -357,6 +418,8 @@ struct Work {
     signal: Option<(u64, u32)>,
     /// What every byte waits for ([`Batch::after`]).
     after: Option<Arc<Event>>,
+    /// Checks that run while the bytes move.
+    later: Later,
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 
 use crate::transport::Direction;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Fewer entries than this in a pair stay flat: a handful of copies costs less as they are.
 pub(super) const MIN_ENTRIES: usize = 8;
@@ -49,18 +50,22 @@ pub(super) struct Shape {
     pub(super) len: u64,
     pub(super) local: SideShape,
     pub(super) remote: SideShape,
-}
-
-/// A pair's entries as block ids: block `local_ids[i]` here to or from `remote_ids[i]` there.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Ids {
-    pub(super) local: Vec<u32>,
-    pub(super) remote: Vec<u32>,
-    /// The highest remote id.
+    /// Whether some entry holds several blocks.
+    pub(super) runs: bool,
+    /// Blocks of all entries.
+    pub(super) blocks: u64,
+    /// The highest remote block id.
     pub(super) remote_highest: u32,
 }
 
-/// The entries of one direction, local region and peer buffer.
+/// A pair's entries as block ids: block `local[i]` here to or from `remote[i]` there.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Ids {
+    pub(super) local: Arc<[u32]>,
+    pub(super) remote: Arc<[u32]>,
+}
+
+/// The entries of one direction, local region and peer buffer, by their index in the batch.
 #[derive(Debug)]
 pub(super) struct Pair {
     pub(super) direction: Direction,
@@ -70,7 +75,9 @@ pub(super) struct Pair {
     pub(super) remote: u32,
     /// The transport that carries the pair.
     pub(super) transport: usize,
-    pub(super) pieces: Vec<Piece>,
+    /// The entries' indices in the batch (an index, not a copy: a large batch's entries
+    /// copied once more cost more than planning them).
+    pub(super) entries: Vec<u32>,
 }
 
 /// Collects entries into pairs, in the order pairs are first seen.
@@ -82,7 +89,7 @@ pub(super) struct Pairs {
 }
 
 impl Pairs {
-    /// Adds `piece` to the pair `(direction, region, remote)`, carried by `transport`.
+    /// Adds entry `entry` to the pair `(direction, region, remote)`, carried by `transport`.
     #[inline]
     pub(super) fn add(
         &mut self,
@@ -90,7 +97,7 @@ impl Pairs {
         region: u32,
         remote: u32,
         transport: usize,
-        piece: Piece,
+        entry: u32,
     ) {
         let key = (direction, region, remote);
         // Callers list one tensor's blocks one after another: the last pair usually takes the
@@ -105,7 +112,7 @@ impl Pairs {
                         region,
                         remote,
                         transport,
-                        pieces: Vec::new(),
+                        entries: Vec::new(),
                     });
                     pairs.len() - 1
                 });
@@ -113,7 +120,7 @@ impl Pairs {
                 slot
             }
         };
-        self.pairs[slot].pieces.push(piece);
+        self.pairs[slot].entries.push(entry);
     }
 
     /// The pairs, in the order first seen.
@@ -168,23 +175,31 @@ impl Divisor {
 }
 
 /// The paged shape of `pieces`, or `None` when they are better left flat: too few, blocks too
-/// short, entries that do not start on one block grid on both sides, or too many blocks.
-pub(super) fn shape(pieces: &[Piece]) -> Option<Shape> {
-    let first = *pieces.first()?;
-    if pieces.len() < MIN_ENTRIES {
+/// short, entries that do not start on one block grid on both sides, too many blocks, or ids
+/// past 32 bits.
+pub(super) fn shape<I>(pieces: I) -> Option<Shape>
+where
+    I: ExactSizeIterator<Item = Piece> + Clone,
+{
+    let count = pieces.len() as u64;
+    if count < MIN_ENTRIES as u64 {
         return None;
     }
+    let mut rest = pieces.clone();
+    let first = rest.next()?;
     let mut len = first.len;
-    let mut local_step = 0;
-    let mut remote_step = 0;
+    let (mut local_step, mut remote_step) = (0, 0);
+    let (mut local_end, mut remote_end) = (first.local + first.len, first.remote + first.len);
     let mut runs = false;
-    for piece in &pieces[1..] {
+    for piece in rest {
         if piece.len != len {
             runs = true;
             len = fold(len, piece.len);
         }
         local_step = fold(local_step, piece.local.abs_diff(first.local));
         remote_step = fold(remote_step, piece.remote.abs_diff(first.remote));
+        local_end = local_end.max(piece.local + piece.len);
+        remote_end = remote_end.max(piece.remote + piece.len);
     }
     if len < MIN_BLOCK {
         return None;
@@ -202,53 +217,70 @@ pub(super) fn shape(pieces: &[Piece]) -> Option<Shape> {
             offset: start % stride,
         })
     };
-    let shape = Shape {
-        len,
-        local: side(local_step, first.local)?,
-        remote: side(remote_step, first.remote)?,
+    let (local, remote) = (
+        side(local_step, first.local)?,
+        side(remote_step, first.remote)?,
+    );
+    // The furthest block on each side starts a block before the furthest end, on the grid.
+    let highest =
+        |end: u64, side: SideShape| u32::try_from((end - len - side.offset) / side.stride);
+    let (Ok(_), Ok(remote_highest)) = (highest(local_end, local), highest(remote_end, remote))
+    else {
+        return None;
     };
-    if runs {
-        let blocks: u64 = pieces.iter().map(|piece| piece.len / len).sum();
-        if blocks > MAX_BLOCKS_PER_ENTRY.saturating_mul(pieces.len() as u64) {
-            return None;
+    let blocks = match runs {
+        true => {
+            let divisor = Divisor::new(len);
+            pieces.map(|piece| divisor.divide(piece.len)).sum()
         }
+        false => count,
+    };
+    if blocks > MAX_BLOCKS_PER_ENTRY.saturating_mul(count) || usize::try_from(blocks).is_err() {
+        return None;
     }
-    Some(shape)
+    Some(Shape {
+        len,
+        local,
+        remote,
+        runs,
+        blocks,
+        remote_highest,
+    })
 }
 
-/// The block ids of `pieces` in `shape` (from [`shape`]), or `None` when an id does not fit
-/// in 32 bits.
-pub(super) fn ids(pieces: &[Piece], shape: Shape) -> Option<Ids> {
-    let local_stride = Divisor::new(shape.local.stride);
-    let remote_stride = Divisor::new(shape.remote.stride);
-    let len = Divisor::new(shape.len);
-    let mut ids = Ids {
-        local: Vec::with_capacity(pieces.len()),
-        remote: Vec::with_capacity(pieces.len()),
-        remote_highest: 0,
-    };
-    let mut highest = 0u64;
-    for piece in pieces {
-        // `shape` put every piece's start on its side's grid.
-        let local = local_stride.divide(piece.local - shape.local.offset);
-        let remote = remote_stride.divide(piece.remote - shape.remote.offset);
-        let blocks = len.divide(piece.len);
-        let last = remote + blocks - 1;
-        if local + blocks - 1 > u64::from(u32::MAX) || last > u64::from(u32::MAX) {
-            return None;
-        }
-        highest = highest.max(last);
-        // u32 conversions below are exact: both ends were checked above.
-        if blocks == 1 {
-            ids.local.push(local as u32);
-            ids.remote.push(remote as u32);
-        } else {
-            ids.local.extend(local as u32..=(local + blocks - 1) as u32);
-            ids.remote.extend(remote as u32..=last as u32);
-        }
+/// The block ids of `pieces` in `shape` (from [`shape`], which checked that they fit).
+pub(super) fn ids<I>(pieces: I, shape: Shape) -> Ids
+where
+    I: ExactSizeIterator<Item = Piece> + Clone,
+{
+    let local = Divisor::new(shape.local.stride);
+    let remote = Divisor::new(shape.remote.stride);
+    // `shape` put every piece's start on its side's grid and every id below 2^32.
+    let local_id = move |piece: &Piece| local.divide(piece.local - shape.local.offset) as u32;
+    let remote_id = move |piece: &Piece| remote.divide(piece.remote - shape.remote.offset) as u32;
+    if !shape.runs {
+        // One id a piece: collected straight into the shared lists, one allocation each.
+        return Ids {
+            local: pieces.clone().map(|piece| local_id(&piece)).collect(),
+            remote: pieces.map(|piece| remote_id(&piece)).collect(),
+        };
     }
-    ids.remote_highest = highest as u32;
-    Some(ids)
+    let len = Divisor::new(shape.len);
+    let (mut locals, mut remotes) = (
+        Vec::with_capacity(shape.blocks as usize),
+        Vec::with_capacity(shape.blocks as usize),
+    );
+    for piece in pieces {
+        // `blocks >= 1`: every piece is at least a block long.
+        let blocks = len.divide(piece.len) as u32 - 1;
+        let (local, remote) = (local_id(&piece), remote_id(&piece));
+        locals.extend(local..=local + blocks);
+        remotes.extend(remote..=remote + blocks);
+    }
+    Ids {
+        local: locals.into(),
+        remote: remotes.into(),
+    }
 }
 
 #[cfg(test)]

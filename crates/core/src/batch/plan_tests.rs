@@ -28,12 +28,12 @@ fn whole_blocks_become_their_ids() {
         ],
         BLOCK,
     );
-    let shape = shape(&pieces).expect("block shape");
+    let shape = shape(pieces.iter().copied()).expect("block shape");
     assert_eq!(shape.len, BLOCK);
     assert_eq!(shape.local.offset, 0);
     assert_eq!(shape.remote.offset, 0);
     assert_eq!(shape.local.stride % BLOCK, 0);
-    let ids = ids(&pieces, shape).expect("ids fit");
+    let ids = ids(pieces.iter().copied(), shape);
     // Ids are in units of the inferred stride, which may be a multiple of the block when
     // every offset happens to be one: map them back to byte offsets to compare.
     let local: Vec<u64> = ids
@@ -55,7 +55,7 @@ fn whole_blocks_become_their_ids() {
         pieces.iter().map(|piece| piece.remote).collect::<Vec<_>>()
     );
     assert_eq!(
-        u64::from(ids.remote_highest) * shape.remote.stride,
+        u64::from(shape.remote_highest) * shape.remote.stride,
         63 * BLOCK
     );
 }
@@ -73,7 +73,7 @@ fn runs_of_consecutive_blocks_are_split_into_blocks() {
         })
         .collect();
     pieces.extend(blocks(&[(20, 40), (21, 41), (22, 42), (23, 43)], BLOCK));
-    let shape = shape(&pieces).expect("block shape");
+    let shape = shape(pieces.iter().copied()).expect("block shape");
     assert_eq!(
         shape,
         Shape {
@@ -86,18 +86,20 @@ fn runs_of_consecutive_blocks_are_split_into_blocks() {
                 stride: BLOCK,
                 offset: 0
             },
+            runs: true,
+            blocks: 14,
+            remote_highest: 43,
         }
     );
-    let ids = ids(&pieces, shape).expect("ids fit");
+    let ids = ids(pieces.iter().copied(), shape);
     assert_eq!(
-        ids.local,
-        vec![0, 1, 2, 5, 7, 8, 9, 10, 12, 13, 20, 21, 22, 23]
+        *ids.local,
+        [0, 1, 2, 5, 7, 8, 9, 10, 12, 13, 20, 21, 22, 23]
     );
     assert_eq!(
-        ids.remote,
-        vec![10, 11, 12, 20, 30, 31, 32, 33, 2, 3, 40, 41, 42, 43]
+        *ids.remote,
+        [10, 11, 12, 20, 30, 31, 32, 33, 2, 3, 40, 41, 42, 43]
     );
-    assert_eq!(ids.remote_highest, 43);
 }
 
 #[test]
@@ -121,7 +123,7 @@ fn slices_at_one_offset_of_each_block_keep_the_block_stride() {
         len: 12 << 10,
     })
     .collect();
-    let shape = shape(&pieces).expect("sliced block shape");
+    let shape = shape(pieces.iter().copied()).expect("sliced block shape");
     assert_eq!(shape.len, 12 << 10);
     assert_eq!(
         shape.local,
@@ -137,9 +139,9 @@ fn slices_at_one_offset_of_each_block_keep_the_block_stride() {
             offset: 0
         }
     );
-    let ids = ids(&pieces, shape).expect("ids fit");
-    assert_eq!(ids.local, vec![1, 4, 9, 2, 7, 3, 6, 0]);
-    assert_eq!(ids.remote, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+    let ids = ids(pieces.iter().copied(), shape);
+    assert_eq!(*ids.local, [1, 4, 9, 2, 7, 3, 6, 0]);
+    assert_eq!(*ids.remote, [0, 1, 2, 3, 4, 5, 6, 7]);
 }
 
 #[test]
@@ -153,9 +155,17 @@ fn entries_off_one_grid_short_or_few_stay_flat() {
         remote: 0,
         len: BLOCK,
     });
-    assert_eq!(shape(&crooked), None, "one entry off the grid of the rest");
+    assert_eq!(
+        shape(crooked.iter().copied()),
+        None,
+        "one entry off the grid of the rest"
+    );
     let few = blocks(&[(1, 1), (2, 2)], BLOCK);
-    assert_eq!(shape(&few), None, "too few to gain from a block copy");
+    assert_eq!(
+        shape(few.iter().copied()),
+        None,
+        "too few to gain from a block copy"
+    );
     let tiny = blocks(
         &[
             (1, 1),
@@ -169,7 +179,7 @@ fn entries_off_one_grid_short_or_few_stay_flat() {
         ],
         16,
     );
-    assert_eq!(shape(&tiny), None, "blocks of 16 bytes");
+    assert_eq!(shape(tiny.iter().copied()), None, "blocks of 16 bytes");
     let mut odd = blocks(
         &[(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)],
         BLOCK,
@@ -180,11 +190,11 @@ fn entries_off_one_grid_short_or_few_stay_flat() {
         len: BLOCK + 8,
     });
     assert_eq!(
-        shape(&odd),
+        shape(odd.iter().copied()),
         None,
         "an odd length would cut blocks of 8 bytes"
     );
-    assert_eq!(shape(&[]), None);
+    assert_eq!(shape(std::iter::empty::<Piece>()), None);
 }
 
 #[test]
@@ -203,8 +213,7 @@ fn ids_past_32_bits_leave_the_pair_flat() {
         ],
         64,
     );
-    let shape = shape(&pieces).expect("block shape");
-    assert_eq!(ids(&pieces, shape), None);
+    assert_eq!(shape(pieces.iter().copied()), None);
 }
 
 #[test]
@@ -216,10 +225,10 @@ fn the_same_block_sent_to_many_places_is_one_id_repeated() {
             len: BLOCK,
         })
         .collect();
-    let shape = shape(&pieces).expect("block shape");
-    let ids = ids(&pieces, shape).expect("ids fit");
-    assert_eq!(ids.local, vec![5; 8]);
-    assert_eq!(ids.remote, (0..8).collect::<Vec<u32>>());
+    let shape = shape(pieces.iter().copied()).expect("block shape");
+    let ids = ids(pieces.iter().copied(), shape);
+    assert_eq!(*ids.local, [5; 8]);
+    assert_eq!(*ids.remote, (0..8).collect::<Vec<u32>>());
 }
 
 #[test]

@@ -77,7 +77,7 @@ fn route(
         .iter()
         .map(|_| TransferOps::new(Arc::clone(uses), Arc::clone(buffers), 0))
         .collect();
-    let may_plan = entries.len() >= plan::MIN_ENTRIES;
+    let may_plan = entries.len() >= plan::MIN_ENTRIES && u32::try_from(entries.len()).is_ok();
     let mut pairs = Pairs::default();
     // Consecutive entries mostly share their region and remote buffer, so their route too:
     // an entry inside the previous entry's buffer skips the search and the choice.
@@ -122,16 +122,13 @@ fn route(
             }
         };
         if route.plans {
+            // `may_plan` checked that every index fits.
             pairs.add(
                 entry.direction,
                 entry.region,
                 route.remote,
                 route.transport,
-                Piece {
-                    local: entry.offset,
-                    remote: entry.remote_addr - route.remote_start,
-                    len: entry.len,
-                },
+                index as u32,
             );
             continue;
         }
@@ -149,7 +146,7 @@ fn route(
             len: entry.len,
         });
     }
-    let planned = plan_pairs(pairs, uses, buffers, &mut groups);
+    let planned = plan_pairs(pairs, entries, uses, buffers, &mut groups);
     let groups = groups
         .into_iter()
         .enumerate()
@@ -163,6 +160,7 @@ fn route(
 /// the other pairs go to their transport's `groups` as ops.
 fn plan_pairs(
     pairs: Pairs,
+    entries: &[Entry],
     uses: &[Arc<RegionUse>],
     buffers: &[Arc<BufferDescriptor>],
     groups: &mut [TransferOps],
@@ -171,11 +169,17 @@ fn plan_pairs(
     for pair in pairs.into_pairs() {
         let region = &uses[pair.region as usize];
         let remote = &buffers[pair.remote as usize];
-        let paged = plan::shape(&pair.pieces)
-            .and_then(|shape| plan::ids(&pair.pieces, shape).map(|ids| (shape, ids)));
-        let Some((shape, ids)) = paged else {
+        let pieces = pair.entries.iter().map(|&index| {
+            let entry = &entries[index as usize];
+            Piece {
+                local: entry.offset,
+                remote: entry.remote_addr - remote.addr,
+                len: entry.len,
+            }
+        });
+        let Some(shape) = plan::shape(pieces.clone()) else {
             let group = &mut groups[pair.transport];
-            for piece in &pair.pieces {
+            for piece in pieces {
                 group.push_merged(TransferOp {
                     direction: pair.direction,
                     region: pair.region,
@@ -187,6 +191,7 @@ fn plan_pairs(
             }
             continue;
         };
+        let ids = plan::ids(pieces, shape);
         let pool = BlockPoolOp {
             region: Arc::clone(region),
             local_base: region.entry.info.addr,
@@ -217,9 +222,9 @@ fn plan_pairs(
                 local_offset: shape.local.offset,
                 remote_stride: shape.remote.stride,
                 remote_offset: shape.remote.offset,
-                local_ids: ids.local.into(),
-                remote_ids: ids.remote.into(),
-                remote_highest: ids.remote_highest,
+                local_ids: ids.local,
+                remote_ids: ids.remote,
+                remote_highest: shape.remote_highest,
                 after: None,
             },
         ));

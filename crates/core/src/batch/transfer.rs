@@ -159,6 +159,7 @@ async fn run(
     // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
     let entries = std::mem::take(&mut work.entries);
     let after = work.after.take();
+    let later = std::mem::take(&mut work.later);
     drop(work);
     // A batch that goes whole through the link that carries the peer's notifications hands
     // that link its notification, which it may release right after the copies.
@@ -166,10 +167,12 @@ async fn run(
         ([(transport, _)], []) | ([], [(transport, _)]) => Some(*transport),
         _ => None,
     };
+    // A batch with checks left keeps its notification until they passed.
     let handed = match only {
         Some(transport)
             if notification.is_some()
                 && signal.is_none()
+                && later.is_empty()
                 && peer.message_transport(engine) == Some(transport) =>
         {
             notification.take()
@@ -203,8 +206,15 @@ async fn run(
             move_part(link.as_ref(), TransferPart::Blocks(blocks), handed).await
         }));
     }
-    let limit = engine.transfer_timeout;
     let moves_data = !pending.is_empty();
+    if !later.is_empty() {
+        // Last in the join, so the parts before it have started their copies when it runs.
+        let (later, entries) = (&later, &entries);
+        pending.push(Box::pin(async move {
+            later.run(entries).map(|()| Notified::Left)
+        }));
+    }
+    let limit = engine.transfer_timeout;
     // Every part runs to its end, even after another failed or the time ran out: a part
     // dropped half-way would release its regions and mappings while a GPU may still be
     // copying through them. Closing the peer makes the network parts fail at once.
@@ -240,6 +250,7 @@ async fn run(
                 .collect();
             error.in_batch(&ranges)
         })?;
+    engine.spares.give(entries);
     match (handed, notified.as_slice()) {
         (Some(_), [Notified::Sent]) => crate::telemetry::notification_sent(),
         (Some(payload), _) => notification = Some(payload),

@@ -305,6 +305,7 @@ impl EngineBuilder {
             gpus,
             shutting_down: AtomicBool::new(false),
             tasks: super::task::Tasks::default(),
+            spares: crate::batch::Spares::default(),
         });
         crate::local::remember(instance, &inner.table);
         let describer = Arc::downgrade(&inner);

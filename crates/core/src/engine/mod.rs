@@ -58,6 +58,8 @@ pub(crate) struct EngineInner {
     pub(crate) shutting_down: AtomicBool,
     /// The tasks it started ([`EngineInner::start_task`]), dropped when it stops.
     pub(crate) tasks: task::Tasks,
+    /// Entry lists of finished batches, for the next ones.
+    pub(crate) spares: crate::batch::Spares,
 }
 
 impl EngineInner {
