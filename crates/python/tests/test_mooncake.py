@@ -366,6 +366,45 @@ def test_remote_range_outside_the_peer_registration_fails_and_writes_nothing(loc
     assert local.get(0, 64) == b"\xff" * 64
 
 
+def test_a_long_list_moves_in_parts_and_a_bad_entry_anywhere_moves_nothing(local, peer):
+    # 20,000 entries of 128 bytes, scattered: more than one part of the engine's submission.
+    count, size = 20_000, 128
+    sources = [(index * 7919) % count for index in range(count)]
+    data = pattern(5, count * size)
+    local.put(0, data)
+    code = local.engine.batch_transfer_sync_write(
+        peer.session,
+        [local.addr + source * size for source in sources],
+        [peer.addr + index * size for index in range(count)],
+        [size] * count,
+    )
+    assert code == 0
+    expected = b"".join(data[source * size : (source + 1) * size] for source in sources)
+    assert peer.digest(0, count * size) == hashlib.sha256(expected).hexdigest()
+
+    batch = local.engine.batch_transfer_async_read(
+        peer.session,
+        [local.addr + 3_000_000 - (index + 1) * size for index in range(count)],
+        [peer.addr + index * size for index in range(count)],
+        [size] * count,
+    )
+    assert batch != 0
+    assert local.engine.get_batch_transfer_status([batch]) == 0
+    landed = local.get(3_000_000 - count * size, count * size)
+    chunks = [expected[index * size : (index + 1) * size] for index in range(count)]
+    assert landed == b"".join(reversed(chunks))
+
+    # The last entry lies past the peer's registration: the call fails and no part moved.
+    peer.fill(0, bytes(count * size))
+    remote = [peer.addr + index * size for index in range(count)]
+    remote[-1] = peer.addr + peer.size - 16
+    code = local.engine.batch_transfer_sync_write(
+        peer.session, [local.addr + index * size for index in range(count)], remote, [size] * count
+    )
+    assert code == -1
+    assert peer.digest(0, count * size) == hashlib.sha256(bytes(count * size)).hexdigest()
+
+
 def test_unreachable_target_fails(local):
     target = f"127.0.0.1:{unused_port()}"
     assert local.engine.transfer_sync_write(target, local.addr, local.addr, 8) == -1

@@ -2,6 +2,7 @@
 //! engine session that takes raw addresses (the engine itself plans their flat entries into
 //! paged block copies), and the notification form that carries the sender's name.
 
+pub(crate) mod moving;
 pub(crate) mod notify;
 pub(crate) mod paged;
 pub(crate) mod regions;

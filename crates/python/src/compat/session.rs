@@ -2,10 +2,11 @@
 //! plus the bookkeeping such callers imply (registrations by containment, peers by session
 //! name, paged copies named by addresses).
 
+use super::moving::Moving;
 use super::paged::{extent, PagedCopy};
 use super::regions::Regions;
 use super::spans::{self, Outside, Span};
-use ferry::{BlockCopy, BufferDescriptor, Direction, Engine, Notifications, Peer, Transfer};
+use ferry::{BlockCopy, BufferDescriptor, Direction, Engine, Notifications, Peer};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,30 +78,6 @@ impl OpenPeer {
             buffers: buffers.into(),
             spans: spans.into(),
         }
-    }
-
-    /// Whether every entry's peer range lies inside a buffer the peer registered, as far as
-    /// this engine knows; the first one outside when not. Checked here so that Mooncake's
-    /// callers learn it from the call, as they do from Mooncake's engine.
-    fn check(&self, entries: &[Entry]) -> Result<(), String> {
-        let mut last = None;
-        for &(_, remote, len) in entries {
-            let inside = last
-                .and_then(|index| {
-                    let (start, span_len): Span = self.spans[index];
-                    (remote >= start
-                        && remote
-                            .checked_add(len)
-                            .is_some_and(|end| end <= start.saturating_add(span_len)))
-                    .then_some(index)
-                })
-                .or_else(|| spans::holding(&self.spans, remote, len));
-            match inside {
-                Some(index) => last = Some(index),
-                None => return Err(format!("peer range {remote:#x}+{len} is not inside memory the peer registered; the peer must register_memory it first")),
-            }
-        }
-        Ok(())
     }
 }
 
@@ -245,56 +222,72 @@ impl Session {
         Ok(peer)
     }
 
-    /// Submits `entries` to `target` as one batch, with the notification payload `notify`
-    /// delivered after the data.
+    /// Submits `entries` to `target`, with the notification payload `notify` delivered after
+    /// the data. Every range is checked first; then long lists without a notification go as
+    /// several batches of [`PART_ENTRIES`], each submitted as soon as it is built, so the
+    /// first part's bytes move while the rest are planned.
     pub(crate) fn submit(
         &self,
         target: &str,
         direction: Direction,
         entries: &[Entry],
         notify: Option<Vec<u8>>,
-    ) -> Result<Transfer, String> {
+    ) -> Result<Moving, String> {
         if entries.is_empty() && notify.is_none() {
             return Err("the batch is empty; pass at least one buffer".into());
         }
         let mut peer = self.peer(target)?;
-        if let Err(outside) = peer.check(entries) {
-            // The peer may have registered it after this engine fetched its descriptor.
-            peer = self.reconnect(target)?;
-            peer.check(entries).map_err(|_| outside)?;
-        }
         let regions = self.regions.read();
-        let mut batch = self.engine.batch(&peer.peer);
-        // Callers list one tensor's blocks one after another: the last entry's region usually
-        // holds the next one too, which spares the search.
-        let mut last: Option<(u64, u64, &ferry::Region)> = None;
-        for &(local, remote, len) in entries {
-            let (region, offset) = match last {
-                Some((start, region_len, region))
-                    if local >= start
-                        && local
-                            .checked_add(len)
-                            .is_some_and(|end| end <= start + region_len) =>
-                {
-                    (region, local - start)
-                }
-                _ => {
-                    let (region, offset) = regions.containing(local, len)?;
-                    last = Some((local - offset, region.len(), region));
-                    (region, offset)
-                }
-            };
-            // The engine plans entries of block shape into block copies for links that move
-            // those faster, and checks the peer's ranges against its buffers.
-            batch = match direction {
-                Direction::Write => batch.write(region, offset, remote, len),
-                Direction::Read => batch.read(region, offset, remote, len),
-            };
+        match check(&regions, &peer, entries) {
+            Err(Outside::Peer(outside)) => {
+                // The peer may have registered it after this engine fetched its descriptor.
+                peer = self.reconnect(target)?;
+                check(&regions, &peer, entries).map_err(|_| outside)?;
+            }
+            checked => checked.map_err(|outside| outside.to_string())?,
+        }
+        let size = match notify {
+            Some(_) => entries.len().max(1),
+            None => PART_ENTRIES,
+        };
+        let mut parts = Vec::with_capacity(entries.len().div_ceil(size));
+        let mut notify = notify;
+        for part in entries.chunks(size) {
+            let mut batch = self.engine.batch(&peer.peer);
+            // Callers list one tensor's blocks one after another: the last entry's region
+            // usually holds the next one too, which spares the search.
+            let mut last: Option<(u64, u64, &ferry::Region)> = None;
+            for &(local, remote, len) in part {
+                let (region, offset) = match last {
+                    Some((start, region_len, region))
+                        if local >= start && local + len <= start + region_len =>
+                    {
+                        (region, local - start)
+                    }
+                    _ => {
+                        let (region, offset) = regions.containing(local, len)?;
+                        last = Some((local - offset, region.len(), region));
+                        (region, offset)
+                    }
+                };
+                // The engine plans entries of block shape into block copies for links that
+                // move those faster.
+                batch = match direction {
+                    Direction::Write => batch.write(region, offset, remote, len),
+                    Direction::Read => batch.read(region, offset, remote, len),
+                };
+            }
+            if let Some(payload) = notify.take() {
+                batch = batch.notify(payload);
+            }
+            parts.push(batch.submit().map_err(|error| error.to_string())?);
         }
         if let Some(payload) = notify {
-            batch = batch.notify(payload);
+            // No entries: the notification alone.
+            let batch = self.engine.batch(&peer.peer).notify(payload);
+            parts.push(batch.submit().map_err(|error| error.to_string())?);
         }
-        batch.submit().map_err(|error| error.to_string())
+        Ok(Moving::new(parts))
     }
 
     /// Submits paged copies named by addresses to `target` as one batch, with the
@@ -306,7 +299,7 @@ impl Session {
         direction: Direction,
         copies: &[PagedCopy],
         notify: Option<Vec<u8>>,
-    ) -> Result<Transfer, String> {
+    ) -> Result<Moving, String> {
         if copies.is_empty() && notify.is_none() {
             return Err("the transfer is empty; pass at least one descriptor".into());
         }
@@ -324,7 +317,10 @@ impl Session {
         if let Some(payload) = notify {
             batch = batch.notify(payload);
         }
-        batch.submit().map_err(|error| error.to_string())
+        batch
+            .submit()
+            .map(|transfer| Moving::new(vec![transfer]))
+            .map_err(|error| error.to_string())
     }
 
     /// Sends `payload` to `target` on its own, once the peer accepted it.
@@ -344,6 +340,38 @@ impl Session {
         }
         notes
     }
+}
+
+/// Entries of the address-based APIs go in batches of at most this many when they carry no
+/// notification: large enough that each batch's block copies fill the GPU, small enough that
+/// the first batch's bytes move early while the host plans the rest.
+const PART_ENTRIES: usize = 8192;
+
+/// Whether every entry's local range lies inside memory registered here and its peer range
+/// inside a buffer the peer registered (as far as this engine knows); the first one outside
+/// when not. Checked before anything is submitted, so that a bad entry fails the call with
+/// nothing moved, as Mooncake's engine does.
+fn check(regions: &Regions, peer: &OpenPeer, entries: &[Entry]) -> Result<(), Outside> {
+    let mut local_span: Option<Span> = None;
+    let mut remote_span: Option<usize> = None;
+    let inside = |(start, len): Span, addr: u64, size: u64| {
+        addr >= start
+            && addr
+                .checked_add(size)
+                .is_some_and(|end| end <= start.saturating_add(len))
+    };
+    for &(local, remote, len) in entries {
+        if !local_span.is_some_and(|span| inside(span, local, len)) {
+            let (region, offset) = regions.containing(local, len).map_err(Outside::Local)?;
+            local_span = Some((local - offset, region.len()));
+        }
+        if !remote_span.is_some_and(|index| inside(peer.spans[index], remote, len)) {
+            remote_span = Some(spans::holding(&peer.spans, remote, len).ok_or_else(|| {
+                Outside::Peer(format!("peer range {remote:#x}+{len} is not inside memory the peer registered; the peer must register_memory it first"))
+            })?);
+        }
+    }
+    Ok(())
 }
 
 /// `batch` with `copy` added in `direction`.

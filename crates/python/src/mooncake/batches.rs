@@ -1,9 +1,8 @@
 //! Mooncake's batch ids: transfers started by the `*_async` calls, kept until their end is
 //! reported, and the status codes Mooncake returns for them.
 
+use crate::compat::moving::Moving;
 use crate::compat::session::WAIT_SPIN;
-use ferry::Transfer;
-use futures::FutureExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +18,7 @@ pub(crate) const TIMED_OUT: i32 = -2;
 
 /// The transfers behind the batch ids handed out; ids start at 1 (0 is Mooncake's failure).
 pub(crate) struct Batches {
-    transfers: Mutex<HashMap<u64, Transfer>>,
+    transfers: Mutex<HashMap<u64, Moving>>,
     next: AtomicU64,
 }
 
@@ -34,7 +33,7 @@ impl Default for Batches {
 
 impl Batches {
     /// Keeps `transfer` under a new batch id.
-    pub(crate) fn track(&self, transfer: Transfer) -> u64 {
+    pub(crate) fn track(&self, transfer: Moving) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.transfers.lock().insert(id, transfer);
         id
@@ -46,7 +45,7 @@ impl Batches {
         let Some(transfer) = transfers.get_mut(&id) else {
             return FAILED;
         };
-        let Some(outcome) = transfer.now_or_never() else {
+        let Some(outcome) = transfer.try_outcome() else {
             return PENDING;
         };
         transfers.remove(&id);
@@ -56,7 +55,7 @@ impl Batches {
     /// Waits for every batch of `ids`: `0` when all moved, `-1` when any failed, timed out
     /// or is unknown. The ids are forgotten.
     pub(crate) fn wait_all(&self, ids: &[u64]) -> i32 {
-        let transfers: Vec<Option<Transfer>> = {
+        let transfers: Vec<Option<Moving>> = {
             let mut tracked = self.transfers.lock();
             ids.iter().map(|id| tracked.remove(id)).collect()
         };

@@ -11,11 +11,11 @@ mod metadata;
 mod notes;
 mod xfer;
 
+use crate::compat::moving::Moving;
 use crate::compat::session::{RdmaChoice, Session};
 use dlist::DescList;
 use errors::NixlError;
-use ferry::{Direction, Transfer};
-use futures::FutureExt;
+use ferry::Direction;
 use metadata::{AgentMetadata, Registration};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -45,7 +45,7 @@ enum State {
     Ready,
     /// Posted and moving.
     Running {
-        transfer: Transfer,
+        transfer: Moving,
         posted: Instant,
         started_us: u64,
         post_us: u64,
@@ -107,7 +107,7 @@ impl Xfer {
         } = &mut self.state
         {
             let (started_us, post_us) = (*started_us, *post_us);
-            match transfer.now_or_never() {
+            match transfer.try_outcome() {
                 None => return Status::Proc,
                 Some(Ok(_)) => {
                     let xfer_us = posted.elapsed().as_micros() as u64;
