@@ -89,6 +89,12 @@ const ENTRIES: u64 = TENSORS * REQUEST_BLOCKS;
 /// Block ids of the token-granularity request, and the blocks of its one pool.
 const TOKEN_IDS: u64 = 250_000;
 const TOKEN_POOL_BLOCKS: u64 = 1 << 18;
+/// The MLA request (`ferry bench`'s mla-tokens): 61 layer pools of 8,192 tokens of 1,152
+/// bytes, 4,096 tokens a layer in runs of 1-64 tokens.
+const MLA_LAYERS: u64 = 61;
+const MLA_POOL_TOKENS: u64 = 8192;
+const MLA_TOKEN: u64 = 1152;
+const MLA_REQUEST_TOKENS: u64 = 4096;
 
 struct Sides {
     _decode: Engine,
@@ -323,6 +329,43 @@ fn submit_cost(c: &mut Criterion) {
             })
         })
     });
+    group.finish();
+    drop(sides);
+
+    // A latent (MLA) cache is per token: the request's runs as one entry each, or one entry
+    // per token as a caller that lists tokens sends them; the planner keeps both as runs.
+    let pool = MLA_POOL_TOKENS * MLA_TOKEN;
+    let sides = engines(MLA_LAYERS * pool, true);
+    let runs = block_runs(MLA_REQUEST_TOKENS, MLA_POOL_TOKENS);
+    let mla = |per_token: bool| {
+        let mut batch = sides.prefill.batch(&sides.peer);
+        for layer in 0..MLA_LAYERS {
+            for &(local, remote, count) in &runs {
+                let (local, remote) = (
+                    layer * pool + local * MLA_TOKEN,
+                    sides.remote.addr + layer * pool + remote * MLA_TOKEN,
+                );
+                if !per_token {
+                    batch = batch.write(&sides.source, local, remote, count * MLA_TOKEN);
+                    continue;
+                }
+                for token in 0..count {
+                    let at = token * MLA_TOKEN;
+                    batch = batch.write(&sides.source, local + at, remote + at, MLA_TOKEN);
+                }
+            }
+        }
+        batch
+    };
+    let mut group = timed_group(c, "submit the 249,856-token MLA request");
+    for (name, per_token) in [
+        ("runs of 1-64 tokens, one entry a run", false),
+        ("one entry a token", true),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iterations| timed_submits(iterations, || mla(per_token)))
+        });
+    }
     group.finish();
 }
 

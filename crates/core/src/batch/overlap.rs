@@ -6,7 +6,7 @@
 //! whose grid would need too large a bitmap, and batches where the bitmaps found an overlap
 //! (to name the entry the same way every time), are sorted by offset instead.
 
-use super::plan::fold;
+use super::plan::Gcd;
 use super::Entry;
 use crate::transport::Direction;
 
@@ -36,7 +36,7 @@ pub(super) fn read_overlap(entries: &[Entry]) -> Option<usize> {
 #[derive(Default, Clone)]
 struct Grid {
     /// The greatest common divisor of every offset and length: a cell of the grid.
-    cell: u64,
+    cell: Gcd,
     /// The end of the furthest entry.
     end: u64,
     entries: u64,
@@ -55,7 +55,8 @@ fn grid_overlap(entries: &[Entry]) -> Option<bool> {
             grids.resize(region + 1, Grid::default());
         }
         let grid = &mut grids[region];
-        grid.cell = fold(fold(grid.cell, entry.offset), entry.len);
+        grid.cell.fold(entry.offset);
+        grid.cell.fold(entry.len);
         grid.end = grid.end.max(entry.offset.checked_add(entry.len)?);
         grid.entries += 1;
     }
@@ -63,7 +64,7 @@ fn grid_overlap(entries: &[Entry]) -> Option<bool> {
         if grid.entries == 0 {
             continue;
         }
-        let cells = grid.end.div_ceil(grid.cell);
+        let cells = grid.end.div_ceil(grid.cell.value());
         if cells > CELLS_PER_ENTRY.saturating_mul(grid.entries) + SPARE_CELLS {
             return None;
         }
@@ -73,8 +74,8 @@ fn grid_overlap(entries: &[Entry]) -> Option<bool> {
     }
     for entry in entries {
         let grid = &mut grids[entry.region as usize];
-        let first = entry.offset / grid.cell;
-        let end = first + entry.len / grid.cell;
+        let first = grid.cell.quotient(entry.offset);
+        let end = first + grid.cell.quotient(entry.len);
         let clash = match entry.direction {
             Direction::Read => {
                 any_set(&grid.read, first, end) || any_set(&grid.written, first, end)

@@ -26,6 +26,16 @@ const MIN_BLOCK: u64 = 64;
 /// into a flood of tiny blocks.
 const MAX_BLOCKS_PER_ENTRY: u64 = 1024;
 
+/// Blocks shorter than this whose entries continue each other in runs of at least
+/// [`FLAT_RUN_BLOCKS`] on average stay flat: a token-granular cache (an MLA latent of about
+/// 1 KiB a token) cut into its blocks is hundreds of thousands of tiny paged copies, while
+/// its runs, merged as flat entries, are a few thousand copies of tens of KiB.
+const FLAT_RUNS_BELOW: u64 = 16 << 10;
+
+/// The average run, in blocks, from which runs of blocks shorter than [`FLAT_RUNS_BELOW`]
+/// stay flat.
+const FLAT_RUN_BLOCKS: u64 = 4;
+
 /// One entry of a pair: its offset into the local region, its offset into the peer's buffer
 /// and its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,46 +147,79 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// `gcd(divisor, value)`, cheap when `divisor` already divides `value` (the usual case).
-#[inline]
-pub(super) fn fold(divisor: u64, value: u64) -> u64 {
-    if divisor != 0 && divisor.is_power_of_two() {
-        if value & (divisor - 1) == 0 {
-            return divisor;
-        }
-    } else if divisor != 0 && value % divisor == 0 {
-        return divisor;
-    }
-    gcd(divisor, value)
-}
-
-/// Divides by one divisor many times: a shift for powers of two, a division otherwise.
-#[derive(Clone, Copy)]
-struct Divisor {
+/// The greatest common divisor of the values folded into it, with a test that costs a
+/// multiplication, not a division, for the usual value: one its divisor already divides.
+/// Offsets of a token-granular cache are multiples of an odd-sized token (1,152 bytes, say),
+/// where a division per value and side was most of the planner's time.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Gcd {
     value: u64,
-    shift: Option<u32>,
+    /// `value` as `odd << shift`.
+    shift: u32,
+    /// The inverse of the odd part modulo 2^64.
+    inverse: u64,
+    /// `u64::MAX / odd`: a multiple `x` of the odd part has `x * inverse <= limit`.
+    limit: u64,
 }
 
-impl Divisor {
-    fn new(value: u64) -> Divisor {
-        Divisor {
+impl Gcd {
+    /// The gcd of nothing yet: 0, which every fold replaces.
+    pub(super) fn new(value: u64) -> Gcd {
+        if value == 0 {
+            return Gcd::default();
+        }
+        let shift = value.trailing_zeros();
+        let odd = value >> shift;
+        // Newton's iteration doubles the correct low bits each step: 3 bits from `odd`
+        // itself (odd * odd = 1 mod 8), then 6, 12, 24, 48, 96.
+        let mut inverse = odd;
+        for _ in 0..5 {
+            inverse = inverse.wrapping_mul(2u64.wrapping_sub(odd.wrapping_mul(inverse)));
+        }
+        Gcd {
             value,
-            shift: value.is_power_of_two().then(|| value.trailing_zeros()),
+            shift,
+            inverse,
+            limit: u64::MAX / odd,
         }
     }
 
+    /// The gcd so far.
     #[inline]
-    fn divide(self, dividend: u64) -> u64 {
-        match self.shift {
-            Some(shift) => dividend >> shift,
-            None => dividend / self.value,
+    pub(super) fn value(self) -> u64 {
+        self.value
+    }
+
+    /// Whether the gcd so far divides `x` (0 divides only 0).
+    #[inline]
+    pub(super) fn divides(self, x: u64) -> bool {
+        if self.value == 0 {
+            return x == 0;
+        }
+        x.trailing_zeros() >= self.shift
+            && (x >> self.shift).wrapping_mul(self.inverse) <= self.limit
+    }
+
+    /// `x / self` for an `x` the gcd divides (see [`Gcd::divides`]): exact, so a shift and
+    /// a multiplication by the inverse give it.
+    #[inline]
+    pub(super) fn quotient(self, x: u64) -> u64 {
+        debug_assert!(self.divides(x));
+        (x >> self.shift).wrapping_mul(self.inverse)
+    }
+
+    /// Folds `x` in: the gcd becomes `gcd(self, x)`.
+    #[inline]
+    pub(super) fn fold(&mut self, x: u64) {
+        if !self.divides(x) {
+            *self = Gcd::new(gcd(self.value, x));
         }
     }
 }
 
 /// The paged shape of `pieces`, or `None` when they are better left flat: too few, blocks too
-/// short, entries that do not start on one block grid on both sides, too many blocks, or ids
-/// past 32 bits.
+/// short, short blocks in long runs (which move best merged, as flat entries), entries that
+/// do not start on one block grid on both sides, too many blocks, or ids past 32 bits.
 pub(super) fn shape<I>(pieces: I) -> Option<Shape>
 where
     I: ExactSizeIterator<Item = Piece> + Clone,
@@ -187,29 +230,38 @@ where
     }
     let mut rest = pieces.clone();
     let first = rest.next()?;
-    let mut len = first.len;
-    let (mut local_step, mut remote_step) = (0, 0);
+    let mut len = Gcd::new(first.len);
+    let (mut local_step, mut remote_step) = (Gcd::default(), Gcd::default());
     let (mut local_end, mut remote_end) = (first.local + first.len, first.remote + first.len);
     let mut runs = false;
+    // Entries that do not continue the one before on both sides: the runs they merge into.
+    let mut merged = 1;
+    let mut last = first;
     for piece in rest {
-        if piece.len != len {
-            runs = true;
-            len = fold(len, piece.len);
+        if piece.local != last.local + last.len || piece.remote != last.remote + last.len {
+            merged += 1;
         }
-        local_step = fold(local_step, piece.local.abs_diff(first.local));
-        remote_step = fold(remote_step, piece.remote.abs_diff(first.remote));
+        last = piece;
+        if piece.len != first.len {
+            runs = true;
+            len.fold(piece.len);
+        }
+        local_step.fold(piece.local.abs_diff(first.local));
+        remote_step.fold(piece.remote.abs_diff(first.remote));
         local_end = local_end.max(piece.local + piece.len);
         remote_end = remote_end.max(piece.remote + piece.len);
     }
+    let len = len.value();
     if len < MIN_BLOCK {
         return None;
     }
     // An entry of several blocks steps through them by the block length, so the grid can be
     // no coarser than a block.
     if runs {
-        local_step = fold(len, local_step);
-        remote_step = fold(len, remote_step);
+        local_step.fold(len);
+        remote_step.fold(len);
     }
+    let (local_step, remote_step) = (local_step.value(), remote_step.value());
     let side = |step: u64, start: u64| {
         let stride = if step == 0 { len } else { step };
         (stride >= len).then_some(SideShape {
@@ -230,12 +282,15 @@ where
     };
     let blocks = match runs {
         true => {
-            let divisor = Divisor::new(len);
-            pieces.map(|piece| divisor.divide(piece.len)).sum()
+            let divisor = Gcd::new(len);
+            pieces.map(|piece| divisor.quotient(piece.len)).sum()
         }
         false => count,
     };
     if blocks > MAX_BLOCKS_PER_ENTRY.saturating_mul(count) || usize::try_from(blocks).is_err() {
+        return None;
+    }
+    if len < FLAT_RUNS_BELOW && blocks >= FLAT_RUN_BLOCKS * merged {
         return None;
     }
     Some(Shape {
@@ -253,11 +308,11 @@ pub(super) fn ids<I>(pieces: I, shape: Shape) -> Ids
 where
     I: ExactSizeIterator<Item = Piece> + Clone,
 {
-    let local = Divisor::new(shape.local.stride);
-    let remote = Divisor::new(shape.remote.stride);
+    let local = Gcd::new(shape.local.stride);
+    let remote = Gcd::new(shape.remote.stride);
     // `shape` put every piece's start on its side's grid and every id below 2^32.
-    let local_id = move |piece: &Piece| local.divide(piece.local - shape.local.offset) as u32;
-    let remote_id = move |piece: &Piece| remote.divide(piece.remote - shape.remote.offset) as u32;
+    let local_id = move |piece: &Piece| local.quotient(piece.local - shape.local.offset) as u32;
+    let remote_id = move |piece: &Piece| remote.quotient(piece.remote - shape.remote.offset) as u32;
     if !shape.runs {
         // One id a piece: collected straight into the shared lists, one allocation each.
         return Ids {
@@ -265,14 +320,14 @@ where
             remote: pieces.map(|piece| remote_id(&piece)).collect(),
         };
     }
-    let len = Divisor::new(shape.len);
+    let len = Gcd::new(shape.len);
     let (mut locals, mut remotes) = (
         Vec::with_capacity(shape.blocks as usize),
         Vec::with_capacity(shape.blocks as usize),
     );
     for piece in pieces {
         // `blocks >= 1`: every piece is at least a block long.
-        let blocks = len.divide(piece.len) as u32 - 1;
+        let blocks = len.quotient(piece.len) as u32 - 1;
         let (local, remote) = (local_id(&piece), remote_id(&piece));
         locals.extend(local..=local + blocks);
         remotes.extend(remote..=remote + blocks);

@@ -198,6 +198,63 @@ fn entries_off_one_grid_short_or_few_stay_flat() {
 }
 
 #[test]
+fn short_blocks_in_long_runs_stay_flat_and_scattered_ones_are_paged() {
+    // An MLA latent: 1,152 bytes a token, a request's tokens in runs of 4-11 on both sides.
+    const TOKEN: u64 = 1152;
+    let runs: Vec<Piece> = (0..16)
+        .map(|run| Piece {
+            local: run * 100 * TOKEN,
+            remote: (1600 - run * 90) * TOKEN,
+            len: (4 + run % 8) * TOKEN,
+        })
+        .collect();
+    assert_eq!(shape(runs.iter().copied()), None);
+    // The same tokens as one entry each: they continue each other, so they stay flat too.
+    let tokens: Vec<Piece> = runs
+        .iter()
+        .flat_map(|run| {
+            (0..run.len / TOKEN).map(move |token| Piece {
+                local: run.local + token * TOKEN,
+                remote: run.remote + token * TOKEN,
+                len: TOKEN,
+            })
+        })
+        .collect();
+    assert_eq!(shape(tokens.iter().copied()), None);
+    // Scattered tokens, one per entry, are block ids.
+    let scattered = blocks(
+        &[
+            (3, 40),
+            (17, 0),
+            (9, 63),
+            (4, 2),
+            (50, 7),
+            (6, 18),
+            (100, 1),
+            (8, 9),
+        ],
+        TOKEN,
+    );
+    assert_eq!(
+        shape(scattered.iter().copied()).map(|shape| shape.len),
+        Some(TOKEN)
+    );
+    // Long blocks in long runs are split into blocks: the paged kernel copies them as fast.
+    let long_runs: Vec<Piece> = runs
+        .iter()
+        .map(|run| Piece {
+            local: run.local / TOKEN * BLOCK,
+            remote: run.remote / TOKEN * BLOCK,
+            len: run.len / TOKEN * BLOCK,
+        })
+        .collect();
+    assert_eq!(
+        shape(long_runs.iter().copied()).map(|shape| shape.blocks),
+        Some(120)
+    );
+}
+
+#[test]
 fn ids_past_32_bits_leave_the_pair_flat() {
     let far = u64::from(u32::MAX) + 1;
     let pieces = blocks(
@@ -235,9 +292,37 @@ fn the_same_block_sent_to_many_places_is_one_id_repeated() {
 fn gcd_and_fold_agree() {
     assert_eq!(gcd(0, 12), 12);
     assert_eq!(gcd(12, 18), 6);
-    assert_eq!(fold(0, 40), 40);
-    assert_eq!(fold(4096, 8192), 4096);
-    assert_eq!(fold(4096, 6144), 2048);
-    assert_eq!(fold(1152, 3456), 1152);
-    assert_eq!(fold(1152, 1000), 8);
+    let folded = |values: &[u64]| {
+        let mut folded = Gcd::default();
+        for &value in values {
+            folded.fold(value);
+        }
+        folded.value()
+    };
+    assert_eq!(folded(&[]), 0);
+    assert_eq!(folded(&[0, 0]), 0);
+    assert_eq!(folded(&[0, 40]), 40);
+    assert_eq!(folded(&[4096, 8192]), 4096);
+    assert_eq!(folded(&[4096, 6144]), 2048);
+    assert_eq!(folded(&[1152, 3456, 0, 1152 * 1001]), 1152);
+    assert_eq!(folded(&[1152, 1000]), 8);
+    assert_eq!(folded(&[u64::MAX, u64::MAX / 3]), u64::MAX / 3);
+    // The multiplicative test against plain remainders, over odd, even and large divisors.
+    let mut random = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..20_000 {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        let divisor = (random >> 40) | 1 << (random % 5);
+        let value = match random % 3 {
+            0 => random % 1_000_003 * divisor,
+            1 => random >> (random % 64),
+            _ => (random >> 30) * divisor + random % divisor,
+        };
+        assert_eq!(
+            Gcd::new(divisor).divides(value),
+            value % divisor == 0,
+            "{value} by {divisor}"
+        );
+    }
 }

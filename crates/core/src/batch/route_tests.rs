@@ -427,3 +427,35 @@ fn a_pair_of_odd_entries_stays_ops_on_a_transport_that_prefers_blocks() {
     let bytes: u64 = ops[0].1.iter().map(|op| op.len).sum();
     assert_eq!(bytes, (0..8).map(|index| 0x61 + index).sum::<u64>());
 }
+
+#[test]
+fn token_entries_in_runs_merge_into_one_op_a_run_on_a_transport_that_prefers_blocks() {
+    const TOKEN: u64 = 0x48;
+    let transports: [Arc<dyn Transport>; 1] = [Arc::new(Paging)];
+    // Three runs of 5, 9 and 6 tokens, one entry a token, scattered differently on each side.
+    let runs = [(0, 20, 5), (30, 0, 9), (10, 40, 6)];
+    let entries: Vec<Entry> = runs
+        .iter()
+        .flat_map(|&(local, far, tokens)| {
+            (0..tokens).map(move |token| {
+                write(
+                    (local + token) * TOKEN,
+                    REMOTE_A + (far + token) * TOKEN,
+                    TOKEN,
+                )
+            })
+        })
+        .collect();
+    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    assert!(blocks.is_empty(), "tokens in runs stay flat");
+    assert_eq!(
+        shape(&ops[0].1),
+        runs.map(|(local, far, tokens)| (
+            Direction::Write,
+            local * TOKEN,
+            REMOTE_A + far * TOKEN,
+            REMOTE_A,
+            tokens * TOKEN
+        ))
+    );
+}
