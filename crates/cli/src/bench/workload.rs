@@ -31,8 +31,11 @@ pub(crate) enum Workload {
     Blocks1mEntries,
     /// A DeepSeek-V3-style latent (MLA) cache: 61 layer pools of 16,384 tokens of 1,152 bytes,
     /// a request of 4,096 tokens a layer in runs of 1-64 tokens consecutive on both sides,
-    /// each run one entry per pool.
+    /// sent as one paged copy of token ids (an MLA server keeps a request's token slots as an
+    /// id list).
     MlaTokens,
+    /// The same request with each run one entry per pool.
+    MlaTokensRuns,
     /// `count` scattered blocks of `bytes`.
     Blocks {
         /// Bytes per block.
@@ -49,7 +52,7 @@ pub(crate) enum Workload {
 }
 
 /// Every named workload, in table order.
-pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,kv-llama70b-4k-runs,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,mla-tokens,small-write,kv-layerwise";
+pub(crate) const ALL: &str = "contiguous,kv-llama70b-4k,kv-llama70b-4k-entries,kv-llama70b-4k-runs,blocks-4k,blocks-4k-entries,blocks-1m,blocks-1m-entries,mla-tokens,mla-tokens-runs,small-write,kv-layerwise";
 
 impl std::str::FromStr for Workload {
     type Err = String;
@@ -65,6 +68,7 @@ impl std::str::FromStr for Workload {
             "blocks-1m" => Ok(Workload::Blocks1m),
             "blocks-1m-entries" => Ok(Workload::Blocks1mEntries),
             "mla-tokens" => Ok(Workload::MlaTokens),
+            "mla-tokens-runs" => Ok(Workload::MlaTokensRuns),
             "small-write" => Ok(Workload::SmallWrite),
             "kv-layerwise" => Ok(Workload::KvLayerwise),
             other => Err(format!("unknown workload {other:?}; known: {ALL}")),
@@ -84,6 +88,7 @@ impl std::fmt::Display for Workload {
             Workload::Blocks1m => f.write_str("blocks-1m"),
             Workload::Blocks1mEntries => f.write_str("blocks-1m-entries"),
             Workload::MlaTokens => f.write_str("mla-tokens"),
+            Workload::MlaTokensRuns => f.write_str("mla-tokens-runs"),
             Workload::Blocks { bytes, count } => write!(f, "blocks-{}x{count}", size(*bytes)),
             Workload::SmallWrite => f.write_str("small-write"),
             Workload::KvLayerwise => f.write_str("kv-layerwise"),
@@ -264,6 +269,23 @@ const MLA: RunCache = RunCache {
 };
 
 impl RunCache {
+    /// The request as one paged copy: the units of its runs as ids, the same in every pool.
+    fn paged(&self, seed: u64) -> Paged {
+        let runs = runs(self.request_units, self.pool_units, seed);
+        let ids = |side: fn(&(u64, u64, u64)) -> u64| -> Arc<[u32]> {
+            runs.iter()
+                .flat_map(|run| (side(run)..side(run) + run.2).map(|unit| unit as u32))
+                .collect()
+        };
+        Paged {
+            pools: self.pools,
+            pool_blocks: self.pool_units,
+            block_bytes: self.unit_bytes,
+            local_ids: ids(|run| run.0),
+            remote_ids: ids(|run| run.1),
+        }
+    }
+
     /// One (local offset, remote offset, len) entry per run per pool, pool by pool: the
     /// request's runs are the same in every pool, as an engine keeps one id list per request.
     fn entries(&self, seed: u64) -> Vec<(u64, u64, u64)> {
@@ -348,7 +370,8 @@ impl Workload {
             }
             Workload::Blocks1m => Shape::Paged(scattered(MIB, 1024, 1, seed)),
             Workload::Blocks1mEntries => Shape::Entries(scattered(MIB, 1024, 1, seed).blocks()),
-            Workload::MlaTokens => Shape::Entries(MLA.entries(seed)),
+            Workload::MlaTokens => Shape::Paged(MLA.paged(seed)),
+            Workload::MlaTokensRuns => Shape::Entries(MLA.entries(seed)),
             Workload::Blocks { bytes, count } => Shape::Paged(scattered(bytes, count, 1, seed)),
             Workload::SmallWrite => Shape::Ping(4 * KIB),
         }
@@ -443,7 +466,7 @@ mod tests {
         // One entry per run: at least a run of 64 per 64 units, at most a run of 1 per unit.
         let run_cases = [
             (Workload::KvLlama70b4kRuns, LLAMA_RUNS, 1280 * MIB),
-            (Workload::MlaTokens, MLA, 61 * 4096 * 1152),
+            (Workload::MlaTokensRuns, MLA, 61 * 4096 * 1152),
         ];
         for (workload, cache, bytes) in run_cases {
             for seed in [1, 42, 7777] {
@@ -496,7 +519,7 @@ mod tests {
     fn run_shapes_are_runs_of_1_to_64_units_using_each_id_once_per_pool() {
         for (workload, cache) in [
             (Workload::KvLlama70b4kRuns, LLAMA_RUNS),
-            (Workload::MlaTokens, MLA),
+            (Workload::MlaTokensRuns, MLA),
         ] {
             let Shape::Entries(entries) = workload.shape(9) else {
                 panic!("{workload} is entries");
@@ -529,6 +552,35 @@ mod tests {
             assert_eq!(workload.shape(9), workload.shape(9), "deterministic");
             assert_ne!(workload.shape(9), workload.shape(10), "seeded");
         }
+    }
+
+    #[test]
+    fn mla_tokens_move_the_units_of_their_runs_as_paged_ids() {
+        let Shape::Paged(paged) = Workload::MlaTokens.shape(9) else {
+            panic!("mla-tokens is paged");
+        };
+        let Shape::Entries(entries) = Workload::MlaTokensRuns.shape(9) else {
+            panic!("mla-tokens-runs is entries");
+        };
+        assert_eq!((paged.pools, paged.block_bytes), (61, 1152));
+        let ids = |ids: &[u32]| ids.iter().map(|&id| u64::from(id)).collect::<Vec<u64>>();
+        assert_eq!(ids(&paged.local_ids), units_of(&MLA, &entries, 0, |e| e.0));
+        assert_eq!(ids(&paged.remote_ids), units_of(&MLA, &entries, 0, |e| e.1));
+        let sorted = |shape: Shape| {
+            let mut blocks = shape.blocks();
+            blocks.sort_unstable();
+            blocks
+        };
+        let split: Vec<(u64, u64, u64)> = entries
+            .iter()
+            .flat_map(|&(local, remote, len)| {
+                (0..len / 1152).map(move |unit| (local + unit * 1152, remote + unit * 1152, 1152))
+            })
+            .collect();
+        assert_eq!(
+            sorted(Workload::MlaTokens.shape(9)),
+            sorted(Shape::Entries(split))
+        );
     }
 
     #[test]
