@@ -122,11 +122,30 @@ impl EngineBuilder {
         }
     }
 
-    /// Most connections the listener serves at once (256 by default); more are closed as they
-    /// arrive. See [`ferry_core::EngineBuilder::max_connections`].
+    /// Most authenticated connections the listener serves at once (256 by default); more are
+    /// closed as they authenticate. See [`ferry_core::EngineBuilder::max_connections`].
     pub fn max_connections(self, connections: usize) -> Self {
         EngineBuilder {
             core: self.core.max_connections(connections),
+            ..self
+        }
+    }
+
+    /// Most connections kept while they have not authenticated (64 by default, 16 from one
+    /// source address); a newer one evicts the oldest. See
+    /// [`ferry_core::EngineBuilder::max_unauthenticated`].
+    pub fn max_unauthenticated(self, connections: usize, per_source: usize) -> Self {
+        EngineBuilder {
+            core: self.core.max_unauthenticated(connections, per_source),
+            ..self
+        }
+    }
+
+    /// How long a new connection has to authenticate, or say hello without a secret (5 s by
+    /// default). See [`ferry_core::EngineBuilder::handshake_timeout`].
+    pub fn handshake_timeout(self, timeout: Duration) -> Self {
+        EngineBuilder {
+            core: self.core.handshake_timeout(timeout),
             ..self
         }
     }

@@ -196,10 +196,10 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
 }
 
 #[tokio::test]
-async fn a_caller_that_says_nothing_is_closed_after_the_io_timeout() {
+async fn a_caller_that_says_nothing_is_closed_after_the_handshake_timeout() {
     let guarded = Engine::builder()
         .secret(SECRET_A)
-        .transfer_timeout(Duration::from_millis(300))
+        .handshake_timeout(Duration::from_millis(300))
         .build()
         .await
         .unwrap();

@@ -310,3 +310,134 @@ async fn notifications_that_arrive_in_one_read_are_each_delivered_once() {
         "nothing is delivered twice"
     );
 }
+
+/// Opens `count` connections to `address` that stay silent, or (`slow`) send the first byte
+/// of an authentication hello and nothing more, as a slow-loris client does.
+fn strangers(address: &str, count: usize, slow: bool) -> Vec<TcpStream> {
+    (0..count)
+        .filter_map(|_| {
+            let mut stream = TcpStream::connect(address).ok()?;
+            if slow {
+                let _ = stream.write_all(&ferry_core::auth::MAGIC[..1]);
+            }
+            Some(stream)
+        })
+        .collect()
+}
+
+/// How many of `streams` the listener has not closed.
+fn still_open(streams: &mut [TcpStream]) -> usize {
+    let mut open = 0;
+    for stream in streams {
+        stream.set_nonblocking(true).unwrap();
+        let mut buffer = [0u8; 64];
+        match stream.read(&mut buffer) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => open += 1,
+            _ => {}
+        }
+    }
+    open
+}
+
+/// The decode side of the flood tests: a cap of 12 peers, 16 strangers (8 a source).
+async fn flooded_decode(secret: Option<&[u8]>) -> Engine {
+    let mut builder = Engine::builder()
+        .max_connections(12)
+        .max_unauthenticated(16, 8)
+        .handshake_timeout(Duration::from_secs(2))
+        .transfer_timeout(Duration::from_secs(10));
+    if let Some(secret) = secret {
+        builder = builder.secret(secret);
+    }
+    builder.build().await.unwrap()
+}
+
+/// 300 silent connections and 50 slow-loris ones, then a real peer's transfer while more
+/// strangers keep arriving: the strangers hold at most their budget, evict each other, and the
+/// real transfer completes with its bytes.
+async fn strangers_never_lock_out_a_real_peer(secret: Option<&'static [u8]>) {
+    let decode = flooded_decode(secret).await;
+    let pool = decode.allocate(1 << 20).unwrap();
+    let address = decode.name().to_owned();
+    let flood_address = address.clone();
+    let mut flood = tokio::task::spawn_blocking(move || {
+        let mut flood = strangers(&flood_address, 300, false);
+        flood.extend(strangers(&flood_address, 50, true));
+        flood
+    })
+    .await
+    .unwrap();
+    assert_eq!(flood.len(), 350, "the listener accepts every connection");
+
+    // More strangers keep arriving, a few a millisecond apart, while the real peer works.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = std::sync::Arc::clone(&stop);
+    let trickle_address = address.clone();
+    let trickle = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for round in 0..400 {
+            if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            held.extend(strangers(&trickle_address, 1, round % 2 == 0));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        held
+    });
+
+    let mut builder = Engine::builder().transfer_timeout(Duration::from_secs(10));
+    if let Some(secret) = secret {
+        builder = builder.secret(secret);
+    }
+    let prefill = builder.build().await.unwrap();
+    let source = prefill.allocate(1 << 20).unwrap();
+    source.write_at(0, &pattern(31, 1 << 20)).unwrap();
+    let started = Instant::now();
+    let peer = prefill.connect(&address).await.unwrap();
+    for round in 0..5u8 {
+        source
+            .write_at(0, &pattern(40 + u64::from(round), 1 << 20))
+            .unwrap();
+        prefill
+            .batch(&peer)
+            .write(&source, 0, pool.addr(), 1 << 20)
+            .submit()
+            .unwrap()
+            .await
+            .unwrap();
+        let mut landed = vec![0u8; 1 << 20];
+        pool.read_at(0, &mut landed).unwrap();
+        assert_bytes_eq(
+            &landed,
+            &pattern(40 + u64::from(round), 1 << 20),
+            "write under the flood",
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the real peer took {:?}",
+        started.elapsed()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut trickled = trickle.join().unwrap();
+
+    // The strangers hold no more than their budget, and the handshake timeout closes the rest.
+    let open = still_open(&mut flood) + still_open(&mut trickled);
+    assert!(
+        open <= 16,
+        "{open} unauthenticated connections are still open"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let open = still_open(&mut flood) + still_open(&mut trickled);
+    assert_eq!(open, 0, "strangers outlived the handshake timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_slow_strangers_never_lock_out_an_authenticated_peer() {
+    strangers_never_lock_out_a_real_peer(Some(b"flood-test-secret-0123456789")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_slow_strangers_never_lock_out_a_peer_without_a_secret() {
+    strangers_never_lock_out_a_real_peer(None).await;
+}

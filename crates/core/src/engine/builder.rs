@@ -33,6 +33,9 @@ pub struct EngineBuilder {
     inbox_capacity: usize,
     inbox_bytes: usize,
     max_connections: usize,
+    max_unauthenticated: usize,
+    max_unauthenticated_per_source: usize,
+    handshake_timeout: Duration,
     idle_timeout: Duration,
     metadata: Option<Arc<dyn MetadataStore>>,
     transports: Vec<Arc<dyn Transport>>,
@@ -52,6 +55,9 @@ impl Default for EngineBuilder {
             inbox_capacity: 4096,
             inbox_bytes: 64 << 20,
             max_connections: 256,
+            max_unauthenticated: 64,
+            max_unauthenticated_per_source: 16,
+            handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(300),
             metadata: None,
             transports: Vec::new(),
@@ -83,7 +89,7 @@ impl EngineBuilder {
     }
 
     /// How long a transfer may take before it fails with [`Error::Timeout`] (30 s by default).
-    /// Also bounds connecting, a new connection's hello, and the reading or writing of each
+    /// Also bounds connecting and the reading or writing of each
     /// frame once it has started; the time between frames is bounded by
     /// [`Self::idle_timeout`] instead.
     pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
@@ -108,13 +114,34 @@ impl EngineBuilder {
         self
     }
 
-    /// Most connections the listener serves at once (256 by default). A connection over the
-    /// cap is closed as soon as it is accepted, with a warning in the log, never queued; the
-    /// cap keeps a flood of connections from taking every file descriptor of the process.
-    /// Each peer holds [`TcpConfig::connections`] connections (4 by default), and a
-    /// descriptor lookup one more for a moment, so the default serves about 60 peers.
+    /// Most authenticated connections the listener serves at once (256 by default): those
+    /// that proved the secret, or, without one, said hello. A connection that authenticates
+    /// over the cap is closed then, with a warning in the log; the cap keeps peers from taking
+    /// every file descriptor of the process. Each peer holds [`TcpConfig::connections`]
+    /// connections (4 by default), and a descriptor lookup one more for a moment, so the
+    /// default serves about 60 peers. Connections that have not authenticated yet count
+    /// against [`Self::max_unauthenticated`] instead, so strangers never keep a peer out.
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.max_connections = connections.max(1);
+        self
+    }
+
+    /// Most connections kept while they have not authenticated (64 by default), and most of
+    /// those from one source address (16 by default). A connection over either closes the
+    /// oldest unauthenticated one (of its own source first) instead of being refused, so a
+    /// flood of silent or slow connections evicts itself and a real peer, which authenticates
+    /// within milliseconds, still gets in; a warning in the log (at most one every 10 s) says
+    /// that something opens connections that do not authenticate.
+    pub fn max_unauthenticated(mut self, connections: usize, per_source: usize) -> Self {
+        self.max_unauthenticated = connections.max(1);
+        self.max_unauthenticated_per_source = per_source.max(1);
+        self
+    }
+
+    /// How long a new connection has, from its accept, to authenticate (or, without a secret,
+    /// to say hello) before it is closed (5 s by default): a peer needs a round trip or two.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
         self
     }
 
@@ -122,7 +149,7 @@ impl EngineBuilder {
     /// closes it (5 minutes by default). A peer whose connection was closed opens a new one
     /// on its next transfer; a frame already under way when the time passes fails with
     /// [`Error::PeerGone`] and must be resent. A connection that has not said hello yet is
-    /// bounded by [`Self::transfer_timeout`] instead.
+    /// bounded by [`Self::handshake_timeout`] instead.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
@@ -321,9 +348,14 @@ impl EngineBuilder {
             session: SessionConfig {
                 limits: self.limits,
                 io_timeout: self.transfer_timeout,
+                hello_timeout: self.handshake_timeout,
                 idle_timeout: self.idle_timeout,
             },
-            max_connections: self.max_connections,
+            admission: tcp::AdmissionLimits {
+                peers: self.max_connections,
+                strangers: self.max_unauthenticated,
+                strangers_per_source: self.max_unauthenticated_per_source,
+            },
             secret,
         });
         runtime.spawn(tcp::serve(listener, context));

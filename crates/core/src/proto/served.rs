@@ -30,9 +30,11 @@ pub(crate) trait Served {
 pub(crate) struct SessionConfig {
     /// Body size limits, checked at each header.
     pub(crate) limits: Limits,
-    /// Bounds the hello, each frame from its first byte to its answer, and how long the peer
-    /// may leave queued answers unread.
+    /// Bounds each frame from its first byte to its answer, and how long the peer may leave
+    /// queued answers unread.
     pub(crate) io_timeout: Duration,
+    /// Bounds the hello, from the accept (an authentication handshake included).
+    pub(crate) hello_timeout: Duration,
     /// How long a connection may sit between frames after its hello.
     pub(crate) idle_timeout: Duration,
 }

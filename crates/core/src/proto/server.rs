@@ -135,7 +135,7 @@ impl<M: Served> ServerSession<M> {
         let hello = self
             .peer
             .is_none()
-            .then(|| self.accepted.checked_add(io))
+            .then(|| self.accepted.checked_add(self.config.hello_timeout))
             .flatten();
         let frame = match self.frame_started {
             Some(started) => started.checked_add(io),
@@ -163,8 +163,9 @@ impl<M: Served> ServerSession<M> {
             }
             return;
         }
-        let closed = if self.peer.is_none() && passed(self.accepted, io) {
-            Closed::NoHello(io)
+        let hello = self.config.hello_timeout;
+        let closed = if self.peer.is_none() && passed(self.accepted, hello) {
+            Closed::NoHello(hello)
         } else if self
             .frame_started
             .is_some_and(|started| passed(started, io))

@@ -96,6 +96,7 @@ pub(crate) fn test_config() -> SessionConfig {
     SessionConfig {
         limits: Limits::default(),
         io_timeout: Duration::from_secs(30),
+        hello_timeout: Duration::from_secs(30),
         idle_timeout: Duration::from_secs(300),
     }
 }

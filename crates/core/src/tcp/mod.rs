@@ -7,6 +7,7 @@
 //! round-robin over the connections. The receiver checks every range against its registrations
 //! before a byte lands and acks each frame once its bytes are in memory.
 
+mod admission;
 mod driver;
 mod frame_io;
 mod handshake;
@@ -14,6 +15,7 @@ mod link;
 mod server;
 mod tracker;
 
+pub(crate) use admission::AdmissionLimits;
 pub(crate) use link::TcpLink;
 pub(crate) use server::{serve, ServerContext};
 

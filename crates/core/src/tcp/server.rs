@@ -1,21 +1,24 @@
-//! The engine's listener: accepts connections up to a cap and runs each one's
-//! [`ServerSession`] with a small task that moves bytes and time in and out of it and does
-//! the work its events ask for. Every protocol decision is the session's; a peer that breaks
-//! the protocol loses its connection and nobody else notices.
+//! The engine's listener: admits connections through its [`Admission`] ledger and runs each
+//! one's [`ServerSession`] with a small task that moves bytes and time in and out of it and
+//! does the work its events ask for. Every protocol decision is the session's; a peer that
+//! breaks the protocol loses its connection and nobody else notices.
 
+use super::admission::{Admission, AdmissionLimits, Refused, Ticket};
 use crate::descriptor::SegmentDescriptor;
 use crate::memory::{RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::telemetry;
 use crate::transport::Direction;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 /// What every served connection needs from the engine.
 pub(crate) struct ServerContext {
@@ -23,8 +26,8 @@ pub(crate) struct ServerContext {
     pub(crate) inbox: Inbox,
     pub(crate) descriptor: Box<dyn Fn() -> SegmentDescriptor + Send + Sync>,
     pub(crate) session: SessionConfig,
-    /// Most connections served at once; more are closed as they arrive.
-    pub(crate) max_connections: usize,
+    /// How many authenticated and unauthenticated connections are kept.
+    pub(crate) admission: AdmissionLimits,
     /// When set, peers prove they hold it before they are served.
     pub(crate) secret: Option<crate::auth::Secret>,
 }
@@ -56,27 +59,128 @@ impl Landing for Span {
     }
 }
 
+/// How often, at most, the listener warns that it evicts unauthenticated connections.
+const EVICTION_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// The listener's [`Admission`] ledger and the way to close each stranger it evicts.
+struct Gate {
+    admission: Admission,
+    evictions: HashMap<Ticket, oneshot::Sender<()>>,
+    warned: Option<Instant>,
+    evicted_since_warning: u64,
+}
+
+impl Gate {
+    /// Admits a connection from `source` as a stranger, closing the stranger it evicts.
+    fn arrive(&mut self, source: IpAddr) -> (Ticket, oneshot::Receiver<()>) {
+        let (ticket, evicted) = self.admission.arrive(source);
+        if let Some(evicted) = evicted {
+            if let Some(close) = self.evictions.remove(&evicted) {
+                let _ = close.send(());
+            }
+            self.evicted_since_warning += 1;
+            let now = Instant::now();
+            if self
+                .warned
+                .is_none_or(|warned| now.duration_since(warned) >= EVICTION_WARNING_EVERY)
+            {
+                tracing::warn!(
+                    %source,
+                    evicted = self.evicted_since_warning,
+                    "closing unauthenticated connections to admit newer ones: something opens connections that do not authenticate (EngineBuilder::max_unauthenticated)"
+                );
+                self.warned = Some(now);
+                self.evicted_since_warning = 0;
+            }
+        }
+        let (close, closed) = oneshot::channel();
+        self.evictions.insert(ticket, close);
+        (ticket, closed)
+    }
+}
+
+/// One accepted connection's place in the gate; gives it back when dropped.
+struct Admitted {
+    gate: Arc<Mutex<Gate>>,
+    ticket: Ticket,
+    /// Fires when the gate evicts this connection; `None` once it is a peer.
+    evicted: Option<oneshot::Receiver<()>>,
+}
+
+impl Admitted {
+    /// Makes this connection a peer; `false` (with a log line) when the peers' cap is full or
+    /// it was evicted meanwhile.
+    fn promote(&mut self, address: SocketAddr, limit: usize) -> bool {
+        let mut gate = self.gate.lock();
+        gate.evictions.remove(&self.ticket);
+        match gate.admission.promote(self.ticket) {
+            Ok(()) => {
+                self.evicted = None;
+                true
+            }
+            Err(Refused::PeersFull) => {
+                tracing::warn!(
+                    %address,
+                    limit,
+                    "refusing a connection: the engine already serves its maximum number of connections (EngineBuilder::max_connections)"
+                );
+                false
+            }
+            Err(Refused::NotWaiting) => false,
+        }
+    }
+
+    /// Resolves when the gate evicts this connection; never once it is a peer.
+    async fn evicted(&mut self) {
+        match self.evicted.as_mut() {
+            // An error means the gate forgot the connection without evicting it: wait forever.
+            Some(evicted) => {
+                if evicted.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut gate = self.gate.lock();
+        match self.evicted {
+            None => gate.admission.peer_left(),
+            Some(_) => {
+                gate.evictions.remove(&self.ticket);
+                gate.admission.stranger_left(self.ticket);
+            }
+        }
+    }
+}
+
 /// Accepts connections until the engine's runtime shuts down.
 pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
-    let open = Arc::new(Semaphore::new(context.max_connections));
+    let gate = Arc::new(Mutex::new(Gate {
+        admission: Admission::new(context.admission),
+        evictions: HashMap::new(),
+        warned: None,
+        evicted_since_warning: 0,
+    }));
     loop {
         match listener.accept().await {
-            Ok((stream, address)) => match Arc::clone(&open).try_acquire_owned() {
-                Ok(slot) => {
-                    let context = Arc::clone(&context);
-                    tokio::spawn(async move {
-                        serve_connection(stream, address, context).await;
-                        drop(slot);
-                    });
-                }
-                // Closed at once rather than queued: a queued connection would still hold a
-                // file descriptor, which is what the cap protects.
-                Err(_) => tracing::warn!(
-                    %address,
-                    limit = context.max_connections,
-                    "refusing a connection: the engine already serves its maximum number of connections (EngineBuilder::max_connections)"
-                ),
-            },
+            Ok((stream, address)) => {
+                let (ticket, evicted) = gate.lock().arrive(address.ip());
+                let admitted = Admitted {
+                    gate: Arc::clone(&gate),
+                    ticket,
+                    evicted: Some(evicted),
+                };
+                tokio::spawn(serve_connection(
+                    stream,
+                    address,
+                    Arc::clone(&context),
+                    admitted,
+                ));
+            }
             Err(error) => {
                 tracing::warn!(%error, "accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -86,37 +190,71 @@ pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
 }
 
 /// Runs one accepted connection to its end and logs why it ended.
-async fn serve_connection(stream: TcpStream, address: SocketAddr, context: Arc<ServerContext>) {
+async fn serve_connection(
+    stream: TcpStream,
+    address: SocketAddr,
+    context: Arc<ServerContext>,
+    mut admitted: Admitted,
+) {
     // The hello's deadline runs from the accept: a caller that stays silent through the
     // handshake's wait does not get a second full wait for its hello.
     let accepted = Instant::now();
-    let Some(stream) = super::handshake::accept(
+    let handshake = super::handshake::accept(
         stream,
         address,
         context.secret.as_ref(),
-        context.session.io_timeout,
-    )
-    .await
-    else {
+        context.session.hello_timeout,
+    );
+    let stream = tokio::select! {
+        stream = handshake => stream,
+        () = admitted.evicted() => {
+            tracing::debug!(%address, "closed an unauthenticated connection to admit a newer one");
+            return;
+        }
+    };
+    let Some(stream) = stream else {
         return;
     };
+    if context.secret.is_some() && !admitted.promote(address, context.admission.peers) {
+        return;
+    }
     let _ = stream.set_nodelay(true);
     let session = ServerSession::new(Arc::clone(&context), context.session, accepted);
     let mut driver = Driver {
         stream,
         session,
         context,
+        admitted,
+        address,
     };
     let ended = driver.run().await;
     let peer = driver.session.peer().unwrap_or("(no hello)");
     match ended {
-        Ok(Closed::Finished) => tracing::debug!(%address, peer, "connection closed by the peer"),
-        Ok(closed @ Closed::Idle(_)) => {
+        Ok(Ended::Closed(Closed::Finished)) => {
+            tracing::debug!(%address, peer, "connection closed by the peer")
+        }
+        Ok(Ended::Closed(closed @ Closed::Idle(_))) => {
             tracing::info!(%address, peer, reason = %closed, "closing an idle connection")
         }
-        Ok(closed) => tracing::error!(%address, peer, error = %closed, "closing a connection"),
+        Ok(Ended::Closed(closed)) => {
+            tracing::error!(%address, peer, error = %closed, "closing a connection")
+        }
+        Ok(Ended::Evicted) => {
+            tracing::debug!(%address, "closed a connection without a hello to admit a newer one")
+        }
+        Ok(Ended::Refused) => {}
         Err(error) => tracing::error!(%address, peer, %error, "closing a connection"),
     }
+}
+
+/// Why [`Driver::run`] stopped.
+enum Ended {
+    /// The session ended.
+    Closed(Closed),
+    /// The gate evicted the connection before its hello.
+    Evicted,
+    /// The connection said hello when the peers' cap was full.
+    Refused,
 }
 
 /// Pumps one connection's socket, timer and events through its session.
@@ -124,10 +262,12 @@ struct Driver {
     stream: TcpStream,
     session: ServerSession<ServerContext>,
     context: Arc<ServerContext>,
+    admitted: Admitted,
+    address: SocketAddr,
 }
 
 impl Driver {
-    async fn run(&mut self) -> std::io::Result<Closed> {
+    async fn run(&mut self) -> std::io::Result<Ended> {
         loop {
             let deliveries = self.handle_events().await;
             // Handed over only once their answers are on the wire (see `Event::Notify`): a
@@ -137,7 +277,16 @@ impl Driver {
                 room.deliver(notification);
             }
             if let Some(closed) = self.session.closed() {
-                return Ok(closed.clone());
+                return Ok(Ended::Closed(closed.clone()));
+            }
+            // Without a secret, a connection becomes a peer with its hello.
+            if self.admitted.evicted.is_some()
+                && self.session.peer().is_some()
+                && !self
+                    .admitted
+                    .promote(self.address, self.context.admission.peers)
+            {
+                return Ok(Ended::Refused);
             }
             // Writing answers may have let the session take the next buffered frame.
             if self.session.has_event() {
@@ -147,7 +296,10 @@ impl Driver {
             let Some(target) = self.session.read_target() else {
                 continue;
             };
-            let read = until(deadline, self.stream.read(target)).await;
+            let read = tokio::select! {
+                read = until(deadline, self.stream.read(target)) => read,
+                () = self.admitted.evicted() => return Ok(Ended::Evicted),
+            };
             let now = Instant::now();
             match read {
                 Some(Ok(0)) => self.session.handle_end(now),
@@ -254,7 +406,11 @@ mod tests {
                 buffers: Vec::new(),
             }),
             session: test_config(),
-            max_connections: 1,
+            admission: AdmissionLimits {
+                peers: 1,
+                strangers: 1,
+                strangers_per_source: 1,
+            },
             secret: None,
         })
     }
