@@ -18,7 +18,9 @@ struct Cli {
 mod bench;
 mod echo;
 mod metrics_endpoint;
+mod printable;
 mod probe;
+mod secret;
 mod secret_file;
 mod serve;
 mod serve_child;
@@ -50,6 +52,10 @@ enum Command {
     /// notification it receives. Prints `segment: NAME` and `buffer: ADDR LEN` first, then
     /// `metrics: http://ADDR/metrics` with --metrics-addr.
     Serve(serve::Options),
+    /// Print a new shared secret: 32 random bytes as one line of base64, for `--secret-file`
+    /// (`ferry secret > ferry.secret`) or `FERRY_SECRET`. Give every engine of a deployment the
+    /// same one.
+    Secret,
 }
 
 fn main() -> ExitCode {
@@ -74,6 +80,7 @@ fn main() -> ExitCode {
             secret,
         } => probe::run(peer.as_deref(), &metadata, &secret),
         Command::Serve(options) => serve::run(&options),
+        Command::Secret => secret::run(),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -111,11 +111,12 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
             }
             None => {
                 let mut stdout = std::io::stdout().lock();
+                // Both are the peer's words: quoted, so they cannot pass for lines of ours.
                 writeln!(
                     stdout,
                     "notification from {} (as it claims): {}",
-                    note.from,
-                    String::from_utf8_lossy(&note.payload)
+                    crate::printable::quoted(note.from.as_bytes()),
+                    crate::printable::quoted(&note.payload)
                 )?;
                 stdout.flush()?;
             }

@@ -124,3 +124,79 @@ fn echo_answers_the_engine_its_parent_names_on_stdin() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn a_peer_cannot_print_lines_of_its_own_or_escape_codes_through_serve() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(common::ferry_bin())
+        .args(["serve", "--bytes", "4096", "--notifications", "1"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let segment = lines.next().unwrap().unwrap();
+    let serve_name = segment.strip_prefix("segment: ").unwrap().to_owned();
+    lines.next().unwrap().unwrap();
+    notify_claiming(
+        &serve_name,
+        "x\nbuffer: 0x1 1",
+        b"ok\nsegment: 10.0.0.9:1\x1b[2J",
+    )
+    .unwrap();
+    let printed: Vec<String> = lines.map_while(Result::ok).collect();
+    assert_eq!(
+        printed,
+        [
+            r#"notification from "x\nbuffer: 0x1 1" (as it claims): "ok\nsegment: 10.0.0.9:1\u{1b}[2J""#
+        ]
+    );
+    let _ = child.wait();
+}
+
+/// `ferry serve --secret-file` with `secret`, until its first line: what it logged meanwhile.
+fn serve_logs_with_secret(secret: &[u8], tag: &str) -> String {
+    use std::io::BufRead;
+    let path = std::env::temp_dir().join(format!("ferry-secret-{tag}-{}", std::process::id()));
+    std::fs::write(&path, secret).unwrap();
+    let mut child = std::process::Command::new(common::ferry_bin())
+        .args(["serve", "--bytes", "4096", "--secret-file"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("segment: "));
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn ferry_secret_prints_32_random_bytes_and_only_a_typed_secret_draws_a_warning() {
+    use base64::Engine as _;
+    let generate = || {
+        let output = std::process::Command::new(common::ferry_bin())
+            .arg("secret")
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let (first, second) = (generate(), generate());
+    assert_ne!(first, second, "two secrets should differ");
+    let line = first.strip_suffix('\n').expect("one line");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(line)
+        .unwrap();
+    assert_eq!(bytes.len(), 32);
+
+    let warning = "looks like text";
+    let generated = serve_logs_with_secret(first.as_bytes(), "generated");
+    assert!(!generated.contains(warning), "{generated}");
+    let typed = serve_logs_with_secret(b"correct-horse-battery-staple\n", "typed");
+    assert!(typed.contains(warning), "{typed}");
+}
