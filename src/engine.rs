@@ -131,7 +131,7 @@ impl EngineBuilder {
         }
     }
 
-    /// Most connections kept while they have not authenticated (64 by default, 16 from one
+    /// Most connections kept while they have not authenticated (128 by default, 64 from one
     /// source address); a newer one evicts the oldest. See
     /// [`ferry_core::EngineBuilder::max_unauthenticated`].
     pub fn max_unauthenticated(self, connections: usize, per_source: usize) -> Self {

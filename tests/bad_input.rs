@@ -289,6 +289,33 @@ async fn empty_null_and_wrapping_registrations_are_refused_as_registrations() {
         ),
         "{wraps:?}"
     );
+    // SAFETY: page zero is never mapped; the call must refuse before touching it.
+    let unmapped = unsafe { engine.register(0x1000 as *mut u8, 8192) }.map(|_| ());
+    assert!(
+        matches!(
+            unmapped,
+            Err(Error::Registration {
+                problem: RegistrationProblem::NotMapped { first: 0x1000 },
+                ..
+            })
+        ),
+        "{unmapped:?}"
+    );
+    // A real buffer with its length overstated by far runs into unmapped memory.
+    let mut heap = vec![0u8; 1 << 16];
+    let start = heap.as_mut_ptr();
+    // SAFETY: the range past the buffer is refused before anything touches it.
+    let overstated = unsafe { engine.register(start, 1 << 46) }.map(|_| ());
+    assert!(
+        matches!(
+            overstated,
+            Err(Error::Registration {
+                problem: RegistrationProblem::NotMapped { first },
+                ..
+            }) if first >= start as u64 + (1 << 16)
+        ),
+        "{overstated:?}"
+    );
     let vmm = engine.allocate_device_vmm(0, u64::MAX, 2).map(|_| ());
     assert!(
         matches!(

@@ -154,6 +154,12 @@ pub enum RegistrationProblem {
     /// The range runs past the end of the address space.
     #[error("the range runs past the end of the address space; check the address and length")]
     Wraps,
+    /// Part of a host range is not mapped readable and writable in this process.
+    #[error("host memory from {first:#x} is not mapped readable and writable in this process; pass memory this process allocated, with its real length")]
+    NotMapped {
+        /// The first byte of the range that no such mapping covers.
+        first: u64,
+    },
 }
 
 /// Why a peer refused a request, as it answered.

@@ -42,3 +42,19 @@ pub(crate) fn u64s(values: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     }
     Ok(out)
 }
+
+/// An argument of a Mooncake call, or why it is not one: Mooncake's callers expect a failure
+/// code, not an exception, for a negative address or a value that is no int.
+pub(crate) type Arg<T> = Result<T, String>;
+
+/// An unsigned 64-bit integer, or why `value` is not one (never an exception).
+pub(crate) fn u64_or_reason(value: &Bound<'_, PyAny>) -> PyResult<Arg<u64>> {
+    Ok(value.extract::<u64>().map_err(|error| {
+        format!("{value} is not an address or length (an int from 0 to 2**64-1): {error}")
+    }))
+}
+
+/// [`u64s`], or why `values` are not such a list (never an exception).
+pub(crate) fn u64s_or_reason(values: &Bound<'_, PyAny>) -> PyResult<Arg<Vec<u64>>> {
+    Ok(u64s(values).map_err(|error| error.to_string()))
+}

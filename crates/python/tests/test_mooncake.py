@@ -296,6 +296,46 @@ def test_registering_the_same_range_again_is_accepted_and_kept_by_failed_batches
     assert engine.unregister_memory(local.addr) == -1
 
 
+def test_unmapped_host_memory_is_refused_at_registration():
+    engine = Local(64).engine
+    # Page zero is never mapped; a real buffer's length overstated runs into unmapped memory.
+    assert engine.register_memory(0x1000, 4096) == -1
+    buffer = ctypes.create_string_buffer(4096)
+    assert engine.register_memory(ctypes.addressof(buffer), 1 << 46) == -1
+    assert engine.register_memory(ctypes.addressof(buffer), 4096) == 0
+
+
+def test_negative_or_non_int_arguments_return_the_failure_code(local, peer):
+    engine = local.engine
+    session = peer.session
+    assert engine.register_memory(-1, 4096) == -1
+    assert engine.register_memory(local.addr, "4096") == -1
+    assert engine.batch_register_memory([local.addr, -8], [16, 16]) == -1
+    assert engine.unregister_memory(None) == -1
+    assert engine.batch_unregister_memory("abc") == -1
+    assert engine.transfer_sync_write(session, -1, peer.addr, 16) == -1
+    assert engine.transfer_sync_read(session, local.addr, peer.addr, 1.5) == -1
+    assert engine.transfer_sync(session, local.addr, -peer.addr, 16, Write) == -1
+    assert engine.batch_transfer_sync_write(session, [local.addr], [peer.addr], [-16]) == -1
+    assert engine.batch_transfer_sync_read(session, [local.addr], None, [16]) == -1
+    assert engine.batch_transfer_sync(session, [local.addr], [peer.addr], ["x"], Read) == -1
+    assert engine.transfer_submit_write(session, local.addr, peer.addr, -16) == 0
+    assert engine.batch_transfer_async_write(session, [-1], [peer.addr], [16]) == 0
+    assert engine.batch_transfer_async_read(session, [local.addr], [peer.addr], [2**64]) == 0
+    assert engine.batch_transfer_async(session, [local.addr], [-1], [16], Write) == 0
+    assert engine.transfer_check_status(-3) == -1
+    assert engine.get_batch_transfer_status([-3]) == -1
+    assert engine.allocate_managed_buffer(-1) == 0
+    assert engine.free_managed_buffer(-1, 16) == -1
+    assert engine.write_bytes_to_buffer(-1, b"abc", 3) == -1
+    assert engine.write_bytes_to_buffer(local.addr, 12345, 3) == -1
+    assert engine.read_bytes_from_buffer(local.addr, -3) == b""
+    # The engine is unharmed: a good transfer still moves its bytes.
+    local.put(0, b"still works")
+    assert engine.transfer_sync_write(session, local.addr, peer.addr, 11) == 0
+    assert peer.read(0, 11) == b"still works"
+
+
 def test_unregister_unknown_address_fails(local):
     assert local.engine.unregister_memory(local.addr + 1) == -1
     assert local.engine.batch_unregister_memory([local.addr, local.addr + 1]) == -1

@@ -55,8 +55,8 @@ impl Default for EngineBuilder {
             inbox_capacity: 4096,
             inbox_bytes: 64 << 20,
             max_connections: 256,
-            max_unauthenticated: 64,
-            max_unauthenticated_per_source: 16,
+            max_unauthenticated: 128,
+            max_unauthenticated_per_source: 64,
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(300),
             metadata: None,
@@ -126,8 +126,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Most connections kept while they have not authenticated (64 by default), and most of
-    /// those from one source address (16 by default). A connection over either closes the
+    /// Most connections kept while they have not authenticated (128 by default), and most of
+    /// those from one source address (64 by default: the ranks of a server on one host may
+    /// all connect at once, each with several connections). A connection over either closes the
     /// oldest unauthenticated one (of its own source first) instead of being refused, so a
     /// flood of silent or slow connections evicts itself and a real peer, which authenticates
     /// within milliseconds, still gets in; a warning in the log (at most one every 10 s) says

@@ -163,7 +163,8 @@ impl Engine {
     ///    Rust references to them that assume no one else writes.
     ///
     /// # Errors
-    /// [`Error::Registration`] for a null pointer, `len == 0` or a range that wraps,
+    /// [`Error::Registration`] for a null pointer, `len == 0`, a range that wraps or host
+    /// memory this process has not mapped readable and writable,
     /// [`crate::RangeError::Overlap`] when the range overlaps a registered region,
     /// [`Error::Unsupported`] for managed memory and for GPU memory a transport should share
     /// but cannot (a stream-ordered pool allocation, a `cudaMalloc` range over several
@@ -175,7 +176,16 @@ impl Engine {
         }
         Error::check_registration(addr, len)?;
         let location = match Driver::get().memory_kind(addr)? {
-            MemoryKind::PageableHost => Location::Host { pinned: false },
+            MemoryKind::PageableHost => {
+                if let Some(first) = crate::memory::first_unmapped_here(addr, len) {
+                    return Err(Error::registration(
+                        addr,
+                        len,
+                        RegistrationProblem::NotMapped { first },
+                    ));
+                }
+                Location::Host { pinned: false }
+            }
             MemoryKind::PinnedHost => Location::Host { pinned: true },
             MemoryKind::Device => device_location(addr, &self.inner.gpus)?,
             MemoryKind::Managed => {

@@ -7,6 +7,7 @@
 
 mod host;
 mod locate;
+mod maps;
 mod region;
 mod span;
 mod staging;
@@ -14,6 +15,7 @@ mod table;
 
 pub(crate) use host::OwnedBuffer;
 pub(crate) use locate::device_location;
+pub(crate) use maps::first_unmapped_here;
 pub use region::RegionUse;
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};

@@ -10,6 +10,7 @@ mod host;
 
 use crate::compat::notify;
 use crate::compat::session::{self, Entry, RdmaChoice, Session};
+use crate::lists::{u64_or_reason, u64s_or_reason, Arg};
 use batches::Batches;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -129,10 +130,11 @@ impl TransferEngine {
         call: &str,
         target: &str,
         opcode: TransferOpcode,
-        entries: Vec<Entry>,
+        entries: Arg<Vec<Entry>>,
         notify: Option<(Vec<u8>, Vec<u8>)>,
     ) -> i32 {
         self.run(py, call, -1, |session| {
+            let entries = entries?;
             if entries.is_empty() && notify.is_none() {
                 return Ok(0);
             }
@@ -154,9 +156,10 @@ impl TransferEngine {
         call: &str,
         target: &str,
         opcode: TransferOpcode,
-        entries: Vec<Entry>,
+        entries: Arg<Vec<Entry>>,
     ) -> u64 {
         self.run(py, call, 0, |session| {
+            let entries = entries?;
             let transfer = session.submit(target, opcode.direction(), &entries, None)?;
             Ok(self.batches.track(transfer))
         })
@@ -253,13 +256,14 @@ impl TransferEngine {
     fn register_memory(
         &self,
         py: Python<'_>,
-        buffer_addr: u64,
-        capacity: u64,
+        #[pyo3(from_py_with = u64_or_reason)] buffer_addr: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] capacity: Arg<u64>,
         location: &str,
         remote_accessible: bool,
     ) -> i32 {
         let _ = (location, remote_accessible);
-        self.batch_register_memory(py, vec![buffer_addr], vec![capacity], "*")
+        let one = |value: Arg<u64>| value.map(|value| vec![value]);
+        self.batch_register_memory(py, one(buffer_addr), one(capacity), "*")
     }
 
     /// Registers each `(buffer_addrs[i], capacities[i])`, all or none. Returns 0 or -1.
@@ -267,13 +271,14 @@ impl TransferEngine {
     fn batch_register_memory(
         &self,
         py: Python<'_>,
-        buffer_addrs: Vec<u64>,
-        capacities: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffer_addrs: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] capacities: Arg<Vec<u64>>,
         location: &str,
     ) -> i32 {
         let _ = location;
         let call = "batch_register_memory";
         self.run(py, call, -1, |session| {
+            let (buffer_addrs, capacities) = (buffer_addrs?, capacities?);
             same_lengths(call, &[buffer_addrs.len(), capacities.len()])?;
             let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
             // SAFETY: Mooncake's contract: registered memory stays valid until it is
@@ -283,14 +288,22 @@ impl TransferEngine {
     }
 
     /// Unregisters the memory registered at `buffer_addr`. Returns 0 or -1.
-    fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> i32 {
-        self.batch_unregister_memory(py, vec![buffer_addr])
+    fn unregister_memory(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = u64_or_reason)] buffer_addr: Arg<u64>,
+    ) -> i32 {
+        self.batch_unregister_memory(py, buffer_addr.map(|addr| vec![addr]))
     }
 
     /// Unregisters the memory registered at each address. Returns 0 or -1.
-    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addrs: Vec<u64>) -> i32 {
+    fn batch_unregister_memory(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffer_addrs: Arg<Vec<u64>>,
+    ) -> i32 {
         self.run(py, "batch_unregister_memory", -1, |session| {
-            session.unregister(&buffer_addrs).map(|()| 0)
+            session.unregister(&buffer_addrs?).map(|()| 0)
         })
     }
 
@@ -301,13 +314,13 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] buffer: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
-        let entries = vec![(buffer, peer_buffer_address, length)];
+        let entries = one_entry(buffer, peer_buffer_address, length);
         self.transfer_blocking(
             py,
             "transfer_sync_write",
@@ -324,13 +337,13 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] buffer: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
-        let entries = vec![(buffer, peer_buffer_address, length)];
+        let entries = one_entry(buffer, peer_buffer_address, length);
         self.transfer_blocking(
             py,
             "transfer_sync_read",
@@ -348,15 +361,15 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] buffer: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
-        let entries = vec![(buffer, peer_buffer_address, length)];
+        let entries = one_entry(buffer, peer_buffer_address, length);
         let notify = notify.map(|note| note_bytes(&note));
         self.transfer_blocking(
             py,
@@ -374,9 +387,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
@@ -398,9 +411,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
     ) -> i32 {
         let _ = transport_hint;
@@ -416,9 +429,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
         transport_hint: &str,
@@ -442,13 +455,13 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        buffer: u64,
-        peer_buffer_address: u64,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] buffer: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         transport_hint: &str,
     ) -> u64 {
         let _ = transport_hint;
-        let entries = vec![(buffer, peer_buffer_address, length)];
+        let entries = one_entry(buffer, peer_buffer_address, length);
         self.submit_tracked(
             py,
             "transfer_submit_write",
@@ -460,9 +473,12 @@ impl TransferEngine {
 
     /// 1 when batch `batch_id` is done, 0 while it moves, -1 when it failed (or the id is
     /// unknown), -2 when it timed out. A finished batch's id is forgotten once reported.
-    fn transfer_check_status(&self, batch_id: u64) -> i32 {
-        match self.session() {
-            Ok(_) => self.batches.status(batch_id),
+    fn transfer_check_status(
+        &self,
+        #[pyo3(from_py_with = u64_or_reason)] batch_id: Arg<u64>,
+    ) -> i32 {
+        match self.session().and_then(|_| batch_id) {
+            Ok(batch_id) => self.batches.status(batch_id),
             Err(error) => failed("transfer_check_status", error),
         }
     }
@@ -473,9 +489,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
     ) -> u64 {
         let _ = transport_hint;
@@ -496,9 +512,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
     ) -> u64 {
         let _ = transport_hint;
@@ -520,9 +536,9 @@ impl TransferEngine {
         &self,
         py: Python<'_>,
         target_hostname: &str,
-        #[pyo3(from_py_with = crate::lists::u64s)] buffers: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] peer_buffer_addresses: Vec<u64>,
-        #[pyo3(from_py_with = crate::lists::u64s)] lengths: Vec<u64>,
+        #[pyo3(from_py_with = u64s_or_reason)] buffers: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
+        #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         opcode: PyRef<'_, TransferOpcode>,
         transport_hint: &str,
     ) -> u64 {
@@ -541,9 +557,13 @@ impl TransferEngine {
 
     /// Waits for every batch of `batch_ids`: 0 when all moved, -1 when any failed, timed out
     /// or is unknown. The ids are forgotten afterwards.
-    fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> i32 {
+    fn get_batch_transfer_status(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = u64s_or_reason)] batch_ids: Arg<Vec<u64>>,
+    ) -> i32 {
         self.run(py, "get_batch_transfer_status", -1, |_| {
-            Ok(self.batches.wait_all(&batch_ids))
+            Ok(self.batches.wait_all(&batch_ids?))
         })
     }
 
@@ -581,16 +601,25 @@ impl TransferEngine {
 
     /// A registered host buffer of `length` bytes owned by the engine; its address, 0 on
     /// failure. Free it with `free_managed_buffer`.
-    fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> u64 {
+    fn allocate_managed_buffer(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
+    ) -> u64 {
         self.run(py, "allocate_managed_buffer", 0, |session| {
-            session.allocate(length)
+            session.allocate(length?)
         })
     }
 
     /// Frees a buffer from `allocate_managed_buffer`. Returns 0 or -1.
-    fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> i32 {
+    fn free_managed_buffer(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = u64_or_reason)] buffer_addr: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
+    ) -> i32 {
         let _ = length;
-        self.batch_unregister_memory(py, vec![buffer_addr])
+        self.batch_unregister_memory(py, buffer_addr.map(|addr| vec![addr]))
     }
 
     /// Copies the first `length` bytes of `src_data` (`bytes`, or `str` as UTF-8) into
@@ -598,12 +627,13 @@ impl TransferEngine {
     fn write_bytes_to_buffer(
         &self,
         py: Python<'_>,
-        dest_address: u64,
-        src_data: SourceBytes,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] dest_address: Arg<u64>,
+        #[pyo3(from_py_with = source_bytes)] src_data: Arg<SourceBytes>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
     ) -> i32 {
-        let src_data = src_data.as_bytes();
         self.run(py, "write_bytes_to_buffer", -1, |session| {
+            let (dest_address, src_data, length) = (dest_address?, src_data?, length?);
+            let src_data = src_data.as_bytes();
             let bytes = usize::try_from(length)
                 .ok()
                 .and_then(|length| src_data.get(..length))
@@ -621,11 +651,11 @@ impl TransferEngine {
     fn read_bytes_from_buffer<'py>(
         &self,
         py: Python<'py>,
-        source_address: u64,
-        length: u64,
+        #[pyo3(from_py_with = u64_or_reason)] source_address: Arg<u64>,
+        #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
     ) -> Bound<'py, PyBytes> {
         let bytes = self.run(py, "read_bytes_from_buffer", Vec::new(), |session| {
-            session.read_local(source_address, length)
+            session.read_local(source_address?, length?)
         });
         PyBytes::new(py, &bytes)
     }
@@ -638,6 +668,13 @@ enum SourceBytes {
     Text(String),
 }
 
+/// What `write_bytes_to_buffer` copies, or why `value` is neither `bytes` nor `str`.
+fn source_bytes(value: &Bound<'_, PyAny>) -> PyResult<Arg<SourceBytes>> {
+    Ok(value
+        .extract::<SourceBytes>()
+        .map_err(|error| format!("the data to write must be bytes or str: {error}")))
+}
+
 impl SourceBytes {
     fn as_bytes(&self) -> &[u8] {
         match self {
@@ -648,7 +685,24 @@ impl SourceBytes {
 }
 
 /// The three lists of a batch call: local addresses, the peer's addresses, lengths.
-type Lists = (Vec<u64>, Vec<u64>, Vec<u64>);
+type Lists = (Arg<Vec<u64>>, Arg<Vec<u64>>, Arg<Vec<u64>>);
+
+/// The one entry of a single-transfer call.
+fn one_entry(buffer: Arg<u64>, peer_address: Arg<u64>, length: Arg<u64>) -> Arg<Vec<Entry>> {
+    Ok(vec![(buffer?, peer_address?, length?)])
+}
+
+/// The entries of a batch call's three lists, which must be of one length.
+fn list_entries(
+    call: &str,
+    buffers: Arg<Vec<u64>>,
+    peer_addresses: Arg<Vec<u64>>,
+    lengths: Arg<Vec<u64>>,
+) -> Arg<Vec<Entry>> {
+    let (buffers, peer_addresses, lengths) = (buffers?, peer_addresses?, lengths?);
+    same_lengths(call, &[buffers.len(), peer_addresses.len(), lengths.len()])?;
+    Ok(entries(&buffers, &peer_addresses, &lengths))
+}
 
 /// The name and message of a notify, as bytes.
 fn note_bytes(note: &TransferNotify) -> (Vec<u8>, Vec<u8>) {
@@ -669,12 +723,7 @@ impl TransferEngine {
         (buffers, peer_addresses, lengths): Lists,
         notify: Option<(Vec<u8>, Vec<u8>)>,
     ) -> i32 {
-        if let Err(error) =
-            same_lengths(call, &[buffers.len(), peer_addresses.len(), lengths.len()])
-        {
-            return failed(call, error);
-        }
-        let entries = entries(&buffers, &peer_addresses, &lengths);
+        let entries = list_entries(call, buffers, peer_addresses, lengths);
         self.transfer_blocking(py, call, target, opcode, entries, notify)
     }
 
@@ -685,24 +734,12 @@ impl TransferEngine {
         call: &str,
         target: &str,
         opcode: TransferOpcode,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: Arg<Vec<u64>>,
+        peer_buffer_addresses: Arg<Vec<u64>>,
+        lengths: Arg<Vec<u64>>,
     ) -> u64 {
-        if let Err(error) = same_lengths(
-            call,
-            &[buffers.len(), peer_buffer_addresses.len(), lengths.len()],
-        ) {
-            failed(call, error);
-            return 0;
-        }
-        self.submit_tracked(
-            py,
-            call,
-            target,
-            opcode,
-            entries(&buffers, &peer_buffer_addresses, &lengths),
-        )
+        let entries = list_entries(call, buffers, peer_buffer_addresses, lengths);
+        self.submit_tracked(py, call, target, opcode, entries)
     }
 }
 
