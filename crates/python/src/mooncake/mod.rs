@@ -477,7 +477,7 @@ impl TransferEngine {
         &self,
         #[pyo3(from_py_with = u64_or_reason)] batch_id: Arg<u64>,
     ) -> i32 {
-        match self.session().and_then(|_| batch_id) {
+        match self.session().and(batch_id) {
             Ok(batch_id) => self.batches.status(batch_id),
             Err(error) => failed("transfer_check_status", error),
         }
