@@ -42,9 +42,14 @@ pub(crate) struct Options {
     #[arg(long)]
     pub(crate) no_gpu_links: bool,
     /// Serve the engine's metrics as Prometheus text at `http://HOST:PORT/metrics` (a fixed
-    /// port); no metrics are kept when absent.
+    /// port, loopback unless --metrics-public); no metrics are kept when absent. At most 8
+    /// scrapes at once, each within 5 s.
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) metrics_addr: Option<String>,
+    /// Allow --metrics-addr on a non-loopback address. The endpoint has no authentication and
+    /// shows the engine's peers and traffic: admit only the scraper (firewall, network policy).
+    #[arg(long, requires = "metrics_addr")]
+    pub(crate) metrics_public: bool,
     #[command(flatten)]
     pub(crate) secret: crate::secret_file::SecretFile,
 }
@@ -57,7 +62,7 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = options
         .metrics_addr
         .as_deref()
-        .map(crate::metrics_endpoint::install)
+        .map(|address| crate::metrics_endpoint::install(address, options.metrics_public))
         .transpose()?;
     let mut builder = options.secret.apply(
         ferry::Engine::builder()

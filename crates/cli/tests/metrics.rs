@@ -97,3 +97,70 @@ fn serve_refuses_a_metrics_address_without_a_fixed_port() {
         "nothing is served, so no segment line"
     );
 }
+
+#[test]
+fn serve_refuses_a_public_metrics_address_unless_told_and_then_serves_it() {
+    let port = free_port();
+    let public = format!("0.0.0.0:{port}");
+    let output = Command::new(ferry_bin())
+        .args(["serve", "--bytes", "4096", "--metrics-addr", &public])
+        .output()
+        .expect("ferry serve runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--metrics-public"), "{stderr}");
+    let serve =
+        ServeProcess::start_with(4096, &["--metrics-addr", &public, "--metrics-public"], &[]);
+    assert!(serve.metrics.is_some());
+    // A 200 (the engine has counted nothing yet, so the body may be empty).
+    scrape(&format!("127.0.0.1:{port}"));
+}
+
+#[test]
+fn a_flood_of_idle_scrapers_is_bounded_and_the_engine_and_a_late_scrape_go_on() {
+    const FLOOD: usize = 200;
+    let address = format!("127.0.0.1:{}", free_port());
+    let serve = ServeProcess::start_with(1 << 20, &["--metrics-addr", &address], &[]);
+    scrape(&address);
+    let mut idle: Vec<TcpStream> = (0..FLOOD)
+        .map(|_| TcpStream::connect(&address).expect("the listener accepts"))
+        .collect();
+    // All but the few the endpoint serves at once are closed as they arrive.
+    let open = |streams: &mut [TcpStream], wait: Duration| {
+        let mut open = 0;
+        for stream in streams {
+            stream.set_read_timeout(Some(wait)).unwrap();
+            let mut byte = [0u8; 1];
+            if let Err(error) = stream.read(&mut byte) {
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    open += 1;
+                }
+            }
+        }
+        open
+    };
+    let held = open(&mut idle, Duration::from_millis(20));
+    assert!(held <= 8, "{held} idle scrapers are held");
+
+    // The engine serves its peers meanwhile.
+    let prefill = Engine::builder().build_blocking().unwrap();
+    let source = prefill.allocate(8192).unwrap();
+    let peer = prefill.connect_blocking(&serve.name).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, serve.buffer_addr, 8192)
+        .submit_blocking()
+        .unwrap();
+
+    // The scrape deadline closes the held ones, and a real scrape gets its answer.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(open(&mut idle, Duration::from_millis(20)), 0);
+    let body = scrape(&address);
+    assert!(
+        sample(&body, "ferry_served_bytes_total", r#"direction="write""#).is_some(),
+        "{body}"
+    );
+}
