@@ -241,8 +241,10 @@ fn run_prefill(args: RankArgs) -> Result<bool, Box<dyn std::error::Error>> {
     // Every decode rank that got data answers once it checked it; a rank that died will not.
     let mut good = true;
     for _ in 0..answers {
-        let verdict = kv::await_answer(&mut inbox, &peers, Duration::from_secs(120))
-            .map_err(|error| format!("a decode rank did not answer: {error}"))?;
+        let verdict = kv::await_answer(&mut inbox, &peers, Duration::from_secs(120), |payload| {
+            payload.starts_with(b"tp verified ")
+        })
+        .map_err(|error| format!("a decode rank did not answer: {error}"))?;
         good &= verdict.payload == b"tp verified ok";
     }
     Ok(good)

@@ -13,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 logs=${1:-${OUT:-$here/logs}}
 mkdir -p "$logs"
 export FERRY_BIN="$here/ferry"
+export FERRY_EXAMPLES="$here"
 summary="$logs/summary.txt"
 full="$logs/full.log"
 : >"$summary"

@@ -3,8 +3,8 @@
 //! they were checked.
 
 use super::{
-    allocate_pools, decode_notification, encode_verdict, first_mismatch, reply_to, SecretFile,
-    Shape,
+    allocate_pools, decode_notification, encode_verdict, first_mismatch, reply_to, Announced,
+    SecretFile, Shape,
 };
 use clap::Args;
 use std::io::Write;
@@ -56,21 +56,46 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     // Opened when the first answer is due: the prefill engine starts after this one.
     let mut prefill: Option<ferry::Peer> = None;
     let mut block = vec![0u8; shape.block_bytes as usize];
-    for _ in 0..args.requests {
+    let mut handled = 0;
+    while handled < args.requests {
         let note = inbox
             .recv_blocking()?
             .ok_or("the engine stopped before a request arrived")?;
-        let (request, blocks) = decode_notification(&note.payload)?;
+        // Anyone who reaches the port may send a notification: one that is not a request of
+        // this shape is logged, quoted, and skipped, never a reason to stop.
+        let announced = decode_notification(&note.payload).and_then(|announced| {
+            match announced
+                .blocks
+                .iter()
+                .find(|&&slot| slot >= shape.pool_blocks)
+            {
+                Some(slot) => Err(format!(
+                    "block id {slot} is outside the {}-block pool",
+                    shape.pool_blocks
+                )),
+                None => Ok(announced),
+            }
+        });
+        let Announced {
+            request,
+            token,
+            blocks,
+        } = match announced {
+            Ok(announced) => announced,
+            Err(reason) => {
+                tracing::warn!(
+                    from = ?note.from,
+                    payload = ?String::from_utf8_lossy(&note.payload),
+                    %reason,
+                    "ignoring a notification that is not a request"
+                );
+                continue;
+            }
+        };
+        handled += 1;
         let mut bad = None;
         'verify: for (tensor, pool) in pools.iter().enumerate() {
             for (logical, &slot) in blocks.iter().enumerate() {
-                if slot >= shape.pool_blocks {
-                    return Err(format!(
-                        "block id {slot} is outside the {}-block pool",
-                        shape.pool_blocks
-                    )
-                    .into());
-                }
                 pool.read_at(u64::from(slot) * shape.block_bytes, &mut block)?;
                 if let Some(byte) = first_mismatch(&block, request, tensor as u32, logical as u32) {
                     bad = Some((tensor, logical, slot, byte));
@@ -92,7 +117,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
             }
         };
         let verdict = if bad.is_none() { "ok" } else { "bad" };
-        engine.notify_blocking(&peer, encode_verdict(request, verdict))?;
+        engine.notify_blocking(&peer, encode_verdict(request, token, verdict))?;
         match bad {
             None => writeln!(
                 stdout,

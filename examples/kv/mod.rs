@@ -131,16 +131,27 @@ pub(crate) fn reply_to(given: &[String]) -> Result<Vec<String>, Box<dyn std::err
     Ok(names.split(',').map(str::to_owned).collect())
 }
 
-/// Waits up to `limit` for the next notification, and gives up as soon as one of `peers` is
-/// gone (its connections closed: the process died), instead of waiting out the limit.
+/// Waits up to `limit` for the next notification that `expected` accepts (others are logged
+/// and skipped), and gives up as soon as one of `peers` is gone (its connections closed: the
+/// process died), instead of waiting out the limit.
 pub(crate) fn await_answer(
     inbox: &mut ferry::Notifications,
     peers: &[ferry::Peer],
     limit: Duration,
+    expected: impl Fn(&[u8]) -> bool,
 ) -> Result<ferry::Notification, Box<dyn std::error::Error>> {
     let deadline = Instant::now() + limit;
     let next = |inbox: &mut ferry::Notifications, wait| match inbox.recv_timeout_blocking(wait) {
-        Ok(Some(note)) => Ok(Some(note)),
+        Ok(Some(note)) if expected(&note.payload) => Ok(Some(note)),
+        Ok(Some(note)) => {
+            // Anyone who reaches the port may send one: say so, quoted, and wait on.
+            tracing::warn!(
+                from = ?note.from,
+                payload = ?String::from_utf8_lossy(&note.payload),
+                "ignoring a notification that is not the awaited answer"
+            );
+            Ok(None)
+        }
         Ok(None) => Err("the engine stopped before the answer came".into()),
         Err(ferry::Error::Timeout { .. }) => Ok(None),
         Err(error) => Err(Box::<dyn std::error::Error>::from(error)),
@@ -286,34 +297,70 @@ fn word_seed(request: u64, tensor: u32, block_index: u32) -> u64 {
     x
 }
 
-/// The notification announcing a request: `kv request=ID blocks=ID,ID,...` (destination ids).
-pub(crate) fn encode_notification(request: u64, blocks: &[u32]) -> Vec<u8> {
+/// A request's token: 64 random bits the decode side repeats in its verdict, so a verdict
+/// that did not come from a process which saw the announcement is told apart (without a
+/// shared secret anyone who reaches the port can send notifications).
+pub(crate) fn request_token() -> Result<u64, String> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|error| format!("drawing a request token: {error}"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// The notification announcing a request: `kv request=ID token=HEX blocks=ID,ID,...`
+/// (destination ids).
+pub(crate) fn encode_notification(request: u64, token: u64, blocks: &[u32]) -> Vec<u8> {
     let ids: Vec<String> = blocks.iter().map(u32::to_string).collect();
-    format!("kv request={request} blocks={}", ids.join(",")).into_bytes()
+    format!(
+        "kv request={request} token={token:016x} blocks={}",
+        ids.join(",")
+    )
+    .into_bytes()
+}
+
+/// An announced request: its id, its token and its destination block ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Announced {
+    pub(crate) request: u64,
+    pub(crate) token: u64,
+    pub(crate) blocks: Vec<u32>,
 }
 
 /// Parses [`encode_notification`]'s format.
-pub(crate) fn decode_notification(payload: &[u8]) -> Result<(u64, Vec<u32>), String> {
+pub(crate) fn decode_notification(payload: &[u8]) -> Result<Announced, String> {
     let text = std::str::from_utf8(payload).map_err(|_| "notification is not UTF-8".to_owned())?;
     let rest = text
         .strip_prefix("kv request=")
         .ok_or("notification is not a kv announcement")?;
-    let (request, blocks) = rest
+    let (request, rest) = rest
+        .split_once(" token=")
+        .ok_or("notification carries no token")?;
+    let (token, blocks) = rest
         .split_once(" blocks=")
         .ok_or("notification lists no blocks")?;
     let request = request
         .parse()
         .map_err(|_| format!("bad request id {request:?}"))?;
+    let token = u64::from_str_radix(token, 16).map_err(|_| format!("bad token {token:?}"))?;
     let blocks = blocks
         .split(',')
         .map(|id| id.parse().map_err(|_| format!("bad block id {id:?}")))
         .collect::<Result<Vec<u32>, String>>()?;
-    Ok((request, blocks))
+    Ok(Announced {
+        request,
+        token,
+        blocks,
+    })
 }
 
-/// The decode side's answer once it has checked a request: `kv verified request=ID ok|bad`.
-pub(crate) fn encode_verdict(request: u64, verdict: &str) -> Vec<u8> {
-    format!("kv verified request={request} {verdict}").into_bytes()
+/// The decode side's answer once it has checked a request:
+/// `kv verified request=ID token=HEX ok|bad`.
+pub(crate) fn encode_verdict(request: u64, token: u64, verdict: &str) -> Vec<u8> {
+    format!("kv verified request={request} token={token:016x} {verdict}").into_bytes()
+}
+
+/// Whether `payload` is a verdict on `request` with its `token`, whatever it says.
+pub(crate) fn is_verdict_on(payload: &[u8], request: u64, token: u64) -> bool {
+    payload.starts_with(format!("kv verified request={request} token={token:016x} ").as_bytes())
 }
 
 /// Logs to stderr at `RUST_LOG` (default `info`).

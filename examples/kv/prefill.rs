@@ -2,8 +2,8 @@
 //! one batch and notifies.
 
 use super::{
-    allocate_pools, await_answer, encode_notification, encode_verdict, fill_block, SecretFile,
-    Shape,
+    allocate_pools, await_answer, encode_notification, encode_verdict, fill_block, is_verdict_on,
+    request_token, SecretFile, Shape,
 };
 use clap::Args;
 use std::io::Write;
@@ -82,6 +82,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
                 pool.write_at(u64::from(slot) * shape.block_bytes, &block)?;
             }
         }
+        let token = request_token()?;
         let started = Instant::now();
         let mut batch = engine.batch(&peer);
         if args.entries {
@@ -107,7 +108,7 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
             batch = batch.write_blocks(copy);
         }
         let done = batch
-            .notify(encode_notification(request, &destinations))
+            .notify(encode_notification(request, token, &destinations))
             .submit_blocking()?;
         let seconds = started.elapsed().as_secs_f64();
         if request == 0 {
@@ -122,14 +123,16 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
         )?;
         stdout.flush()?;
         // The decode side checks the blocks before this side may fill and send them again;
-        // if it dies meanwhile, there is nothing to wait for.
+        // if it dies meanwhile, there is nothing to wait for. Only a verdict carrying this
+        // request's token counts: another is not from the process that saw the request.
         let verdict = await_answer(
             &mut inbox,
             std::slice::from_ref(&peer),
             Duration::from_secs(120),
+            |payload| is_verdict_on(payload, request, token),
         )
         .map_err(|error| format!("the decode side did not answer: {error}"))?;
-        if verdict.payload != encode_verdict(request, "ok") {
+        if verdict.payload != encode_verdict(request, token, "ok") {
             return Err(format!(
                 "the decode side reported: {}",
                 String::from_utf8_lossy(&verdict.payload)
