@@ -117,7 +117,7 @@ pub use ferry_rdma::RdmaConfig;
 
 /// Shared-secret authentication of peers: the secret type and where it is read from.
 pub mod auth {
-    pub use ferry_core::auth::{read_secret_file, Secret, SECRET_ENV};
+    pub use ferry_core::auth::{read_secret_file, sign_descriptor, Secret, SECRET_ENV};
 }
 
 /// Metadata stores, selected by URL.

@@ -72,8 +72,13 @@ async fn a_wrong_secret_writes_nothing_even_with_the_descriptor_from_a_store() {
     let decode = engine(Some(SECRET_A), Some(Arc::clone(&store))).await;
     let pool = decode.allocate(4096).unwrap();
     let prefill = engine(Some(SECRET_B), Some(store)).await;
-    let error = prefill.connect(decode.name()).await;
-    assert_eq!(refusal(error), AuthFailure::PeerProofMismatch);
+    // The descriptor is signed with the other secret, so it is refused before any connection.
+    match prefill.connect(decode.name()).await {
+        Err(Error::Metadata { reason, .. }) => {
+            assert!(reason.contains("another secret"), "{reason}")
+        }
+        other => panic!("expected Error::Metadata, got {other:?}"),
+    }
     let mut landed = vec![0xffu8; 4096];
     pool.read_at(0, &mut landed).unwrap();
     assert!(landed.iter().all(|&byte| byte == 0), "nothing may land");
@@ -136,7 +141,11 @@ async fn a_listener_that_never_answers_fails_the_handshake_within_the_io_timeout
         transport: ferry::transport::TCP.into(),
         address,
     }];
-    store.publish(&descriptor).await.unwrap();
+    let secret = ferry::auth::Secret::new(SECRET_A.to_vec()).unwrap();
+    store
+        .publish(&ferry::auth::sign_descriptor(&descriptor, &secret))
+        .await
+        .unwrap();
     let limit = Duration::from_millis(300);
     let client = Engine::builder()
         .secret(SECRET_A)
@@ -219,4 +228,56 @@ async fn a_caller_that_says_nothing_is_closed_after_the_handshake_timeout() {
     .unwrap();
     assert!(answer.is_empty(), "{answer:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_descriptor_altered_or_unsigned_in_the_store_is_refused_naming_its_key() {
+    let store: Arc<dyn MetadataStore> = MemoryStore::new();
+    let decode = engine(Some(SECRET_A), Some(Arc::clone(&store))).await;
+    let pool = decode.allocate(64 << 10).unwrap();
+    // The engine republishes in the background after a registration: wait until the store
+    // holds the buffer, so nothing overwrites what is written below.
+    let mut published = store.fetch(decode.name()).await.unwrap();
+    for _ in 0..200 {
+        if published
+            .buffers
+            .iter()
+            .any(|buffer| buffer.addr == pool.addr())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        published = store.fetch(decode.name()).await.unwrap();
+    }
+    assert!(
+        published.signature.is_some(),
+        "an engine with a secret signs"
+    );
+    let honest = engine(Some(SECRET_A), Some(Arc::clone(&store))).await;
+    honest.connect(decode.name()).await.unwrap();
+
+    // Someone who can write the store rotates the buffer's address, keeping the signature.
+    let mut rotated = published.clone();
+    rotated.buffers[0].addr += 4096;
+    store.publish(&rotated).await.unwrap();
+    let fresh = engine(Some(SECRET_A), Some(Arc::clone(&store))).await;
+    match fresh.connect(decode.name()).await {
+        Err(Error::Metadata { name, reason }) => {
+            assert_eq!(name, decode.name());
+            assert!(reason.contains("does not match"), "{reason}");
+        }
+        other => panic!("expected Error::Metadata, got {other:?}"),
+    }
+    // Or writes it without a signature, as an engine without the secret would.
+    let unsigned = ferry::SegmentDescriptor {
+        signature: None,
+        ..rotated
+    };
+    store.publish(&unsigned).await.unwrap();
+    match fresh.connect(decode.name()).await {
+        Err(Error::Metadata { reason, .. }) => {
+            assert!(reason.contains("no signature"), "{reason}")
+        }
+        other => panic!("expected Error::Metadata, got {other:?}"),
+    }
 }

@@ -151,6 +151,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
             name: None,
             exports: Vec::new(),
         }],
+        signature: None,
     };
     std::thread::spawn(move || {
         for stream in listener.incoming().take(8) {

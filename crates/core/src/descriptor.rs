@@ -39,6 +39,11 @@ pub struct SegmentDescriptor {
     pub gpus: Vec<crate::cuda::DeviceInfo>,
     /// Registered buffers, in registration order.
     pub buffers: Vec<BufferDescriptor>,
+    /// HMAC-SHA256 under the shared secret over the rest of the descriptor, hex, when its
+    /// engine has a secret: engines with the same secret refuse a descriptor whose signature
+    /// does not match, whichever store or peer it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 /// Identifies one boot of one machine, so peers can tell "same host" reliably: the boot id
@@ -186,6 +191,7 @@ mod tests {
                 name: Some("kv".into()),
                 exports: Vec::new(),
             }],
+            signature: None,
         }
     }
 

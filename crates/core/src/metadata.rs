@@ -117,3 +117,53 @@ impl MetadataStore for PeerToPeer {
         }))
     }
 }
+
+/// Any store, with the descriptors it holds signed with the shared secret: publishing signs,
+/// fetching refuses a descriptor whose signature does not match ([`crate::auth`]'s
+/// `signature`), naming the key. An engine with a secret wraps its store in this.
+pub(crate) struct Signed {
+    inner: Arc<dyn MetadataStore>,
+    secret: Secret,
+}
+
+impl Signed {
+    /// `inner`, signed and checked with `secret`.
+    pub(crate) fn new(inner: Arc<dyn MetadataStore>, secret: Secret) -> Signed {
+        Signed { inner, secret }
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataStore for Signed {
+    /// Publishes `descriptor` signed.
+    ///
+    /// # Cancel safety
+    /// As the inner store's.
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
+        let signed = crate::auth::sign_descriptor(descriptor, &self.secret);
+        self.inner.publish(&signed).await
+    }
+
+    /// The inner store's descriptor of `name`, refused unless signed with the secret.
+    ///
+    /// # Cancel safety
+    /// As the inner store's.
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        let descriptor = self.inner.fetch(name).await?;
+        crate::auth::signature::check(&descriptor, &self.secret).map_err(|why| {
+            crate::Error::Metadata {
+                name: name.to_owned(),
+                reason: format!(
+                    "the descriptor stored under {name:?} {why}; it is not used. Check who can write the store, and that every engine has the same secret"
+                ),
+            }
+        })?;
+        Ok(descriptor)
+    }
+
+    /// # Cancel safety
+    /// As the inner store's.
+    async fn unpublish(&self, name: &str) -> Result<()> {
+        self.inner.unpublish(name).await
+    }
+}

@@ -383,6 +383,7 @@ mod tests {
             endpoints: Vec::new(),
             gpus: Vec::new(),
             buffers: vec![buffer(0x5000), buffer(0x1000)],
+            signature: None,
         });
         assert!(view.covering(0x1000, 0x1000).is_some());
         assert!(view.covering(0x1fff, 1).is_some());

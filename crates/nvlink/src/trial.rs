@@ -177,6 +177,7 @@ mod tests {
             endpoints: Vec::new(),
             gpus: Vec::new(),
             buffers: Vec::new(),
+            signature: None,
         }
     }
 

@@ -37,10 +37,12 @@
 mod handshake;
 pub(crate) mod io;
 mod secret;
+pub(crate) mod signature;
 
 pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
 pub use io::{client, server};
 pub use secret::{read_secret_file, Secret, SECRET_ENV};
+pub use signature::sign_descriptor;
 
 /// Fresh random bytes for a nonce.
 ///

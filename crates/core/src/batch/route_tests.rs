@@ -94,6 +94,7 @@ fn peer_view() -> PeerView {
         endpoints: Vec::new(),
         gpus: Vec::new(),
         buffers: vec![buffer(REMOTE_A), buffer(REMOTE_B)],
+        signature: None,
     })
 }
 

@@ -8,7 +8,7 @@ use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, Result};
 use crate::identity::InstanceId;
 use crate::memory::RegionTable;
-use crate::metadata::{MetadataStore, PeerToPeer};
+use crate::metadata::{MetadataStore, PeerToPeer, Signed};
 use crate::notify::{Inbox, InboxHandle};
 use crate::proto::SessionConfig;
 use crate::tcp::{self, ServerContext, TcpConfig, TcpTransport};
@@ -309,12 +309,23 @@ impl EngineBuilder {
             tokio::net::TcpListener::from_std(listener)
                 .map_err(|error| Error::io("registering the listener", error))?
         };
+        let external_store = self.metadata.is_some();
         let metadata = self
             .metadata
             .unwrap_or_else(|| Arc::new(PeerToPeer::new(self.transfer_timeout)));
-        let metadata = match &secret {
-            Some(secret) => metadata.with_secret(secret).unwrap_or(metadata),
-            None => metadata,
+        let metadata: Arc<dyn MetadataStore> = match &secret {
+            Some(secret) => Arc::new(Signed::new(
+                metadata.with_secret(secret).unwrap_or(metadata),
+                secret.clone(),
+            )),
+            None => {
+                if external_store {
+                    tracing::info!(
+                        "no shared secret: descriptors from the metadata store are trusted as they are, so whoever can write the store can point this engine at other memory"
+                    );
+                }
+                metadata
+            }
         };
         let inner = Arc::new(EngineInner {
             name,
@@ -337,13 +348,21 @@ impl EngineBuilder {
         });
         crate::local::remember(instance, &inner.table);
         let describer = Arc::downgrade(&inner);
+        let serving_secret = secret.clone();
         let context = Arc::new(ServerContext {
             table: Arc::clone(&inner.table),
             inbox,
             descriptor: Box::new(move || {
                 describer
                     .upgrade()
-                    .map(|engine| engine.descriptor())
+                    .map(|engine| {
+                        let descriptor = engine.descriptor();
+                        // Served signed, as published: a peer with the secret checks it.
+                        match &serving_secret {
+                            Some(secret) => crate::auth::sign_descriptor(&descriptor, secret),
+                            None => descriptor,
+                        }
+                    })
                     .unwrap_or_else(|| empty_descriptor(instance, process))
             }),
             session: SessionConfig {
@@ -387,6 +406,7 @@ fn empty_descriptor(instance: InstanceId, process: InstanceId) -> SegmentDescrip
         endpoints: Vec::new(),
         gpus: Vec::new(),
         buffers: Vec::new(),
+        signature: None,
     }
 }
 

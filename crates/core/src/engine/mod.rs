@@ -116,6 +116,7 @@ impl EngineInner {
                 .filter_map(|transport| transport.endpoint())
                 .collect(),
             buffers: self.table.snapshot(),
+            signature: None,
         }
     }
 }

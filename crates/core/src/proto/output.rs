@@ -17,6 +17,9 @@ pub(super) struct Output<S> {
     sent: usize,
     /// Bytes queued and not yet written.
     queued: usize,
+    /// Of those, bytes this session made and holds (headers, acks, descriptors), as opposed
+    /// to read answers' spans, which are registered memory sent from where it is.
+    copied: usize,
 }
 
 impl<S: Landing> Output<S> {
@@ -25,6 +28,7 @@ impl<S: Landing> Output<S> {
             chunks: VecDeque::new(),
             sent: 0,
             queued: 0,
+            copied: 0,
         }
     }
 
@@ -35,6 +39,11 @@ impl<S: Landing> Output<S> {
     /// Bytes queued and not yet written, read answers' spans included.
     pub(super) fn queued(&self) -> usize {
         self.queued
+    }
+
+    /// Bytes queued and not yet written that this session allocated (not spans).
+    pub(super) fn copied(&self) -> usize {
+        self.copied
     }
 
     /// Queues a frame whose body is `body`.
@@ -52,6 +61,7 @@ impl<S: Landing> Output<S> {
         bytes.extend_from_slice(&header.encode());
         bytes.extend_from_slice(body);
         self.queued += HEADER_LEN + body.len();
+        self.copied += HEADER_LEN + body.len();
     }
 
     /// Queues a frame whose body is the bytes of `span`, sent from where they are.
@@ -75,9 +85,9 @@ impl<S: Landing> Output<S> {
         let mut len = len.min(self.queued);
         self.queued -= len;
         while let Some(front) = self.chunks.front() {
-            let size = match front {
-                Chunk::Bytes(bytes) => bytes.len(),
-                Chunk::Span(span) => span.as_slice().len(),
+            let (size, owned) = match front {
+                Chunk::Bytes(bytes) => (bytes.len(), true),
+                Chunk::Span(span) => (span.as_slice().len(), false),
             };
             if self.sent >= size {
                 self.chunks.pop_front();
@@ -90,6 +100,9 @@ impl<S: Landing> Output<S> {
             let step = len.min(size - self.sent);
             self.sent += step;
             len -= step;
+            if owned {
+                self.copied -= step;
+            }
         }
     }
 }

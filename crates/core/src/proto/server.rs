@@ -6,6 +6,10 @@ mod frames;
 
 use super::input::Input;
 use super::output::Output;
+
+/// Bytes of answers a session allocates (acks, descriptors) that may wait for a peer to read
+/// them before the session takes no new frame from it.
+pub(crate) const MAX_COPIED_ANSWERS: usize = 256 << 10;
 use super::{Closed, Event, Landing, Served, SessionConfig};
 use crate::error::Refusal;
 use crate::wire::{self, Header, Kind, HEADER_LEN};
@@ -186,7 +190,8 @@ impl<M: Served> ServerSession<M> {
     }
 
     /// Where the driver should read the peer's next bytes; `None` while the session waits for
-    /// an event's answer or has ended, when it must not read.
+    /// an event's answer, holds a full buffer of frames it will take once the peer has read
+    /// its answers, or has ended: it must not read then.
     pub(crate) fn read_target(&mut self) -> Option<&mut [u8]> {
         if self.closed.is_some() || self.ended || matches!(self.state, State::Waiting { .. }) {
             return None;
@@ -211,7 +216,8 @@ impl<M: Served> ServerSession<M> {
                 }
             }
         }
-        Some(self.input.free())
+        let free = self.input.free();
+        (!free.is_empty()).then_some(free)
     }
 
     /// `len` bytes were read into the last [`Self::read_target`].
@@ -246,10 +252,14 @@ impl<M: Served> ServerSession<M> {
         }
     }
 
-    /// Whether the answers queued for the peer hold a frame's worth of bytes or more; new
-    /// frames wait until the peer has read them.
+    /// Whether the answers queued for the peer hold a frame's worth of bytes or more, or
+    /// [`MAX_COPIED_ANSWERS`] of bytes this session allocated for them; new frames wait until
+    /// the peer has read them. The second bound is what keeps a peer that pipelines small
+    /// requests with large answers (descriptor requests) and reads none from making the
+    /// engine hold many times what it sent.
     fn answers_backed_up(&self) -> bool {
         self.output.queued() >= self.config.limits.max_data as usize
+            || self.output.copied() >= MAX_COPIED_ANSWERS
     }
 
     /// Answers [`Event::Store`]: whether the bytes are in memory, or why not.

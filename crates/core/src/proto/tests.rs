@@ -1,6 +1,8 @@
 //! The listener's session driven from memory: bytes in, answers and landed bytes out, time
 //! passed in by hand.
 
+use super::input::Input;
+use super::server::MAX_COPIED_ANSWERS;
 use super::test_memory::{test_config, Harness, TestMemory};
 use super::Closed;
 use crate::error::{ProtocolViolation, Refusal};
@@ -441,4 +443,43 @@ fn a_peer_that_asks_faster_than_it_reads_is_answered_one_frame_at_a_time() {
         assert_eq!((header.kind, header.id), (Kind::ReadData, index as u64 + 1));
         assert_eq!(body.len(), 4096);
     }
+}
+
+#[test]
+fn a_peer_that_pipelines_descriptor_requests_and_reads_nothing_gets_a_bounded_backlog() {
+    let mut harness = Harness::new(4096, test_config());
+    let mut bytes = hello("peer");
+    for id in 1..=20_000u64 {
+        bytes.extend(frame(Kind::DescriptorRequest, id, &[]));
+    }
+    // Fed by hand, nothing written: the peer never reads.
+    let mut taken = 0;
+    while taken < bytes.len() {
+        assert!(
+            harness.session.poll_event().is_none(),
+            "a descriptor request raises no event"
+        );
+        let Some(target) = harness.session.read_target() else {
+            break;
+        };
+        let len = target.len().min(bytes.len() - taken);
+        target[..len].copy_from_slice(&bytes[taken..taken + len]);
+        taken += len;
+        harness.session.handle_read(harness.now, len);
+    }
+    let answer = wire::HEADER_LEN + TestMemory::DESCRIPTOR.len();
+    let held = harness.session.held_bytes();
+    assert!(
+        held <= Input::CAPACITY + 2 * MAX_COPIED_ANSWERS + answer,
+        "the session holds {held} bytes"
+    );
+    assert!(taken < bytes.len(), "the session should stop reading");
+    // Once the peer reads, the rest is answered, every request once.
+    harness.feed(&bytes[taken..], usize::MAX);
+    harness.pump();
+    let answers = harness.answers();
+    assert_eq!(answers.len(), 20_000);
+    assert!(answers
+        .iter()
+        .all(|(header, _)| header.kind == Kind::DescriptorResponse));
 }

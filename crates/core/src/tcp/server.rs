@@ -404,6 +404,7 @@ mod tests {
                 endpoints: Vec::new(),
                 gpus: Vec::new(),
                 buffers: Vec::new(),
+                signature: None,
             }),
             session: test_config(),
             admission: AdmissionLimits {
