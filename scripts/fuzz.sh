@@ -14,6 +14,8 @@ targets=(
   "session crates/core/tests/data/fuzz/session"
   "rdma_peer_input crates/rdma/tests/data/fuzz/peer_input"
   "message_ring crates/nvlink/tests/data/fuzz/message_ring"
+  "handshake crates/core/tests/data/fuzz/handshake"
+  "descriptor crates/core/tests/data/fuzz/descriptor"
 )
 for entry in "${targets[@]}"; do
   read -r target seeds <<<"$entry"
