@@ -162,26 +162,69 @@ struct Serving {
     running: Weak<()>,
 }
 
+/// Connections the fd socket serves at once; more are closed as they arrive, so a flood of
+/// connections (another user's included, refused as they are) cannot take the process's file
+/// descriptors.
+const MAX_SERVING: usize = 64;
+
+/// Failed or refused requests are logged at most once per this interval, with a count.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Says why fd-socket requests failed, at most once per [`WARN_EVERY`].
+#[derive(Default)]
+struct Warnings {
+    /// When the last line was written, and the failures since.
+    state: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl Warnings {
+    fn failed(&self, reason: &str) {
+        let mut state = self.state.lock();
+        state.1 += 1;
+        let now = std::time::Instant::now();
+        if state
+            .0
+            .is_some_and(|last| now.duration_since(last) < WARN_EVERY)
+        {
+            return;
+        }
+        let count = std::mem::take(&mut state.1);
+        state.0 = Some(now);
+        tracing::warn!(%reason, count, "fd-passing requests failed or were refused (the latest reason shown)");
+    }
+}
+
 async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_SERVING));
+    let warnings = Arc::new(Warnings::default());
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
-                tracing::warn!(%error, "accepting on the fd-passing socket failed");
+                warnings.failed(&format!(
+                    "accepting on the fd-passing socket failed: {error}"
+                ));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
+            warnings.failed(&format!(
+                "more than {MAX_SERVING} connections at once; the newest is closed"
+            ));
+            continue;
+        };
         let Some(shares) = serving.shares.upgrade() else {
             return;
         };
-        let serving = serving.clone();
+        let (serving, warnings) = (serving.clone(), Arc::clone(&warnings));
         tokio::spawn(async move {
             let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
                 .await
                 .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
+            drop(slot);
             if let Err(reason) = served {
-                tracing::warn!(%reason, "an fd-passing request failed");
+                warnings.failed(&reason);
             }
         });
     }
@@ -209,8 +252,8 @@ async fn serve(
             "{client} runs as uid {}, this engine as uid {own}; GPU memory is shared with the same user only",
             credentials.uid()
         );
-        tracing::error!(%reason, "refused an fd-passing request");
-        return refuse(&mut stream, &reason).await;
+        refuse(&mut stream, &reason).await?;
+        return Err(format!("refused: {reason}"));
     }
     let authenticates = stream
         .read_u8()
@@ -995,5 +1038,41 @@ mod tests {
                 "descriptor {index} out of order"
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_silent_connections_is_closed_past_the_cap_and_a_real_request_goes_on() {
+        const FLOOD: usize = 3 * MAX_SERVING;
+        let (server, mut inbox) = server_with_inbox(None, 4);
+        let address = SocketAddr::from_abstract_name(server.name().as_bytes()).unwrap();
+        let mut flood: Vec<std::os::unix::net::UnixStream> = (0..FLOOD)
+            .map(|_| std::os::unix::net::UnixStream::connect_addr(&address).unwrap())
+            .collect();
+        // Those past the cap are closed as they arrive: their reads end at once.
+        let closed = tokio::task::spawn_blocking(move || {
+            let mut closed = 0;
+            for stream in &mut flood {
+                stream
+                    .set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                if matches!(stream.read(&mut [0u8; 1]), Ok(0)) {
+                    closed += 1;
+                }
+            }
+            (closed, flood)
+        });
+        let (closed, flood) = closed.await.unwrap();
+        assert!(
+            closed >= FLOOD - MAX_SERVING,
+            "only {closed} of {FLOOD} connections were closed"
+        );
+        // Once the flood goes away, a real client is served.
+        drop(flood);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sender = open_messages(server.name(), "decode", "prefill:1", None)
+            .await
+            .unwrap();
+        sender.send(b"after the flood").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"after the flood");
     }
 }
