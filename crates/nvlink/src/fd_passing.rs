@@ -21,7 +21,7 @@
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
 //! address is read); one without a secret refuses a client that does, in the handshake.
 
-use crate::messages::{Incoming, MessageSender};
+use crate::messages::{Incoming, MessageSender, RingSlot};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context};
 use ferry_core::{AuthFailure, InboxHandle, InstanceId};
@@ -113,6 +113,17 @@ impl FdServer {
         runtime: &tokio::runtime::Handle,
         inbox: InboxHandle,
     ) -> std::io::Result<FdServer> {
+        Self::start_with_rings(owner, secret, runtime, inbox, MAX_RINGS)
+    }
+
+    /// [`Self::start`], reading at most `max_rings` message rings at once.
+    fn start_with_rings(
+        owner: InstanceId,
+        secret: Option<Secret>,
+        runtime: &tokio::runtime::Handle,
+        inbox: InboxHandle,
+        max_rings: usize,
+    ) -> std::io::Result<FdServer> {
         let name = fd_socket_name(owner);
         let listener = std::os::unix::net::UnixListener::bind_addr(
             &SocketAddr::from_abstract_name(name.as_bytes())?,
@@ -129,6 +140,8 @@ impl FdServer {
             secret,
             inbox,
             running: Arc::downgrade(&running),
+            rings: Arc::default(),
+            max_rings,
         };
         runtime.spawn(accept_loop(listener, serving));
         Ok(FdServer {
@@ -160,7 +173,15 @@ struct Serving {
     secret: Option<Secret>,
     inbox: InboxHandle,
     running: Weak<()>,
+    /// Rings read now, each held by its [`RingSlot`].
+    rings: Arc<std::sync::atomic::AtomicUsize>,
+    /// Most rings read at once.
+    max_rings: usize,
 }
+
+/// Message rings an engine reads at once (one reader thread each); a sender over it is
+/// refused and sends its notifications over TCP instead.
+const MAX_RINGS: usize = 256;
 
 /// Connections the fd socket serves at once; more are closed as they arrive, so a flood of
 /// connections (another user's included, refused as they are) cannot take the process's file
@@ -326,6 +347,15 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
         .await
         .map_err(|error| io("reading the sender's name", error))?;
     let from = String::from_utf8_lossy(&from).into_owned();
+    // Taken before anything is mapped, and given back if the ring does not start.
+    let Some(slot) = RingSlot::take(&serving.rings, serving.max_rings) else {
+        let max = serving.max_rings;
+        return refuse(
+            &mut stream,
+            &format!("this engine already reads its maximum of {max} message rings; send notifications over TCP"),
+        )
+        .await;
+    };
     let (status, fds) = receive_fds(&stream, 1)
         .await
         .map_err(|error| io("receiving the message ring", error))?;
@@ -359,6 +389,7 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
         socket,
         inbox: serving.inbox.clone(),
         running: serving.running.clone(),
+        _slot: slot,
     }
     .start();
     let status = match &started {
@@ -721,10 +752,19 @@ mod tests {
 
     /// A server whose message rings deliver into an inbox of `slots` notifications.
     fn server_with_inbox(secret: Option<Secret>, slots: usize) -> (FdServer, Notifications) {
+        server_with_rings(secret, slots, MAX_RINGS)
+    }
+
+    /// [`server_with_inbox`], reading at most `max_rings` rings at once.
+    fn server_with_rings(
+        secret: Option<Secret>,
+        slots: usize,
+        max_rings: usize,
+    ) -> (FdServer, Notifications) {
         let owner = InstanceId::random().unwrap();
         let runtime = tokio::runtime::Handle::current();
         let (inbox, notifications) = InboxHandle::standalone(slots, 64 << 20, runtime.clone());
-        let server = FdServer::start(owner, secret, &runtime, inbox).unwrap();
+        let server = FdServer::start_with_rings(owner, secret, &runtime, inbox, max_rings).unwrap();
         (server, notifications)
     }
 
@@ -1074,5 +1114,43 @@ mod tests {
             .unwrap();
         sender.send(b"after the flood").await.unwrap();
         assert_eq!(next(&mut inbox).await.payload, b"after the flood");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rings_past_the_limit_are_refused_and_one_that_ends_makes_room() {
+        let (server, mut inbox) = server_with_rings(None, 16, 3);
+        let mut senders = Vec::new();
+        for index in 0..3 {
+            let name = format!("prefill:{index}");
+            senders.push(
+                open_messages(server.name(), "decode", &name, None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let refused = open_messages(server.name(), "decode", "prefill:3", None).await;
+        assert!(
+            matches!(&refused, Err(ImportError::Refused { reason }) if reason.contains("maximum of 3 message rings")),
+            "{refused:?}"
+        );
+        for sender in &senders {
+            sender.send(b"still read").await.unwrap();
+            assert_eq!(next(&mut inbox).await.payload, b"still read");
+        }
+        // A ring whose sender goes away ends, and its place is free again.
+        senders.pop().unwrap().close();
+        let mut reopened = None;
+        for _ in 0..50 {
+            match open_messages(server.name(), "decode", "prefill:4", None).await {
+                Ok(sender) => {
+                    reopened = Some(sender);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let reopened = reopened.expect("a ring that ended makes room for another");
+        reopened.send(b"in its place").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"in its place");
     }
 }

@@ -16,7 +16,7 @@ mod ring;
 mod sender;
 mod shared;
 
-pub(crate) use receiver::Incoming;
+pub(crate) use receiver::{Incoming, RingSlot};
 pub(crate) use sender::MessageSender;
 pub(crate) use shared::SharedMemory;
 

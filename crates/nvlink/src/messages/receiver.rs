@@ -7,8 +7,8 @@ use super::shared::{futex_wait, SharedMemory};
 use super::Verdict;
 use ferry_core::{InboxHandle, MAX_NOTIFICATION_BYTES};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{fence, Ordering};
-use std::sync::Weak;
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How long the reader spins after the last message before it starts yielding its core.
@@ -34,6 +34,29 @@ pub(crate) struct Incoming {
     pub(crate) inbox: InboxHandle,
     /// Gone when the serving engine stops.
     pub(crate) running: Weak<()>,
+    /// The ring's place in its engine's count, given back when the reader ends.
+    pub(crate) _slot: RingSlot,
+}
+
+/// One ring's place among the rings an engine reads at once; given back when dropped.
+pub(crate) struct RingSlot(Arc<AtomicUsize>);
+
+impl RingSlot {
+    /// A place among `count`'s rings, or `None` when `max` are read already.
+    pub(crate) fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<RingSlot> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |rings| {
+                (rings < max).then_some(rings + 1)
+            })
+            .ok()
+            .map(|_| RingSlot(Arc::clone(count)))
+    }
+}
+
+impl Drop for RingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Incoming {
