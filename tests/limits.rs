@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_bytes_eq, captured_logs, pattern};
+use common::{assert_bytes_eq, captured_logs, pattern, write_and_verify};
 use ferry::Refusal;
 use ferry::{Engine, Error, ProtocolViolation};
 use ferry_core::wire::{self, Header, Hello, Kind};
@@ -54,7 +54,6 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
     // A well-behaved prefill and a chatty peer connect first: 4 connections each.
     let prefill = common::engine().await;
     let source = prefill.allocate(1 << 20).unwrap();
-    source.write_at(0, &pattern(21, 1 << 20)).unwrap();
     let peer = prefill.connect(decode.name()).await.unwrap();
     let chatty = common::engine().await;
     let chatty_peer = chatty.connect(decode.name()).await.unwrap();
@@ -116,17 +115,17 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
 
     // The well-behaved peer's transfer completes under the flood and the full inbox.
     let started = Instant::now();
-    prefill
-        .batch(&peer)
-        .write(&source, 0, pool.addr(), 1 << 20)
-        .submit()
-        .unwrap()
-        .await
-        .unwrap();
+    let data = pattern(21, 1 << 20);
+    write_and_verify(
+        &prefill,
+        &peer,
+        &source,
+        &pool,
+        &data,
+        "write under the flood",
+    )
+    .await;
     assert!(started.elapsed() < Duration::from_secs(10));
-    let mut landed = vec![0u8; 1 << 20];
-    pool.read_at(0, &mut landed).unwrap();
-    assert_bytes_eq(&landed, &pattern(21, 1 << 20), "write under the flood");
 
     // Once the reader drains the inbox, notifications are taken again.
     for _ in 0..accepted {
@@ -150,16 +149,17 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
     assert_eq!(still_open, 0, "idle connections outlived the idle timeout");
     let late = common::engine().await;
     let late_source = late.allocate(4096).unwrap();
-    late_source.write_at(0, &pattern(22, 4096)).unwrap();
     let late_peer = late.connect(decode.name()).await.unwrap();
-    late.batch(&late_peer)
-        .write(&late_source, 0, pool.addr(), 4096)
-        .submit()
-        .unwrap()
-        .await
-        .unwrap();
-    pool.read_at(0, &mut landed[..4096]).unwrap();
-    assert_bytes_eq(&landed[..4096], &pattern(22, 4096), "write of a late peer");
+    let data = pattern(22, 4096);
+    write_and_verify(
+        &late,
+        &late_peer,
+        &late_source,
+        &pool,
+        &data,
+        "write of a late peer",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -391,27 +391,19 @@ async fn strangers_never_lock_out_a_real_peer(secret: Option<&'static [u8]>) {
     }
     let prefill = builder.build().await.unwrap();
     let source = prefill.allocate(1 << 20).unwrap();
-    source.write_at(0, &pattern(31, 1 << 20)).unwrap();
     let started = Instant::now();
     let peer = prefill.connect(&address).await.unwrap();
     for round in 0..5u8 {
-        source
-            .write_at(0, &pattern(40 + u64::from(round), 1 << 20))
-            .unwrap();
-        prefill
-            .batch(&peer)
-            .write(&source, 0, pool.addr(), 1 << 20)
-            .submit()
-            .unwrap()
-            .await
-            .unwrap();
-        let mut landed = vec![0u8; 1 << 20];
-        pool.read_at(0, &mut landed).unwrap();
-        assert_bytes_eq(
-            &landed,
-            &pattern(40 + u64::from(round), 1 << 20),
+        let data = pattern(40 + u64::from(round), 1 << 20);
+        write_and_verify(
+            &prefill,
+            &peer,
+            &source,
+            &pool,
+            &data,
             "write under the flood",
-        );
+        )
+        .await;
     }
     assert!(
         started.elapsed() < Duration::from_secs(5),

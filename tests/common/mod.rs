@@ -77,6 +77,29 @@ pub(crate) fn assert_bytes_eq(found: &[u8], expected: &[u8], what: &str) {
     }
 }
 
+/// Puts `bytes` at the start of `source`, writes them to the start of `pool` through `peer`
+/// and asserts that they landed there.
+pub(crate) async fn write_and_verify(
+    prefill: &Engine,
+    peer: &Peer,
+    source: &Region,
+    pool: &Region,
+    bytes: &[u8],
+    what: &str,
+) {
+    source.write_at(0, bytes).unwrap();
+    prefill
+        .batch(peer)
+        .write(source, 0, pool.addr(), bytes.len() as u64)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; bytes.len()];
+    pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, bytes, what);
+}
+
 /// Log lines of this test binary, captured so tests can check what was logged.
 pub(crate) fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
     static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();

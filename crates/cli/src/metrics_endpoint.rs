@@ -5,12 +5,12 @@
 //! arrive), a deadline for the whole exchange, a cap on the request's size, one request per
 //! connection, and warnings at most once every few seconds however many scrapers misbehave.
 
-use ferry::telemetry;
+use ferry::telemetry::{self, Throttle};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bucket bounds of the transfer latency histogram, in seconds: 50 µs to 30 s.
@@ -20,10 +20,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// Scrapes served at once; a connection over it is closed as it arrives.
-pub(crate) const MAX_SCRAPES: usize = 8;
+const MAX_SCRAPES: usize = 8;
 
 /// The whole exchange (request in, answer out) must fit in this.
-pub(crate) const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
+const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The longest request head read; a longer one gets 431.
 const MAX_REQUEST_BYTES: usize = 8 << 10;
@@ -80,39 +80,13 @@ fn response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Counts what went wrong between warnings, and says so at most once per [`WARN_EVERY`].
-#[derive(Default)]
-struct Warnings {
-    refused: AtomicU64,
-    failed: AtomicU64,
-    last: Mutex<Option<Instant>>,
-}
-
-impl Warnings {
-    fn refused(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        self.maybe_warn();
-    }
-
-    fn failed(&self) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
-        self.maybe_warn();
-    }
-
-    fn maybe_warn(&self) {
-        let mut last = self
-            .last
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        let now = Instant::now();
-        if last.is_some_and(|last| now.duration_since(last) < WARN_EVERY) {
-            return;
-        }
-        *last = Some(now);
+/// Logs why a scrape was refused or failed, at most once per [`WARN_EVERY`].
+fn warn_failed(throttle: &Throttle, reason: &str) {
+    if let Some(count) = throttle.due() {
         tracing::warn!(
-            refused = self.refused.swap(0, Ordering::Relaxed),
-            failed = self.failed.swap(0, Ordering::Relaxed),
-            "metrics endpoint: scrapes refused (over {MAX_SCRAPES} at once) or failed (slow, oversized or broken requests) since the last warning"
+            reason,
+            count,
+            "metrics endpoint: scrapes refused or failed since the last warning (the latest reason shown)"
         );
     }
 }
@@ -171,17 +145,20 @@ fn serve_one(mut stream: TcpStream, handle: &PrometheusHandle) -> bool {
 /// Accepts scrapes on `listener` for the life of the process.
 fn serve(listener: TcpListener, handle: PrometheusHandle) {
     let active = Arc::new(AtomicUsize::new(0));
-    let warnings = Arc::new(Warnings::default());
+    let warnings = Arc::new(Throttle::new(WARN_EVERY));
     for stream in listener.incoming() {
         let Ok(stream) = stream else {
-            warnings.failed();
+            warn_failed(&warnings, "accepting a connection failed");
             // Out of descriptors, say: give the process a moment instead of spinning.
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
         if active.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
             active.fetch_sub(1, Ordering::AcqRel);
-            warnings.refused();
+            warn_failed(
+                &warnings,
+                &format!("over {MAX_SCRAPES} scrapes at once; the newest is closed"),
+            );
             continue;
         }
         let (running, failures, scraped) =
@@ -190,13 +167,13 @@ fn serve(listener: TcpListener, handle: PrometheusHandle) {
             .name("ferry-metrics".into())
             .spawn(move || {
                 if !serve_one(stream, &scraped) {
-                    failures.failed();
+                    warn_failed(&failures, "a slow, oversized or broken request");
                 }
                 running.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
             active.fetch_sub(1, Ordering::AcqRel);
-            warnings.failed();
+            warn_failed(&warnings, "no thread to serve a scrape");
         }
     }
 }

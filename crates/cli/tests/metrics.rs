@@ -49,6 +49,18 @@ fn sample(body: &str, metric: &str, label: &str) -> Option<f64> {
         .find_map(|line| line.rsplit(' ').next()?.parse().ok())
 }
 
+/// An engine of this process writes 8 KiB into `serve`'s buffer.
+fn write_8_kib_to(serve: &ServeProcess) {
+    let prefill = Engine::builder().build_blocking().unwrap();
+    let source = prefill.allocate(8192).unwrap();
+    let peer = prefill.connect_blocking(&serve.name).unwrap();
+    prefill
+        .batch(&peer)
+        .write(&source, 0, serve.buffer_addr, 8192)
+        .submit_blocking()
+        .unwrap();
+}
+
 #[test]
 fn serve_reports_the_bytes_a_peer_wrote_at_its_metrics_address() {
     let address = format!("127.0.0.1:{}", free_port());
@@ -58,14 +70,7 @@ fn serve_reports_the_bytes_a_peer_wrote_at_its_metrics_address() {
         Some(format!("http://{address}/metrics").as_str())
     );
 
-    let prefill = Engine::builder().build_blocking().unwrap();
-    let source = prefill.allocate(8192).unwrap();
-    let peer = prefill.connect_blocking(&serve.name).unwrap();
-    prefill
-        .batch(&peer)
-        .write(&source, 0, serve.buffer_addr, 8192)
-        .submit_blocking()
-        .unwrap();
+    write_8_kib_to(&serve);
 
     let body = scrape(&address);
     let written = sample(&body, "ferry_served_bytes_total", r#"direction="write""#);
@@ -146,14 +151,7 @@ fn a_flood_of_idle_scrapers_is_bounded_and_the_engine_and_a_late_scrape_go_on() 
     assert!(held <= 8, "{held} idle scrapers are held");
 
     // The engine serves its peers meanwhile.
-    let prefill = Engine::builder().build_blocking().unwrap();
-    let source = prefill.allocate(8192).unwrap();
-    let peer = prefill.connect_blocking(&serve.name).unwrap();
-    prefill
-        .batch(&peer)
-        .write(&source, 0, serve.buffer_addr, 8192)
-        .submit_blocking()
-        .unwrap();
+    write_8_kib_to(&serve);
 
     // The scrape deadline closes the held ones, and a real scrape gets its answer.
     std::thread::sleep(Duration::from_secs(6));

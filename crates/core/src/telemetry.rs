@@ -198,9 +198,54 @@ pub(crate) fn kind(error: &Error) -> &'static str {
     }
 }
 
+/// Lets a warning through at most once per interval and counts the events it held back, so
+/// a flood of bad connections or requests writes a few log lines, not gigabytes.
+#[derive(Debug)]
+pub struct Throttle {
+    every: std::time::Duration,
+    /// When the last line was let through, and the events since.
+    state: parking_lot::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl Throttle {
+    /// A throttle that lets one line through per `every`.
+    pub fn new(every: std::time::Duration) -> Throttle {
+        Throttle {
+            every,
+            state: parking_lot::Mutex::new((None, 0)),
+        }
+    }
+
+    /// Counts one event; `Some(events since the last line, this one included)` when a line
+    /// is due now, `None` while the interval has not passed.
+    pub fn due(&self) -> Option<u64> {
+        let mut state = self.state.lock();
+        state.1 += 1;
+        let now = std::time::Instant::now();
+        if state
+            .0
+            .is_some_and(|last| now.duration_since(last) < self.every)
+        {
+            return None;
+        }
+        state.0 = Some(now);
+        Some(std::mem::take(&mut state.1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throttle_lets_the_first_event_through_then_counts_until_the_interval_passes() {
+        let throttle = Throttle::new(std::time::Duration::from_millis(50));
+        assert_eq!(throttle.due(), Some(1));
+        assert_eq!(throttle.due(), None);
+        assert_eq!(throttle.due(), None);
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert_eq!(throttle.due(), Some(3));
+    }
 
     #[test]
     fn a_batch_of_several_transports_is_labelled_by_their_sorted_names() {

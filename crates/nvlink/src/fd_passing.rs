@@ -24,6 +24,7 @@
 use crate::messages::{Incoming, MessageSender, RingSlot};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context};
+use ferry_core::telemetry::Throttle;
 use ferry_core::{AuthFailure, InboxHandle, InstanceId};
 use parking_lot::Mutex;
 use rustix::net::{
@@ -191,48 +192,33 @@ const MAX_SERVING: usize = 64;
 /// Failed or refused requests are logged at most once per this interval, with a count.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Says why fd-socket requests failed, at most once per [`WARN_EVERY`].
-#[derive(Default)]
-struct Warnings {
-    /// When the last line was written, and the failures since.
-    state: Mutex<(Option<std::time::Instant>, u64)>,
-}
-
-impl Warnings {
-    fn failed(&self, reason: &str) {
-        let mut state = self.state.lock();
-        state.1 += 1;
-        let now = std::time::Instant::now();
-        if state
-            .0
-            .is_some_and(|last| now.duration_since(last) < WARN_EVERY)
-        {
-            return;
-        }
-        let count = std::mem::take(&mut state.1);
-        state.0 = Some(now);
+/// Logs why an fd-socket request failed or was refused, at most once per [`WARN_EVERY`].
+fn warn_failed(throttle: &Throttle, reason: &str) {
+    if let Some(count) = throttle.due() {
         tracing::warn!(%reason, count, "fd-passing requests failed or were refused (the latest reason shown)");
     }
 }
 
 async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_SERVING));
-    let warnings = Arc::new(Warnings::default());
+    let warnings = Arc::new(Throttle::new(WARN_EVERY));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
-                warnings.failed(&format!(
-                    "accepting on the fd-passing socket failed: {error}"
-                ));
+                warn_failed(
+                    &warnings,
+                    &format!("accepting on the fd-passing socket failed: {error}"),
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
         let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
-            warnings.failed(&format!(
-                "more than {MAX_SERVING} connections at once; the newest is closed"
-            ));
+            warn_failed(
+                &warnings,
+                &format!("more than {MAX_SERVING} connections at once; the newest is closed"),
+            );
             continue;
         };
         let Some(shares) = serving.shares.upgrade() else {
@@ -245,7 +231,7 @@ async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
                 .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
             drop(slot);
             if let Err(reason) = served {
-                warnings.failed(&reason);
+                warn_failed(&warnings, &reason);
             }
         });
     }

@@ -10,25 +10,29 @@ use hmac::Mac;
 /// Keeps a descriptor's MAC apart from every other MAC made with the secret.
 const LABEL: &[u8] = b"ferry-descriptor-v1";
 
-/// The MAC of `descriptor` with its signature left out.
-fn mac(descriptor: &SegmentDescriptor, secret: &Secret) -> hmac::Hmac<sha2::Sha256> {
+/// `descriptor` without its signature, and the MAC of that.
+fn unsigned_and_mac(
+    descriptor: &SegmentDescriptor,
+    secret: &Secret,
+) -> (SegmentDescriptor, hmac::Hmac<sha2::Sha256>) {
     let unsigned = SegmentDescriptor {
         signature: None,
         ..descriptor.clone()
     };
-    secret
+    let mac = secret
         .mac()
         .chain_update(LABEL)
-        .chain_update(unsigned.to_json())
+        .chain_update(unsigned.to_json());
+    (unsigned, mac)
 }
 
 /// `descriptor` signed with `secret` (an older signature replaced), as an engine with that
 /// secret publishes and serves it; for tools that write descriptors into a store themselves.
 pub fn sign_descriptor(descriptor: &SegmentDescriptor, secret: &Secret) -> SegmentDescriptor {
-    let signature = hex::encode(mac(descriptor, secret).finalize().into_bytes());
+    let (unsigned, mac) = unsigned_and_mac(descriptor, secret);
     SegmentDescriptor {
-        signature: Some(signature),
-        ..descriptor.clone()
+        signature: Some(hex::encode(mac.finalize().into_bytes())),
+        ..unsigned
     }
 }
 
@@ -40,7 +44,8 @@ pub(crate) fn check(descriptor: &SegmentDescriptor, secret: &Secret) -> Result<(
     let Ok(bytes) = hex::decode(signature) else {
         return Err("carries a signature that is not hex");
     };
-    mac(descriptor, secret)
+    unsigned_and_mac(descriptor, secret)
+        .1
         .verify_slice(&bytes)
         .map_err(|_| "carries a signature that does not match this engine's secret (it was altered or forged, or its engine has another secret)")
 }

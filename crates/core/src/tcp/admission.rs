@@ -24,7 +24,7 @@ pub(crate) struct AdmissionLimits {
 }
 
 /// A connection's place in the ledger, from [`Admission::arrive`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Ticket(u64);
 
 /// Why a stranger could not become a peer.
@@ -36,20 +36,28 @@ pub(crate) enum Refused {
     NotWaiting,
 }
 
-/// The ledger.
+/// A stranger: its ticket, its source and what closes its connection.
 #[derive(Debug)]
-pub(crate) struct Admission {
+struct Stranger<C> {
+    ticket: Ticket,
+    source: IpAddr,
+    closer: C,
+}
+
+/// The ledger; `C` is what closes a stranger's connection, handed back when it is evicted.
+#[derive(Debug)]
+pub(crate) struct Admission<C> {
     limits: AdmissionLimits,
     next: u64,
     /// Strangers, oldest first.
-    strangers: VecDeque<(Ticket, IpAddr)>,
+    strangers: VecDeque<Stranger<C>>,
     per_source: HashMap<IpAddr, usize>,
     peers: usize,
 }
 
-impl Admission {
+impl<C> Admission<C> {
     /// An empty ledger; every limit is at least 1.
-    pub(crate) fn new(limits: AdmissionLimits) -> Admission {
+    pub(crate) fn new(limits: AdmissionLimits) -> Admission<C> {
         Admission {
             limits: AdmissionLimits {
                 peers: limits.peers.max(1),
@@ -63,36 +71,38 @@ impl Admission {
         }
     }
 
-    /// Records a connection from `source` as a stranger; returns its ticket and the stranger
-    /// it evicts to make room, if any (whose connection the caller closes).
-    pub(crate) fn arrive(&mut self, source: IpAddr) -> (Ticket, Option<Ticket>) {
+    /// Records a connection from `source`, closed by `closer`, as a stranger; returns its
+    /// ticket and the stranger it evicts to make room, if any, with its closer (which the
+    /// caller uses).
+    pub(crate) fn arrive(&mut self, source: IpAddr, closer: C) -> (Ticket, Option<(Ticket, C)>) {
         let from_source = self.per_source.get(&source).copied().unwrap_or(0);
         let evicted = if from_source >= self.limits.strangers_per_source {
             self.strangers
                 .iter()
-                .find(|(_, from)| *from == source)
-                .map(|(ticket, _)| *ticket)
+                .find(|stranger| stranger.source == source)
+                .map(|stranger| stranger.ticket)
         } else if self.strangers.len() >= self.limits.strangers {
-            self.strangers.front().map(|(ticket, _)| *ticket)
+            self.strangers.front().map(|stranger| stranger.ticket)
         } else {
             None
         };
-        if let Some(ticket) = evicted {
-            self.forget(ticket);
-        }
+        let evicted = evicted.and_then(|ticket| Some((ticket, self.forget(ticket)?)));
         let ticket = Ticket(self.next);
         self.next += 1;
-        self.strangers.push_back((ticket, source));
+        self.strangers.push_back(Stranger {
+            ticket,
+            source,
+            closer,
+        });
         *self.per_source.entry(source).or_insert(0) += 1;
         (ticket, evicted)
     }
 
     /// Makes the stranger `ticket` a peer.
     pub(crate) fn promote(&mut self, ticket: Ticket) -> Result<(), Refused> {
-        if !self.strangers.iter().any(|(waiting, _)| *waiting == ticket) {
+        if self.forget(ticket).is_none() {
             return Err(Refused::NotWaiting);
         }
-        self.forget(ticket);
         if self.peers >= self.limits.peers {
             return Err(Refused::PeersFull);
         }
@@ -123,22 +133,20 @@ impl Admission {
         self.peers
     }
 
-    fn forget(&mut self, ticket: Ticket) {
-        let Some(at) = self
+    /// Removes the stranger `ticket`, if it is one; returns its closer.
+    fn forget(&mut self, ticket: Ticket) -> Option<C> {
+        let at = self
             .strangers
             .iter()
-            .position(|(waiting, _)| *waiting == ticket)
-        else {
-            return;
-        };
-        if let Some((_, source)) = self.strangers.remove(at) {
-            if let Some(count) = self.per_source.get_mut(&source) {
-                *count -= 1;
-                if *count == 0 {
-                    self.per_source.remove(&source);
-                }
+            .position(|stranger| stranger.ticket == ticket)?;
+        let stranger = self.strangers.remove(at)?;
+        if let Some(count) = self.per_source.get_mut(&stranger.source) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_source.remove(&stranger.source);
             }
         }
+        Some(stranger.closer)
     }
 }
 
@@ -151,7 +159,7 @@ mod tests {
         IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
     }
 
-    fn ledger(peers: usize, strangers: usize, per_source: usize) -> Admission {
+    fn ledger(peers: usize, strangers: usize, per_source: usize) -> Admission<()> {
         Admission::new(AdmissionLimits {
             peers,
             strangers,
@@ -159,13 +167,19 @@ mod tests {
         })
     }
 
+    /// [`Admission::arrive`] with nothing to close, the evicted stranger by its ticket.
+    fn arrive(admission: &mut Admission<()>, source: IpAddr) -> (Ticket, Option<Ticket>) {
+        let (ticket, evicted) = admission.arrive(source, ());
+        (ticket, evicted.map(|(evicted, ())| evicted))
+    }
+
     #[test]
     fn a_flood_from_one_source_evicts_only_itself() {
         let mut admission = ledger(4, 8, 3);
-        let (real, _) = admission.arrive(ip(1));
+        let (real, _) = arrive(&mut admission, ip(1));
         let mut flood = Vec::new();
         for _ in 0..300 {
-            let (ticket, evicted) = admission.arrive(ip(2));
+            let (ticket, evicted) = arrive(&mut admission, ip(2));
             if let Some(evicted) = evicted {
                 assert!(
                     flood.contains(&evicted),
@@ -185,11 +199,11 @@ mod tests {
     #[test]
     fn a_flood_from_many_sources_evicts_the_oldest_stranger_and_never_a_peer() {
         let mut admission = ledger(2, 4, 4);
-        let (first, _) = admission.arrive(ip(1));
+        let (first, _) = arrive(&mut admission, ip(1));
         assert_eq!(admission.promote(first), Ok(()));
         let mut last = None;
         for source in 0..100u8 {
-            let (ticket, evicted) = admission.arrive(ip(source));
+            let (ticket, evicted) = arrive(&mut admission, ip(source));
             if source >= 4 {
                 assert!(evicted.is_some(), "a full budget evicts");
             }
@@ -198,7 +212,7 @@ mod tests {
         assert_eq!(admission.strangers(), 4);
         assert_eq!(admission.peers(), 1, "peers are never evicted");
         // A newcomer evicts the oldest stranger and can then promote itself.
-        let (newcomer, evicted) = admission.arrive(ip(200));
+        let (newcomer, evicted) = arrive(&mut admission, ip(200));
         assert!(evicted.is_some());
         assert_eq!(admission.promote(newcomer), Ok(()));
         assert_eq!(
@@ -211,18 +225,18 @@ mod tests {
     #[test]
     fn leaving_frees_room_and_unknown_tickets_change_nothing() {
         let mut admission = ledger(1, 2, 2);
-        let (a, _) = admission.arrive(ip(1));
-        let (b, _) = admission.arrive(ip(1));
+        let (a, _) = arrive(&mut admission, ip(1));
+        let (b, _) = arrive(&mut admission, ip(1));
         admission.stranger_left(a);
         admission.stranger_left(a);
         assert_eq!(admission.strangers(), 1);
-        let (_, evicted) = admission.arrive(ip(1));
+        let (_, evicted) = arrive(&mut admission, ip(1));
         assert_eq!(evicted, None, "a stranger that left makes room");
         assert_eq!(admission.promote(b), Ok(()));
         admission.peer_left();
         admission.peer_left();
         assert_eq!(admission.peers(), 0);
-        let (c, _) = admission.arrive(ip(3));
+        let (c, _) = arrive(&mut admission, ip(3));
         assert_eq!(admission.promote(c), Ok(()));
     }
 }

@@ -8,10 +8,9 @@ use crate::descriptor::SegmentDescriptor;
 use crate::memory::{RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
-use crate::telemetry;
+use crate::telemetry::{self, Throttle};
 use crate::transport::Direction;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -62,39 +61,27 @@ impl Landing for Span {
 /// How often, at most, the listener warns that it evicts unauthenticated connections.
 const EVICTION_WARNING_EVERY: Duration = Duration::from_secs(10);
 
-/// The listener's [`Admission`] ledger and the way to close each stranger it evicts.
+/// The listener's [`Admission`] ledger, each stranger kept with the sender that closes it.
 struct Gate {
-    admission: Admission,
-    evictions: HashMap<Ticket, oneshot::Sender<()>>,
-    warned: Option<Instant>,
-    evicted_since_warning: u64,
+    admission: Admission<oneshot::Sender<()>>,
+    evictions_logged: Throttle,
 }
 
 impl Gate {
     /// Admits a connection from `source` as a stranger, closing the stranger it evicts.
     fn arrive(&mut self, source: IpAddr) -> (Ticket, oneshot::Receiver<()>) {
-        let (ticket, evicted) = self.admission.arrive(source);
-        if let Some(evicted) = evicted {
-            if let Some(close) = self.evictions.remove(&evicted) {
-                let _ = close.send(());
-            }
-            self.evicted_since_warning += 1;
-            let now = Instant::now();
-            if self
-                .warned
-                .is_none_or(|warned| now.duration_since(warned) >= EVICTION_WARNING_EVERY)
-            {
+        let (close, closed) = oneshot::channel();
+        let (ticket, evicted) = self.admission.arrive(source, close);
+        if let Some((_, close)) = evicted {
+            let _ = close.send(());
+            if let Some(evicted) = self.evictions_logged.due() {
                 tracing::warn!(
                     %source,
-                    evicted = self.evicted_since_warning,
+                    evicted,
                     "closing unauthenticated connections to admit newer ones: something opens connections that do not authenticate (EngineBuilder::max_unauthenticated)"
                 );
-                self.warned = Some(now);
-                self.evicted_since_warning = 0;
             }
         }
-        let (close, closed) = oneshot::channel();
-        self.evictions.insert(ticket, close);
         (ticket, closed)
     }
 }
@@ -111,9 +98,7 @@ impl Admitted {
     /// Makes this connection a peer; `false` (with a log line) when the peers' cap is full or
     /// it was evicted meanwhile.
     fn promote(&mut self, address: SocketAddr, limit: usize) -> bool {
-        let mut gate = self.gate.lock();
-        gate.evictions.remove(&self.ticket);
-        match gate.admission.promote(self.ticket) {
+        match self.gate.lock().admission.promote(self.ticket) {
             Ok(()) => {
                 self.evicted = None;
                 true
@@ -149,10 +134,7 @@ impl Drop for Admitted {
         let mut gate = self.gate.lock();
         match self.evicted {
             None => gate.admission.peer_left(),
-            Some(_) => {
-                gate.evictions.remove(&self.ticket);
-                gate.admission.stranger_left(self.ticket);
-            }
+            Some(_) => gate.admission.stranger_left(self.ticket),
         }
     }
 }
@@ -161,9 +143,7 @@ impl Drop for Admitted {
 pub(crate) async fn serve(listener: TcpListener, context: Arc<ServerContext>) {
     let gate = Arc::new(Mutex::new(Gate {
         admission: Admission::new(context.admission),
-        evictions: HashMap::new(),
-        warned: None,
-        evicted_since_warning: 0,
+        evictions_logged: Throttle::new(EVICTION_WARNING_EVERY),
     }));
     loop {
         match listener.accept().await {
