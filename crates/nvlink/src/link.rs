@@ -41,6 +41,10 @@ pub(crate) struct NvlinkLink {
     secret: Option<Secret>,
     /// The peer's allocations mapped here, by the export that names them.
     mappings: Mutex<HashMap<Export, Arc<Opened>>>,
+    /// The mapping of each peer buffer descriptor planned before, by the descriptor's address
+    /// ([`descriptor_key`]): a paged copy names one buffer per pool, and hashing every pool's
+    /// export on every transfer cost more than the launch.
+    known: Mutex<HashMap<usize, Known>>,
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
@@ -60,6 +64,10 @@ struct GpuLane {
     /// peer access to them worked.
     peers: Mutex<HashMap<u32, bool>>,
 }
+
+/// A peer buffer descriptor planned before (kept, so that no other descriptor takes its
+/// address) and the mapping it lies in.
+type Known = (Arc<BufferDescriptor>, Arc<Opened>);
 
 /// The peer mappings a transfer's copies go through, held until the copies are done, so that
 /// closing the link meanwhile unmaps nothing the GPU still uses.
@@ -118,6 +126,7 @@ impl NvlinkLink {
             gpus,
             secret,
             mappings: Mutex::default(),
+            known: Mutex::default(),
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
             messages: Err(format!("{transport} opened no message ring to this peer")),
@@ -169,32 +178,51 @@ impl NvlinkLink {
         if self.local_peer.is_some() {
             return Ok(());
         }
-        let mut last: Option<&Arc<BufferDescriptor>> = None;
-        for remote in remotes {
-            if last.is_some_and(|last| Arc::ptr_eq(last, remote)) {
-                continue;
+        let mut missing: Vec<&Arc<BufferDescriptor>> = Vec::new();
+        {
+            let known = self.known.lock();
+            for remote in remotes {
+                if missing.last().is_some_and(|last| Arc::ptr_eq(last, remote))
+                    || known.contains_key(&descriptor_key(remote))
+                {
+                    continue;
+                }
+                missing.push(remote);
             }
-            last = Some(remote);
+        }
+        for remote in missing {
             let Some(export) = remote.export(self.transport) else {
                 return Err(self.refused("its buffer carries no export"));
             };
-            if self.mappings.lock().contains_key(export) {
-                continue;
+            let mapped = self.mappings.lock().get(export).cloned();
+            let opened = match mapped {
+                Some(opened) => opened,
+                None => {
+                    let decoded = GpuExport::of(remote, self.transport)
+                        .map_err(|violation| self.fail(violation))?
+                        .ok_or_else(|| self.refused("its buffer carries no export"))?;
+                    bounds::export_owner(&decoded, self.instance)
+                        .map_err(|violation| self.fail(violation))?;
+                    let opened =
+                        PeerMapping::open(Context::get(ordinal)?, &decoded, self.secret.as_ref())
+                            .await
+                            .map_err(|error| match error {
+                                OpenError::Peer(violation) => self.fail(violation),
+                                OpenError::Local(reason) => self.refused(&reason.to_string()),
+                            })?;
+                    let opened = Arc::new(opened);
+                    self.mappings
+                        .lock()
+                        .insert(export.clone(), Arc::clone(&opened));
+                    opened
+                }
+            };
+            let mut known = self.known.lock();
+            // Descriptors of views the peer has since replaced would otherwise pile up.
+            if known.len() >= KNOWN_MOST {
+                known.clear();
             }
-            let decoded = GpuExport::of(remote, self.transport)
-                .map_err(|violation| self.fail(violation))?
-                .ok_or_else(|| self.refused("its buffer carries no export"))?;
-            bounds::export_owner(&decoded, self.instance)
-                .map_err(|violation| self.fail(violation))?;
-            let opened = PeerMapping::open(Context::get(ordinal)?, &decoded, self.secret.as_ref())
-                .await
-                .map_err(|error| match error {
-                    OpenError::Peer(violation) => self.fail(violation),
-                    OpenError::Local(reason) => self.refused(&reason.to_string()),
-                })?;
-            self.mappings
-                .lock()
-                .insert(export.clone(), Arc::new(opened));
+            known.insert(descriptor_key(remote), (Arc::clone(remote), opened));
         }
         Ok(())
     }
@@ -215,9 +243,16 @@ impl NvlinkLink {
             return MappedBuffer::in_place(remote.addr, remote.len)
                 .map_err(|violation| self.fail(violation));
         }
-        let opened = remote
-            .export(self.transport)
-            .and_then(|export| self.mappings.lock().get(export).cloned());
+        let known = self
+            .known
+            .lock()
+            .get(&descriptor_key(remote))
+            .map(|(_, opened)| Arc::clone(opened));
+        let opened = known.or_else(|| {
+            remote
+                .export(self.transport)
+                .and_then(|export| self.mappings.lock().get(export).cloned())
+        });
         let Some(opened) = opened else {
             // Mapped before planning began, so only a close since can have dropped it.
             self.still_alive()?;
@@ -625,5 +660,14 @@ impl Link for NvlinkLink {
             sender.close();
         }
         self.mappings.lock().clear();
+        self.known.lock().clear();
     }
+}
+
+/// Most descriptors [`NvlinkLink::known`] keeps before it starts over.
+const KNOWN_MOST: usize = 1 << 16;
+
+/// A peer buffer descriptor's identity while [`NvlinkLink::known`] holds it: its address.
+fn descriptor_key(remote: &BufferDescriptor) -> usize {
+    remote as *const BufferDescriptor as usize
 }

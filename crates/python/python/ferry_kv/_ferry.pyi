@@ -301,7 +301,15 @@ class NixlAgent:
     def prep_list(self, agent: str | None, rows: bytes, width: int) -> int: ...
     def release_list(self, handle: int) -> None: ...
     def make_xfer(
-        self, op: str, local: int, local_ids: bytes, remote: int, remote_ids: bytes, notif: bytes
+        self,
+        op: str,
+        local: int,
+        local_ids: bytearray,
+        local_bytes: int,
+        remote: int,
+        remote_ids: bytearray,
+        remote_bytes: int,
+        notif: bytes,
     ) -> int: ...
     def post_xfer(self, handle: int, notif: bytes | None) -> str: ...
     def xfer_state(self, handle: int) -> str: ...

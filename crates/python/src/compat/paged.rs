@@ -55,6 +55,8 @@ pub(crate) struct Grouper {
     twins: Vec<Vec<(Pool, Pool)>>,
     index: HashMap<PairKey, usize>,
     last: Option<(PairKey, usize)>,
+    /// How many ids the last [`Grouper::add`] gave its pair.
+    last_added: usize,
 }
 
 impl Grouper {
@@ -98,17 +100,28 @@ impl Grouper {
             self.twins.push(Vec::new());
         }
         let (_, locals, remotes) = &mut self.pairs[slot];
+        let before = locals.len();
         locals.extend(local_ids);
         remotes.extend(remote_ids);
+        self.last_added = locals.len() - before;
     }
 
-    /// Pools `local` and `remote` move exactly the ids, block length and pool shapes of the
-    /// pool pair last given to [`Grouper::add`]; the caller checked that. Spares copying the
+    /// Pools `local` and `remote` move exactly the ids, block length and pool shapes that the
+    /// last [`Grouper::add`] gave its pool pair; the caller checked that. Spares copying the
     /// ids of every layer of a request.
     pub(crate) fn add_twin(&mut self, local: Pool, remote: Pool) {
-        if let Some((_, slot)) = self.last {
+        let Some(((_, _, len), slot)) = self.last else {
+            return;
+        };
+        let (_, locals, remotes) = &self.pairs[slot];
+        if locals.len() == self.last_added {
             self.twins[slot].push((local, remote));
+            return;
         }
+        // The pair held ids before the last add: the twin moves only the ones added last.
+        let from = locals.len() - self.last_added;
+        let (locals, remotes) = (locals[from..].to_vec(), remotes[from..].to_vec());
+        self.add(local, locals, remote, remotes, len);
     }
 
     /// The copies: pool pairs of one shape and the same id lists share one.
@@ -253,6 +266,29 @@ mod tests {
             (&[1][..], &[5][..])
         );
         assert_eq!(copies[1].pools, vec![(1 << 20, 0x110_0000)]);
+    }
+
+    #[test]
+    fn a_twin_of_a_pair_seen_before_moves_only_the_ids_added_last() {
+        let mut grouper = Grouper::default();
+        grouper.add(pool(0), [1], pool(0x100_0000), [5], BLOCK);
+        grouper.add(pool(1 << 20), [2], pool(0x110_0000), [6], BLOCK);
+        grouper.add(pool(0), [3], pool(0x100_0000), [7], BLOCK);
+        grouper.add_twin(pool(2 << 20), pool(0x120_0000));
+        let copies = grouper.copies();
+        let twin = copies
+            .iter()
+            .find(|copy| copy.pools.contains(&(2 << 20, 0x120_0000)))
+            .expect("the twin moves");
+        assert_eq!((&*twin.local_ids, &*twin.remote_ids), (&[3][..], &[7][..]));
+        let first = copies
+            .iter()
+            .find(|copy| copy.pools.contains(&(0, 0x100_0000)))
+            .expect("the pair moves");
+        assert_eq!(
+            (&*first.local_ids, &*first.remote_ids),
+            (&[1, 3][..], &[5, 7][..])
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use ferry::Direction;
 use metadata::{AgentMetadata, Registration};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -149,9 +149,6 @@ pub(crate) struct NixlAgent {
     next_generation: AtomicU64,
     next_message: AtomicU64,
     assembler: Mutex<notes::Assembler>,
-    /// The decoded indices of the last `make_xfer`, kept for the next one (see
-    /// [`xfer::indices_into`]).
-    scratch: Mutex<(Vec<u64>, Vec<u64>)>,
 }
 
 impl NixlAgent {
@@ -280,7 +277,6 @@ impl NixlAgent {
             next_generation: AtomicU64::new(1),
             next_message: AtomicU64::new(1),
             assembler: Mutex::default(),
-            scratch: Mutex::default(),
         })
     }
 
@@ -449,17 +445,20 @@ impl NixlAgent {
     }
 
     /// Makes a transfer of descriptors `local_ids` of list `local` with `remote_ids` of list
-    /// `remote` (native-endian `i64` bytes each), `op` `"READ"` or `"WRITE"`, with `notif`
-    /// sent to the remote agent after the data; its handle.
+    /// `remote`, `op` `"READ"` or `"WRITE"`, with `notif` sent to the remote agent after the
+    /// data; its handle. The indices are native-endian `i64`s in the first `local_bytes` and
+    /// `remote_bytes` of two bytearrays, which the Python layer reuses from call to call: a
+    /// fresh buffer per call cost more in page faults than planning the transfer.
     #[allow(clippy::too_many_arguments)]
     fn make_xfer(
         &self,
-        py: Python<'_>,
         op: &str,
         local: u64,
-        local_ids: &[u8],
+        local_ids: &Bound<'_, PyByteArray>,
+        local_bytes: usize,
         remote: u64,
-        remote_ids: &[u8],
+        remote_ids: &Bound<'_, PyByteArray>,
+        remote_bytes: usize,
         notif: Vec<u8>,
     ) -> PyResult<u64> {
         let direction = direction(op)?;
@@ -491,15 +490,13 @@ impl NixlAgent {
             (Arc::clone(&local.list), Arc::clone(&remote.list), agent)
         };
         self.remote_engine(&remote_agent)?;
-        let (moves, bytes, descriptors) = py.detach(|| {
-            let mut scratch = self.scratch.lock();
-            let (local_scratch, remote_scratch) = &mut *scratch;
-            xfer::indices_into(local_ids, "local", local_scratch)?;
-            xfer::indices_into(remote_ids, "remote", remote_scratch)?;
-            let (moves, bytes) =
-                xfer::plan(&local_list, local_scratch, &remote_list, remote_scratch)?;
-            Ok::<_, NixlError>((moves, bytes, local_scratch.len() as u64))
-        })?;
+        // SAFETY: the GIL is held from here until planning ends and no Python code runs
+        // meanwhile, so nothing can resize or write either bytearray while its bytes are read.
+        let (local_ids, remote_ids) = unsafe { (local_ids.as_bytes(), remote_ids.as_bytes()) };
+        let local_ids = xfer::Indices::new(local_ids, local_bytes, "local")?;
+        let remote_ids = xfer::Indices::new(remote_ids, remote_bytes, "remote")?;
+        let (moves, bytes) = xfer::plan(&local_list, local_ids, &remote_list, remote_ids)?;
+        let descriptors = local_ids.len() as u64;
         let handle = self.handle();
         self.xfers.lock().insert(
             handle,
