@@ -53,21 +53,45 @@ impl<'a> Indices<'a> {
 
     /// Index `position`.
     fn get(&self, position: usize) -> u64 {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&self.bytes[position * 8..position * 8 + 8]);
-        u64::from_ne_bytes(word)
+        word(&self.bytes[position * 8..position * 8 + 8])
+    }
+
+    /// Whether index `a.start + i` equals index `b.start + i` plus `delta` (wrapping) for
+    /// every `i`; the ranges are of one length and inside the indices.
+    fn shifted_equal(
+        &self,
+        a: std::ops::Range<usize>,
+        b: std::ops::Range<usize>,
+        delta: u64,
+    ) -> bool {
+        let (a, b) = (
+            &self.bytes[a.start * 8..a.end * 8],
+            &self.bytes[b.start * 8..b.end * 8],
+        );
+        // A fold over every pair rather than a search that stops at the first difference: the
+        // compiler turns it into vector instructions, and twins, the usual case, are read whole.
+        a.chunks_exact(8)
+            .zip(b.chunks_exact(8))
+            .fold(0, |differ, (x, y)| {
+                differ | (word(x) ^ word(y).wrapping_add(delta))
+            })
+            == 0
     }
 
     /// Indices `range`, in order.
     fn range(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = u64> + 'a {
         self.bytes[range.start * 8..range.end * 8]
             .chunks_exact(8)
-            .map(|word| {
-                let mut value = [0u8; 8];
-                value.copy_from_slice(word);
-                u64::from_ne_bytes(value)
-            })
+            .map(word)
     }
+}
+
+/// The native-endian `u64` in an 8-byte chunk.
+#[inline]
+fn word(chunk: &[u8]) -> u64 {
+    let mut value = [0u8; 8];
+    value.copy_from_slice(chunk);
+    u64::from_ne_bytes(value)
 }
 
 /// Plans descriptors `local_ids[i]` of `local` with `remote_ids[i]` of `remote`.
@@ -238,15 +262,12 @@ impl Run {
             let (a, b) = (&list.rows()[a], &list.rows()[b]);
             a.len == b.len && a.stride == b.stride && a.count == b.count
         };
-        // A fold over every pair rather than a search that stops at the first difference: the
-        // compiler turns it into vector instructions, and twins, the usual case, are read whole.
         let same_ids = |ids: Indices<'_>, first: u64, previous_first: u64| {
-            ids.range(self.start..end)
-                .zip(ids.range(previous.start..previous.end))
-                .fold(0, |differ, (id, before)| {
-                    differ | (id.wrapping_sub(first) ^ before.wrapping_sub(previous_first))
-                })
-                == 0
+            ids.shifted_equal(
+                self.start..end,
+                previous.start..previous.end,
+                first.wrapping_sub(previous_first),
+            )
         };
         let twin = end <= local_ids.len()
             && (self.local_row, self.remote_row) != (previous.local_row, previous.remote_row)
