@@ -1,5 +1,6 @@
 //! TCP over loopback: ferry against a plain tokio socket copy loop with no protocol, moving the
-//! same bytes in the same block sizes in the same run.
+//! same bytes in the same block sizes in the same run; ferry both without a secret and with
+//! one, whose connections tag every frame (the cost of integrity, `ferry::wire::seal`).
 //!
 //! Each iteration moves 256 MiB: as 1 MiB blocks and as 32 KiB blocks scattered over the
 //! destination (a permutation, so no two blocks merge). The baseline writes the same block
@@ -23,10 +24,21 @@ struct FerryPair {
     peer: Peer,
 }
 
-fn ferry_pair() -> FerryPair {
-    let decode = Engine::builder().build_blocking().expect("decode engine");
+/// A random-looking 32-byte secret, as `ferry secret` makes them.
+fn secret() -> Vec<u8> {
+    (0..32u8)
+        .map(|index| index.wrapping_mul(151).wrapping_add(89))
+        .collect()
+}
+
+fn ferry_pair(secret: Option<Vec<u8>>) -> FerryPair {
+    let builder = || match &secret {
+        Some(secret) => Engine::builder().secret(secret.clone()),
+        None => Engine::builder(),
+    };
+    let decode = builder().build_blocking().expect("decode engine");
     let pool = decode.allocate(TOTAL as u64).expect("pool");
-    let prefill = Engine::builder().build_blocking().expect("prefill engine");
+    let prefill = builder().build_blocking().expect("prefill engine");
     let source = prefill.allocate(TOTAL as u64).expect("source");
     // Touch every page once, so no iteration pays for first-touch page faults.
     let bytes: Vec<u8> = (0..TOTAL).map(|index| (index % 251) as u8).collect();
@@ -136,7 +148,8 @@ async fn socket_once(pair: &mut SocketPair, block: usize) -> Duration {
 }
 
 fn tcp(criterion: &mut Criterion) {
-    let ferry = ferry_pair();
+    let plain = ferry_pair(None);
+    let sealed = ferry_pair(Some(secret()));
     let runtime = Runtime::new().expect("runtime");
     let mut sockets = runtime.block_on(socket_pair());
     let mut group = criterion.benchmark_group("tcp");
@@ -145,11 +158,14 @@ fn tcp(criterion: &mut Criterion) {
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(6));
     for (label, block) in [("1MiB", 1 << 20), ("32KiB", 32 << 10)] {
-        group.bench_function(BenchmarkId::new("ferry", label), |bencher| {
-            bencher
-                .iter_custom(|iterations| (0..iterations).map(|_| ferry_once(&ferry, block)).sum())
-        });
-        verify(&ferry, block);
+        for (name, pair) in [("ferry", &plain), ("ferry-tagged", &sealed)] {
+            group.bench_function(BenchmarkId::new(name, label), |bencher| {
+                bencher.iter_custom(|iterations| {
+                    (0..iterations).map(|_| ferry_once(pair, block)).sum()
+                })
+            });
+            verify(pair, block);
+        }
         group.bench_function(BenchmarkId::new("baseline", label), |bencher| {
             bencher.iter_custom(|iterations| {
                 runtime.block_on(async {

@@ -12,6 +12,7 @@ seconds="${1:-60}"
 targets=(
   "frame crates/core/tests/data/fuzz/frame"
   "session crates/core/tests/data/fuzz/session"
+  "sealed_session crates/core/tests/data/fuzz/sealed_session"
   "rdma_peer_input crates/rdma/tests/data/fuzz/peer_input"
   "message_ring crates/nvlink/tests/data/fuzz/message_ring"
   "handshake crates/core/tests/data/fuzz/handshake"

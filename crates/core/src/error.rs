@@ -412,6 +412,12 @@ pub enum ProtocolViolation {
     /// A response named a request that is not outstanding.
     #[error("response to unknown request {0}")]
     UnknownRequest(u64),
+    /// A frame's integrity tag did not match its bytes.
+    #[error("a {kind} frame's integrity tag does not match its bytes: they were altered on the way (or dropped or replayed), so the connection is closed; look for a middlebox or a path that rewrites traffic between the engines")]
+    Tampered {
+        /// The frame's kind.
+        kind: &'static str,
+    },
     /// A field of the peer's descriptor or export does not fit what its memory
     /// really is (as the CUDA driver reports it once mapped); nothing was copied.
     #[error("its descriptor's {field} {problem}")]

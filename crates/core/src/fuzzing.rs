@@ -71,9 +71,32 @@ const CHUNKS: [usize; 6] = [1, 23, 24, 7, 4096, 16 << 10];
 /// memory at a fixed address, answering its events as the TCP driver does; panics if the
 /// session holds more than its bound or writes a malformed answer. Returns how it ended.
 pub fn session(data: &[u8]) -> String {
+    run_session(data, None)
+}
+
+/// The keys of the sealed session target; its seeds are tagged with them.
+pub const SEALED_SESSION_KEYS: ([u8; 32], [u8; 32]) = ([0x5e; 32], [0xa1; 32]);
+
+/// [`session`] on a sealed connection ([`SEALED_SESSION_KEYS`]: the caller's sending key,
+/// then the session's): also panics if an answer is not tagged right.
+pub fn sealed_session(data: &[u8]) -> String {
+    let (caller, session) = SEALED_SESSION_KEYS;
+    run_session(
+        data,
+        Some(crate::auth::FrameKeys {
+            send: session,
+            receive: caller,
+        }),
+    )
+}
+
+fn run_session(data: &[u8], keys: Option<crate::auth::FrameKeys>) -> String {
     let mut config = test_config();
     config.limits.max_data = 64 << 10;
     let mut harness = Harness::new(64 << 10, config);
+    if let Some(keys) = keys {
+        harness.seal(keys);
+    }
     let mut taken = 0;
     for chunk in CHUNKS.iter().cycle() {
         if taken == data.len() {
@@ -212,6 +235,11 @@ mod tests {
     #[test]
     fn the_session_corpus_and_crashes_replay_without_panics() {
         replay("session", super::session);
+    }
+
+    #[test]
+    fn the_sealed_session_corpus_and_crashes_replay_without_panics() {
+        replay("sealed_session", super::sealed_session);
     }
 
     #[test]

@@ -2,12 +2,14 @@
 
 use super::Secret;
 use crate::error::AuthFailure;
+use crate::wire::seal::KEY_LEN;
 use hmac::Mac;
 
 /// The first four bytes of the first message of each side.
 pub const MAGIC: [u8; 4] = *b"FRYA";
-/// The authentication protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The authentication protocol version this build speaks (2: the frames that follow carry
+/// integrity tags under [`FrameKeys`]).
+pub const VERSION: u8 = 2;
 /// Bytes of each side's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of the client's first message.
@@ -40,6 +42,22 @@ impl Role {
             Role::Client => b"ferry-auth-v1 client",
             Role::Server => b"ferry-auth-v1 server",
         }
+    }
+}
+
+/// The keys of one connection's frame tags ([`crate::wire::seal`]), one per direction, from
+/// the secret and both nonces: each side's sending key is the other's receiving key.
+#[derive(Clone)]
+pub struct FrameKeys {
+    /// Tags the frames this side sends.
+    pub send: [u8; KEY_LEN],
+    /// Checks the frames this side receives.
+    pub receive: [u8; KEY_LEN],
+}
+
+impl std::fmt::Debug for FrameKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameKeys(..)")
     }
 }
 
@@ -122,6 +140,38 @@ impl Handshake {
             Stage::Finished(outcome) if self.transmit.is_empty() => Some(outcome.clone()),
             _ => None,
         }
+    }
+
+    /// The connection's frame keys, once both sides proved they hold the secret.
+    pub fn frame_keys(&self) -> Option<FrameKeys> {
+        let (Stage::Finished(Ok(())), Some(secret)) = (&self.stage, &self.secret) else {
+            return None;
+        };
+        let key = |label: &[u8]| {
+            let mut key = [0u8; KEY_LEN];
+            key.copy_from_slice(
+                &secret
+                    .mac()
+                    .chain_update(label)
+                    .chain_update(self.client_nonce)
+                    .chain_update(self.server_nonce)
+                    .finalize()
+                    .into_bytes(),
+            );
+            key
+        };
+        let to_server = key(b"ferry-frames-v1 client to server");
+        let to_client = key(b"ferry-frames-v1 server to client");
+        Some(match self.role {
+            Role::Client => FrameKeys {
+                send: to_server,
+                receive: to_client,
+            },
+            Role::Server => FrameKeys {
+                send: to_client,
+                receive: to_server,
+            },
+        })
     }
 
     /// How many more bytes the machine needs before it can go on; 0 once it is finished.

@@ -1,7 +1,7 @@
 //! Drives a [`Handshake`] over any tokio stream: the TCP transport's connections, and side
 //! channels transports open of their own (nvlink's fd-passing socket).
 
-use super::{Handshake, Secret};
+use super::{FrameKeys, Handshake, Secret};
 use crate::error::AuthFailure;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -25,6 +25,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         timeout,
     )
     .await
+    .map(drop)
 }
 
 /// Checks the proof of the peer at the other end of `stream` against `secret`, within
@@ -47,21 +48,23 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
         timeout,
     )
     .await
+    .map(drop)
 }
 
-pub(crate) async fn bounded(
-    work: impl std::future::Future<Output = Result<(), AuthFailure>>,
+pub(crate) async fn bounded<T>(
+    work: impl std::future::Future<Output = Result<T, AuthFailure>>,
     timeout: Duration,
-) -> Result<(), AuthFailure> {
+) -> Result<T, AuthFailure> {
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or(Err(AuthFailure::TimedOut { after: timeout }))
 }
 
+/// Runs `handshake` over `stream`; the connection's frame keys when it succeeded.
 pub(crate) async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     mut handshake: Handshake,
-) -> Result<(), AuthFailure> {
+) -> Result<FrameKeys, AuthFailure> {
     let mut buffer = [0u8; 128];
     loop {
         while let Some(bytes) = handshake.poll_transmit() {
@@ -69,7 +72,9 @@ pub(crate) async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
         }
         if let Some(outcome) = handshake.outcome() {
             stream.flush().await.map_err(io_failure)?;
-            return outcome;
+            outcome?;
+            // A handshake succeeds only with a secret, which is what the keys come from.
+            return handshake.frame_keys().ok_or(AuthFailure::NoLocalSecret);
         }
         let wanted = handshake.wants().min(buffer.len());
         match stream.read(&mut buffer[..wanted]).await {

@@ -26,10 +26,12 @@
 //! a client never hands its proof to a listener that does not hold the secret. Proofs are
 //! compared in constant time.
 //!
-//! What this does not do: it authenticates the start of a connection and then gets out of the
-//! way; the bytes that follow are neither encrypted nor integrity-protected, so an attacker who
-//! can sit on the path between two engines can still read or alter them. Use a private network
-//! (or a tunnel) for that.
+//! A successful handshake also gives both sides the connection's [`FrameKeys`]: HMAC-SHA256
+//! keyed with the secret over `ferry-frames-v1 client to server` (or `server to client`) and
+//! both nonces. The TCP transport tags every frame that follows with them
+//! ([`crate::wire::seal`]), so bytes altered, dropped or replayed on the path fail the transfer
+//! and close the connection. Nothing is encrypted: an attacker on the path can still read the
+//! bytes; use a private network or a tunnel where that matters.
 //!
 //! [`Handshake`] is the protocol as a state machine without I/O; [`client`] and [`server`] drive
 //! it over any tokio stream (the TCP transport's connections, nvlink's fd-passing socket).
@@ -39,7 +41,7 @@ pub(crate) mod io;
 mod secret;
 pub(crate) mod signature;
 
-pub use handshake::{Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
+pub use handshake::{FrameKeys, Handshake, Role, HELLO_LEN, MAGIC, NONCE_LEN, VERSION};
 pub use io::{client, server};
 pub use secret::{read_secret_file, Secret, SECRET_ENV};
 pub use signature::sign_descriptor;

@@ -40,6 +40,8 @@
 mod event;
 mod input;
 mod output;
+#[cfg(test)]
+mod sealed_tests;
 mod served;
 mod server;
 #[cfg(any(test, fuzzing))]

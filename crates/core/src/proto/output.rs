@@ -2,7 +2,7 @@
 //! bytes of read answers sent from their source without a copy.
 
 use super::Landing;
-use crate::wire::{Header, HEADER_LEN};
+use crate::wire::Header;
 use std::collections::VecDeque;
 
 enum Chunk<S> {
@@ -48,6 +48,12 @@ impl<S: Landing> Output<S> {
 
     /// Queues a frame whose body is `body`.
     pub(super) fn frame(&mut self, header: Header, body: &[u8]) {
+        self.bytes(&header.encode());
+        self.bytes(body);
+    }
+
+    /// Queues `added` (a header, a body, a tag) after what is queued.
+    pub(super) fn bytes(&mut self, added: &[u8]) {
         let bytes = match self.chunks.back_mut() {
             Some(Chunk::Bytes(bytes)) => bytes,
             _ => {
@@ -58,10 +64,9 @@ impl<S: Landing> Output<S> {
                 }
             }
         };
-        bytes.extend_from_slice(&header.encode());
-        bytes.extend_from_slice(body);
-        self.queued += HEADER_LEN + body.len();
-        self.copied += HEADER_LEN + body.len();
+        bytes.extend_from_slice(added);
+        self.queued += added.len();
+        self.copied += added.len();
     }
 
     /// Queues a frame whose body is the bytes of `span`, sent from where they are.

@@ -11,7 +11,9 @@ use super::output::Output;
 /// them before the session takes no new frame from it.
 pub(crate) const MAX_COPIED_ANSWERS: usize = 256 << 10;
 use super::{Closed, Event, Landing, Served, SessionConfig};
+use crate::auth::FrameKeys;
 use crate::error::Refusal;
+use crate::wire::seal::{Opener, Sealer, TAG_LEN};
 use crate::wire::{self, Header, Kind, HEADER_LEN};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,8 +42,22 @@ enum State<S> {
     },
     /// Throwing away the data of a refused write, then answering with `reason`.
     Discard { id: u64, left: u64, reason: Refusal },
+    /// Collecting the tag that ends a write's data on a sealed connection, then doing `then`.
+    Seal {
+        id: u64,
+        kind: Kind,
+        then: AfterData<S>,
+    },
     /// Waiting for the driver to answer the event about request `id`.
     Waiting { id: u64 },
+}
+
+/// What a write's data leads to once its last tag checked out.
+enum AfterData<S> {
+    /// The bytes are in their spans: store them.
+    Store(Vec<S>),
+    /// The write was refused before its data, which was thrown away.
+    Refuse(Refusal),
 }
 
 impl<S> State<S> {
@@ -71,6 +87,8 @@ pub(crate) struct ServerSession<M: Served> {
     accepted: Instant,
     /// When the first byte of the current frame arrived.
     frame_started: Option<Instant>,
+    /// The kind of the frame being handled, once its header is in.
+    frame_kind: Option<Kind>,
     /// When the last frame was answered (or the hello arrived).
     last_frame: Instant,
     /// When queued answers last made progress.
@@ -78,6 +96,10 @@ pub(crate) struct ServerSession<M: Served> {
     /// The peer closed its side.
     ended: bool,
     closed: Option<Closed>,
+    /// Checks the tags of the frames received, on a sealed connection ([`Self::seal`]).
+    opener: Option<Opener>,
+    /// Tags the answers, on a sealed connection.
+    sealer: Option<Sealer>,
 }
 
 impl<M: Served> ServerSession<M> {
@@ -95,11 +117,21 @@ impl<M: Served> ServerSession<M> {
             peer: None,
             accepted: now,
             frame_started: None,
+            frame_kind: None,
             last_frame: now,
             output_since: None,
             ended: false,
             closed: None,
+            opener: None,
+            sealer: None,
         }
+    }
+
+    /// Tags every frame both ways with `keys`, from the connection's authentication
+    /// ([`crate::wire::seal`]); called before the first byte is handled.
+    pub(crate) fn seal(&mut self, keys: FrameKeys) {
+        self.opener = Some(Opener::new(keys.receive));
+        self.sealer = Some(Sealer::new(keys.send));
     }
 
     /// The caller's engine name as it introduced itself, once it has.
@@ -223,7 +255,22 @@ impl<M: Served> ServerSession<M> {
     /// `len` bytes were read into the last [`Self::read_target`].
     pub(crate) fn handle_read(&mut self, now: Instant, len: usize) {
         if std::mem::take(&mut self.direct) {
-            if let State::Land { filled, .. } = &mut self.state {
+            if let State::Land {
+                spans,
+                index,
+                filled,
+                ..
+            } = &mut self.state
+            {
+                if let (Some(opener), Some(span)) = (&mut self.opener, spans.get_mut(*index)) {
+                    if let Some(landed) = span
+                        .receive_into()
+                        .ok()
+                        .and_then(|destination| destination.get(*filled..*filled + len))
+                    {
+                        opener.update(landed);
+                    }
+                }
                 *filled += len;
             }
         } else {
@@ -286,7 +333,17 @@ impl<M: Served> ServerSession<M> {
                         id,
                         u32::try_from(span.len()).unwrap_or(u32::MAX),
                     );
-                    self.queue(now, |output| output.frame_from(header, span));
+                    let tag = self.sealer.as_mut().map(|sealer| {
+                        sealer.begin(&header.encode());
+                        sealer.update(span.as_slice());
+                        sealer.finish()
+                    });
+                    self.queue(now, |output| {
+                        output.frame_from(header, span);
+                        if let Some(tag) = tag {
+                            output.bytes(&tag);
+                        }
+                    });
                 }
                 Err(reason) => self.ack(now, id, Err(Refusal::Other(reason))),
             }
@@ -324,8 +381,27 @@ impl<M: Served> ServerSession<M> {
 
     fn ack(&mut self, now: Instant, id: u64, outcome: Result<(), Refusal>) {
         let body = wire::encode_ack(outcome.as_ref().map(|_| ()));
-        let header = Header::for_body(Kind::Ack, id, &body);
-        self.queue(now, |output| output.frame(header, &body));
+        self.answer(now, Header::for_body(Kind::Ack, id, &body), &body);
+    }
+
+    /// Queues a frame with `body`, tagged on a sealed connection.
+    fn answer(&mut self, now: Instant, header: Header, body: &[u8]) {
+        let tag = self.sealer.as_mut().map(|sealer| {
+            sealer.begin(&header.encode());
+            sealer.update(body);
+            sealer.finish()
+        });
+        self.queue(now, |output| {
+            output.frame(header, body);
+            if let Some(tag) = tag {
+                output.bytes(&tag);
+            }
+        });
+    }
+
+    /// Bytes to collect for a part of `len` bytes that ends with a tag on a sealed connection.
+    fn tagged(&self, len: usize) -> usize {
+        len + self.opener.as_ref().map_or(0, |_| TAG_LEN)
     }
 
     fn finish_frame(&mut self, now: Instant) {

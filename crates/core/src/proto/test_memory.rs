@@ -2,7 +2,9 @@
 //! session against it entirely in memory: for the session's tests and the fuzz targets.
 
 use super::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
+use crate::auth::FrameKeys;
 use crate::error::Error;
+use crate::wire::seal::{Opener, KEY_LEN, TAG_LEN};
 use crate::wire::{Header, Limits, HEADER_LEN};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -114,6 +116,8 @@ pub(crate) struct Harness {
     pub(crate) inbox_room: usize,
     /// The most bytes the session held at any point before its answers were written.
     pub(crate) peak_held: usize,
+    /// The key the session tags its answers with, once sealed ([`Harness::seal`]).
+    answer_key: Option<[u8; KEY_LEN]>,
 }
 
 impl Harness {
@@ -128,7 +132,15 @@ impl Harness {
             delivered: Vec::new(),
             inbox_room: 4,
             peak_held: 0,
+            answer_key: None,
         }
+    }
+
+    /// Seals the session with `keys` ([`ServerSession::seal`]); [`Self::answers`] then checks
+    /// every answer's tag.
+    pub(crate) fn seal(&mut self, keys: FrameKeys) {
+        self.answer_key = Some(keys.send);
+        self.session.seal(keys);
     }
 
     /// Answers every event and writes every answer, as a driver does before it reads again.
@@ -220,18 +232,28 @@ impl Harness {
         self.session.closed()
     }
 
-    /// The frames the session sent, decoded; panics on a malformed one, which the session must
-    /// never write.
+    /// The frames the session sent, decoded and, on a sealed session, checked against their
+    /// tags; panics on a malformed or wrongly tagged one, which the session must never write.
     pub(crate) fn answers(&self) -> Vec<(Header, Vec<u8>)> {
         let limits = Limits::default();
+        let mut opener = self.answer_key.map(Opener::new);
         let mut answers = Vec::new();
         let mut rest = self.sent.as_slice();
         while !rest.is_empty() {
             let mut raw = [0u8; HEADER_LEN];
             raw.copy_from_slice(&rest[..HEADER_LEN]);
             let header = Header::decode(&raw, &limits).expect("the session writes valid headers");
-            let end = HEADER_LEN + header.len as usize;
-            answers.push((header, rest[HEADER_LEN..end].to_vec()));
+            let mut end = HEADER_LEN + header.len as usize;
+            let body = rest[HEADER_LEN..end].to_vec();
+            if let Some(opener) = &mut opener {
+                opener.begin(&raw);
+                opener.update(&body);
+                opener
+                    .finish(header.kind, &rest[end..end + TAG_LEN])
+                    .expect("the session tags every answer");
+                end += TAG_LEN;
+            }
+            answers.push((header, body));
             rest = &rest[end..];
         }
         answers

@@ -7,6 +7,7 @@ use super::tracker::Ticket;
 use crate::auth::Secret;
 use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use crate::memory::Span;
+use crate::wire::seal::{self, Opener, Sealer};
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -44,6 +45,12 @@ struct Awaiting {
 
 type AwaitingMap = Arc<Mutex<HashMap<u64, Awaiting>>>;
 
+/// A connection's write half and, on a sealed connection, what tags the frames sent on it.
+type Sending = (OwnedWriteHalf, Option<Sealer>);
+
+/// A connection's read half and, on a sealed connection, what checks the frames read from it.
+type Receiving = (BufReader<OwnedReadHalf>, Option<Opener>);
+
 /// Set by the reader, before the connection is marked dead, when the listener refused this
 /// engine for want of a shared secret: every frame of the connection then fails with that.
 type Refused = Arc<OnceLock<AuthFailure>>;
@@ -77,13 +84,15 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
-        super::handshake::client(&mut stream, secret, &peer, io_timeout).await?;
+        let keys = super::handshake::client(&mut stream, secret, &peer, io_timeout).await?;
+        let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));
+        let opener = keys.map(|keys| Opener::new(keys.receive));
         let (read_half, mut writer) = stream.into_split();
         let hello = wire::encode_hello(&Hello {
             name: local_name.to_owned(),
         });
         let header = Header::hello(&hello);
-        write_frame(&mut writer, &header, &hello, &[])
+        write_frame(&mut writer, sealer.as_mut(), &header, &hello, &[])
             .await
             .map_err(|error| unreachable(format!("sending hello failed: {error}")))?;
 
@@ -92,7 +101,7 @@ impl Connection {
         let awaiting: AwaitingMap = Arc::default();
         let refused: Refused = Arc::default();
         let writer_task = tokio::spawn(write_loop(
-            writer,
+            (writer, sealer),
             receiver,
             Arc::clone(&awaiting),
             Arc::clone(&alive),
@@ -101,7 +110,7 @@ impl Connection {
             Arc::clone(&peer),
         ));
         let reader_task = tokio::spawn(read_loop(
-            BufReader::with_capacity(READ_BUFFER, read_half),
+            (BufReader::with_capacity(READ_BUFFER, read_half), opener),
             awaiting,
             Arc::clone(&alive),
             refused,
@@ -163,20 +172,37 @@ fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, error: impl Fn() -> Erro
 const READ_BUFFER: usize = 16 << 10;
 
 /// Sends header, prefix and data as one gathered write (several when the kernel takes less),
-/// so block data goes from registered memory to the socket without a copy.
+/// so block data goes from registered memory to the socket without a copy; on a sealed
+/// connection with the frame's tags where [`crate::wire::seal`] puts them.
 async fn write_frame(
     writer: &mut OwnedWriteHalf,
+    sealer: Option<&mut Sealer>,
     header: &Header,
     prefix: &[u8],
     data: &[Span],
 ) -> std::io::Result<()> {
-    let header = header.encode();
-    let mut slices = Vec::with_capacity(2 + data.len());
-    slices.push(IoSlice::new(&header));
+    let encoded = header.encode();
+    let tags = sealer.map(|sealer| {
+        sealer.begin(&encoded);
+        sealer.update(prefix);
+        let before_data = seal::tags_prefix(header.kind).then(|| sealer.prefix_tag());
+        for span in data {
+            sealer.update(span.as_slice());
+        }
+        (before_data, sealer.finish())
+    });
+    let mut slices = Vec::with_capacity(4 + data.len());
+    slices.push(IoSlice::new(&encoded));
     if !prefix.is_empty() {
         slices.push(IoSlice::new(prefix));
     }
+    if let Some((Some(before_data), _)) = &tags {
+        slices.push(IoSlice::new(before_data));
+    }
     slices.extend(data.iter().map(|span| IoSlice::new(span.as_slice())));
+    if let Some((_, last)) = &tags {
+        slices.push(IoSlice::new(last));
+    }
     let mut remaining: &mut [IoSlice<'_>] = &mut slices;
     while !remaining.is_empty() {
         let written = writer.write_vectored(remaining).await?;
@@ -189,7 +215,7 @@ async fn write_frame(
 }
 
 async fn write_loop(
-    mut writer: OwnedWriteHalf,
+    (mut writer, mut sealer): Sending,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
@@ -238,7 +264,7 @@ async fn write_loop(
             }
             waiting.insert(header.id, Awaiting { read_into, ticket });
         }
-        let send = write_frame(&mut writer, &header, &prefix, &data);
+        let send = write_frame(&mut writer, sealer.as_mut(), &header, &prefix, &data);
         match tokio::time::timeout(io_timeout, send).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => break format!("sending failed: {error}"),
@@ -253,7 +279,7 @@ async fn write_loop(
 }
 
 async fn read_loop(
-    mut reader: BufReader<OwnedReadHalf>,
+    (mut reader, mut opener): Receiving,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
     refused: Refused,
@@ -262,7 +288,15 @@ async fn read_loop(
     peer: Arc<str>,
 ) {
     let failure = loop {
-        match read_response(&mut reader, &awaiting, &limits, io_timeout, &peer).await {
+        let read = read_response(
+            &mut reader,
+            opener.as_mut(),
+            &awaiting,
+            &limits,
+            io_timeout,
+            &peer,
+        );
+        match read.await {
             Ok(true) => {}
             Ok(false) => break FrameError::Io(std::io::ErrorKind::UnexpectedEof.into()),
             Err(error) => {
@@ -297,9 +331,11 @@ async fn read_loop(
     });
 }
 
-/// Handles one response frame; `false` on a clean end of stream.
+/// Handles one response frame; `false` on a clean end of stream. On a sealed connection
+/// nothing the frame says is acted on before its tag checked out.
 async fn read_response(
     reader: &mut BufReader<OwnedReadHalf>,
+    mut opener: Option<&mut Opener>,
     awaiting: &AwaitingMap,
     limits: &Limits,
     io_timeout: Duration,
@@ -311,6 +347,9 @@ async fn read_response(
     let timed = |error: tokio::time::error::Elapsed| {
         FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
     };
+    if let Some(opener) = opener.as_deref_mut() {
+        opener.begin(&header.encode());
+    }
     let waiting = awaiting
         .lock()
         .remove(&header.id)
@@ -320,6 +359,15 @@ async fn read_response(
             let body = tokio::time::timeout(io_timeout, frame_io::read_body(reader, header.len))
                 .await
                 .map_err(timed)??;
+            if let Some(opener) = opener {
+                opener.update(&body);
+                let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
+                    .await
+                    .map_err(timed)??;
+                if let Err(violation) = opener.finish(header.kind, &tag) {
+                    return Err(tampered(waiting.ticket, peer, violation));
+                }
+            }
             let outcome = wire::decode_ack(&body)?.map_err(|reason| Error::Rejected {
                 peer: peer.to_string(),
                 reason,
@@ -344,6 +392,15 @@ async fn read_response(
             tokio::time::timeout(io_timeout, reader.read_exact(span.receive_into()?))
                 .await
                 .map_err(timed)??;
+            if let Some(opener) = opener {
+                opener.update(span.receive_into()?);
+                let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
+                    .await
+                    .map_err(timed)??;
+                if let Err(violation) = opener.finish(header.kind, &tag) {
+                    return Err(tampered(ticket, peer, violation));
+                }
+            }
             // GPU memory: the bytes count as arrived once they are in the region.
             let stored = Span::store_all(std::slice::from_mut(&mut span)).await;
             ticket.complete(stored);
@@ -357,4 +414,13 @@ async fn read_response(
         }
     }
     Ok(true)
+}
+
+/// Fails the request whose answer failed its tag with that reason, and the connection after it.
+fn tampered(ticket: Ticket, peer: &Arc<str>, violation: ProtocolViolation) -> FrameError {
+    ticket.complete(Err(Error::Protocol {
+        peer: peer.to_string(),
+        violation: violation.clone(),
+    }));
+    violation.into()
 }

@@ -1,6 +1,7 @@
 //! Reading whole headers and small bodies off a stream.
 
 use crate::error::ProtocolViolation;
+use crate::wire::seal::TAG_LEN;
 use crate::wire::{Header, Limits, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -43,4 +44,13 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin>(
     let mut body = vec![0u8; len as usize];
     reader.read_exact(&mut body).await?;
     Ok(body)
+}
+
+/// Reads the integrity tag that follows a frame's body on a sealed connection.
+pub(crate) async fn read_tag<R: AsyncRead + Unpin>(
+    reader: &mut R,
+) -> Result<[u8; TAG_LEN], std::io::Error> {
+    let mut tag = [0u8; TAG_LEN];
+    reader.read_exact(&mut tag).await?;
+    Ok(tag)
 }

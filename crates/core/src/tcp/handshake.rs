@@ -3,15 +3,16 @@
 
 use super::frame_io::FrameError;
 use crate::auth::io::{bounded, drive};
-use crate::auth::{Handshake, Secret, MAGIC};
+use crate::auth::{FrameKeys, Handshake, Secret, MAGIC};
 use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Authenticates this engine to the listener at the other end of `stream`, within `timeout`.
-/// Without a secret it does nothing, so engines without one talk as they always did.
+/// Authenticates this engine to the listener at the other end of `stream`, within `timeout`;
+/// the keys the connection's frames are then tagged with. Without a secret it does nothing
+/// (no keys, untagged frames), so engines without one talk as they always did.
 ///
 /// # Errors
 /// [`Error::Unauthenticated`] naming `peer` when the handshake fails.
@@ -20,9 +21,9 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     secret: Option<&Secret>,
     peer: &str,
     timeout: Duration,
-) -> Result<()> {
+) -> Result<Option<FrameKeys>> {
     let Some(secret) = secret else {
-        return Ok(());
+        return Ok(None);
     };
     let refused = |reason| Error::Unauthenticated {
         peer: peer.to_owned(),
@@ -34,11 +35,13 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         timeout,
     )
     .await
+    .map(Some)
     .map_err(refused)
 }
 
 /// Checks the peer that connected on `stream` from `address`; hands the stream back when it
-/// may be served. A refused peer gets one log line and its connection closed.
+/// may be served, with the keys its frames are tagged with when it authenticated. A refused
+/// peer gets one log line and its connection closed.
 ///
 /// Without a secret, a peer that does not authenticate passes with nothing read (after its
 /// first bytes arrived, or `timeout` passed: the session then bounds its hello as always), and
@@ -48,13 +51,13 @@ pub(crate) async fn accept(
     address: SocketAddr,
     secret: Option<&Secret>,
     timeout: Duration,
-) -> Option<TcpStream> {
+) -> Option<(TcpStream, Option<FrameKeys>)> {
     if secret.is_none()
         && !tokio::time::timeout(timeout, opens_with_magic(&stream))
             .await
             .unwrap_or(false)
     {
-        return Some(stream);
+        return Some((stream, None));
     }
     let outcome = match crate::auth::nonce() {
         Ok(nonce) => {
@@ -64,7 +67,7 @@ pub(crate) async fn accept(
         Err(error) => Err(AuthFailure::Io(error.to_string())),
     };
     match outcome {
-        Ok(()) => Some(stream),
+        Ok(keys) => Some((stream, Some(keys))),
         Err(reason) => {
             tracing::warn!(%address, %reason, "refused a connection that did not authenticate");
             linger(stream, timeout).await;

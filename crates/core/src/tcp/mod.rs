@@ -24,6 +24,7 @@ use crate::descriptor::{BufferDescriptor, Endpoint, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::RegionInfo;
 use crate::transport::{Link, Reach, Transport};
+use crate::wire::seal::{Opener, Sealer};
 use crate::wire::{self, Header, Hello, Kind, Limits};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,13 +122,26 @@ pub(crate) async fn fetch_descriptor(
         let mut stream = TcpStream::connect(address)
             .await
             .map_err(|error| unreachable(format!("connect failed: {error}")))?;
-        handshake::client(&mut stream, secret, address, timeout).await?;
+        let keys = handshake::client(&mut stream, secret, address, timeout).await?;
+        let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));
+        let mut opener = keys.map(|keys| Opener::new(keys.receive));
         let hello = wire::encode_hello(&Hello {
             name: String::new(),
         });
-        let mut request = Header::hello(&hello).encode().to_vec();
-        request.extend_from_slice(&hello);
-        request.extend_from_slice(&Header::descriptor_request(1).encode());
+        let mut request = Vec::new();
+        for (header, body) in [
+            (Header::hello(&hello), &hello[..]),
+            (Header::descriptor_request(1), &[][..]),
+        ] {
+            let encoded = header.encode();
+            request.extend_from_slice(&encoded);
+            request.extend_from_slice(body);
+            if let Some(sealer) = &mut sealer {
+                sealer.begin(&encoded);
+                sealer.update(body);
+                request.extend_from_slice(&sealer.finish());
+            }
+        }
         stream.write_all(&request).await.map_err(|error| {
             unreachable(format!("sending the descriptor request failed: {error}"))
         })?;
@@ -145,6 +159,19 @@ pub(crate) async fn fetch_descriptor(
         let body = frame_io::read_body(&mut stream, header.len)
             .await
             .map_err(|error| unreachable(format!("reading the descriptor failed: {error}")))?;
+        if let Some(opener) = &mut opener {
+            opener.begin(&header.encode());
+            opener.update(&body);
+            let tag = frame_io::read_tag(&mut stream).await.map_err(|error| {
+                unreachable(format!("reading the descriptor's tag failed: {error}"))
+            })?;
+            opener
+                .finish(header.kind, &tag)
+                .map_err(|violation| Error::Protocol {
+                    peer: address.to_owned(),
+                    violation,
+                })?;
+        }
         match header.kind {
             Kind::DescriptorResponse => SegmentDescriptor::from_json(address, &body),
             _ => Err(unreachable(format!(

@@ -192,14 +192,17 @@ async fn serve_connection(
             return;
         }
     };
-    let Some(stream) = stream else {
+    let Some((stream, keys)) = stream else {
         return;
     };
     if context.secret.is_some() && !admitted.promote(address, context.admission.peers) {
         return;
     }
     let _ = stream.set_nodelay(true);
-    let session = ServerSession::new(Arc::clone(&context), context.session, accepted);
+    let mut session = ServerSession::new(Arc::clone(&context), context.session, accepted);
+    if let Some(keys) = keys {
+        session.seal(keys);
+    }
     let mut driver = Driver {
         stream,
         session,

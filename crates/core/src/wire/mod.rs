@@ -16,6 +16,7 @@ mod body;
 mod garbage;
 mod header;
 mod reader;
+pub mod seal;
 
 pub use body::{
     decode_ack, decode_hello, decode_read_request, decode_write_many_count,

@@ -1,11 +1,12 @@
 //! Frame by frame: collecting headers and bodies, checking them, and landing, refusing or
 //! answering what they ask for.
 
-use super::{Part, ServerSession, State};
+use super::{AfterData, Part, ServerSession, State};
 use crate::error::Error;
 use crate::error::{ProtocolViolation, Refusal};
 use crate::proto::input::Input;
 use crate::proto::{Closed, Event, Landing, Served};
+use crate::wire::seal::{Opener, TAG_LEN};
 use crate::wire::{self, Header, Kind, HEADER_LEN};
 use std::time::Instant;
 
@@ -39,7 +40,7 @@ impl<M: Served> ServerSession<M> {
                     index,
                     filled,
                     ..
-                } => match land(&mut self.input, spans, index, filled) {
+                } => match land(&mut self.input, &mut self.opener, spans, index, filled) {
                     Ok(progressed) => progressed,
                     Err(error) => {
                         self.close(Closed::Staging(error.to_string()));
@@ -50,8 +51,21 @@ impl<M: Served> ServerSession<M> {
                     let dropped = self
                         .input
                         .take(usize::try_from(*left).unwrap_or(usize::MAX));
+                    if let Some(opener) = &mut self.opener {
+                        opener.update(dropped);
+                    }
                     *left -= dropped.len() as u64;
                     !dropped.is_empty() || *left == 0
+                }
+                State::Seal { .. } => {
+                    let bytes = self.input.take(TAG_LEN - self.scratch.len());
+                    let took = !bytes.is_empty();
+                    self.scratch.extend_from_slice(bytes);
+                    let whole = self.scratch.len() == TAG_LEN;
+                    if whole {
+                        self.data_sealed(now);
+                    }
+                    took || whole
                 }
             };
             self.finish_data(now);
@@ -75,30 +89,86 @@ impl<M: Served> ServerSession<M> {
         }
     }
 
-    /// Moves on once a write's data has all arrived or been thrown away.
+    /// Moves on once a write's data has all arrived or been thrown away: on a sealed
+    /// connection, to the tag that ends the frame.
     fn finish_data(&mut self, now: Instant) {
-        match &mut self.state {
+        let (id, then) = match &mut self.state {
             State::Land {
                 id, spans, index, ..
-            } if *index == spans.len() => {
-                let (id, spans) = (*id, std::mem::take(spans));
-                self.state = State::Waiting { id };
-                self.event = Some(Event::Store(spans));
-            }
+            } if *index == spans.len() => (*id, AfterData::Store(std::mem::take(spans))),
             State::Discard {
                 id,
                 left: 0,
                 reason,
-            } => {
-                let (id, reason) = (
-                    *id,
-                    std::mem::replace(reason, Refusal::Other(String::new())),
-                );
+            } => (
+                *id,
+                AfterData::Refuse(std::mem::replace(reason, Refusal::Other(String::new()))),
+            ),
+            _ => return,
+        };
+        match self.frame_kind {
+            Some(kind) if self.opener.is_some() => {
+                self.scratch.clear();
+                self.state = State::Seal { id, kind, then };
+            }
+            _ => self.after_data(now, id, then),
+        }
+    }
+
+    /// The tag after a write's data is in: checks it, then stores or refuses.
+    fn data_sealed(&mut self, now: Instant) {
+        let State::Seal { id, kind, then } =
+            std::mem::replace(&mut self.state, State::Waiting { id: 0 })
+        else {
+            return;
+        };
+        let checked = match &mut self.opener {
+            Some(opener) => opener.finish(kind, &self.scratch),
+            None => Ok(()),
+        };
+        match checked {
+            Ok(()) => self.after_data(now, id, then),
+            Err(violation) => {
+                // Told first, so the sender's transfer fails with the reason; its bytes may
+                // have landed, and a destination is undefined until its frame is acked.
+                self.ack(now, id, Err(Refusal::Other(violation.to_string())));
+                self.close(Closed::Protocol(violation));
+            }
+        }
+    }
+
+    fn after_data(&mut self, now: Instant, id: u64, then: AfterData<M::Span>) {
+        match then {
+            AfterData::Store(spans) => {
+                self.state = State::Waiting { id };
+                self.event = Some(Event::Store(spans));
+            }
+            AfterData::Refuse(reason) => {
                 self.ack(now, id, Err(reason));
                 self.finish_frame(now);
             }
-            _ => {}
         }
+    }
+
+    /// Takes a collected part's bytes into the frame's running tag; for a part that ends with
+    /// a tag on a sealed connection, checks it (`last`: the frame's last tag, else the one
+    /// before its data) and leaves only the part's own bytes in the scratch buffer.
+    fn open_part(&mut self, kind: Kind, tagged: Option<bool>) -> Result<(), ProtocolViolation> {
+        let Some(opener) = &mut self.opener else {
+            return Ok(());
+        };
+        let Some(last) = tagged else {
+            opener.update(&self.scratch);
+            return Ok(());
+        };
+        let own = self.scratch.len() - TAG_LEN;
+        opener.update(&self.scratch[..own]);
+        match last {
+            true => opener.finish(kind, &self.scratch[own..])?,
+            false => opener.check_prefix(kind, &self.scratch[own..])?,
+        }
+        self.scratch.truncate(own);
+        Ok(())
     }
 
     /// Acts on a completely collected part.
@@ -106,13 +176,18 @@ impl<M: Served> ServerSession<M> {
         match part {
             Part::Header => self.start_frame(now),
             Part::Hello => {
+                self.open_part(Kind::Hello, Some(true))?;
                 let hello = wire::decode_hello(&self.scratch)?;
                 self.peer = Some(hello.name);
                 self.finish_frame(now);
                 Ok(())
             }
-            Part::Body(header) => self.body(now, header),
+            Part::Body(header) => {
+                self.open_part(header.kind, Some(true))?;
+                self.body(now, header)
+            }
             Part::WriteAddress(header) => {
+                self.open_part(header.kind, Some(false))?;
                 let mut raw = [0u8; 8];
                 raw.copy_from_slice(&self.scratch);
                 let addr = u64::from_le_bytes(raw);
@@ -128,6 +203,7 @@ impl<M: Served> ServerSession<M> {
                 Ok(())
             }
             Part::WriteManyCount(header) => {
+                self.open_part(header.kind, None)?;
                 let mut count = [0u8; 4];
                 count.copy_from_slice(&self.scratch);
                 let table_len = wire::decode_write_many_count(
@@ -135,10 +211,11 @@ impl<M: Served> ServerSession<M> {
                     header.len,
                     self.config.limits.max_entries,
                 )?;
-                self.collect(Part::WriteManyTable(header), table_len);
+                self.collect(Part::WriteManyTable(header), self.tagged(table_len));
                 Ok(())
             }
             Part::WriteManyTable(header) => {
+                self.open_part(header.kind, Some(false))?;
                 let data_len = u64::from(header.len) - 4 - self.scratch.len() as u64;
                 let entries = wire::decode_write_many_table(&self.scratch, data_len)?;
                 self.land_or_refuse(header.id, &entries, data_len);
@@ -152,9 +229,13 @@ impl<M: Served> ServerSession<M> {
         let mut bytes = [0u8; HEADER_LEN];
         bytes.copy_from_slice(&self.scratch);
         let header = Header::decode(&bytes, &self.config.limits)?;
+        if let Some(opener) = &mut self.opener {
+            opener.begin(&bytes);
+        }
+        self.frame_kind = Some(header.kind);
         match (header.kind, self.peer.is_some()) {
             (Kind::Hello, false) => {
-                self.collect(Part::Hello, header.len as usize);
+                self.collect(Part::Hello, self.tagged(header.len as usize));
                 Ok(())
             }
             (Kind::Hello, true) => Err(unexpected(header.kind, "twice on one connection")),
@@ -163,10 +244,11 @@ impl<M: Served> ServerSession<M> {
                 if header.len != 0 {
                     return Err(ProtocolViolation::TrailingBytes(header.len as usize));
                 }
-                let json = self.served.descriptor();
-                let answer = Header::for_body(Kind::DescriptorResponse, header.id, &json);
-                self.queue(now, |output| output.frame(answer, &json));
-                self.finish_frame(now);
+                if self.opener.is_some() {
+                    self.collect(Part::Body(header), TAG_LEN);
+                } else {
+                    self.answer_descriptor(now, header);
+                }
                 Ok(())
             }
             (Kind::Write, true) => {
@@ -176,7 +258,7 @@ impl<M: Served> ServerSession<M> {
                         needed: 8 - header.len as usize,
                     });
                 }
-                self.collect(Part::WriteAddress(header), 8);
+                self.collect(Part::WriteAddress(header), self.tagged(8));
                 Ok(())
             }
             (Kind::WriteMany, true) => {
@@ -190,7 +272,7 @@ impl<M: Served> ServerSession<M> {
                 Ok(())
             }
             (Kind::ReadRequest | Kind::Notify, true) => {
-                self.collect(Part::Body(header), header.len as usize);
+                self.collect(Part::Body(header), self.tagged(header.len as usize));
                 Ok(())
             }
             (Kind::DescriptorResponse | Kind::ReadData | Kind::Ack, true) => {
@@ -199,8 +281,20 @@ impl<M: Served> ServerSession<M> {
         }
     }
 
-    /// The whole body of a read request or a notification arrived.
+    fn answer_descriptor(&mut self, now: Instant, header: Header) {
+        let json = self.served.descriptor();
+        let answer = Header::for_body(Kind::DescriptorResponse, header.id, &json);
+        self.answer(now, answer, &json);
+        self.finish_frame(now);
+    }
+
+    /// The whole body of a read request or a notification arrived (or, on a sealed
+    /// connection, a descriptor request's tag).
     fn body(&mut self, now: Instant, header: Header) -> Result<(), ProtocolViolation> {
+        if header.kind == Kind::DescriptorRequest {
+            self.answer_descriptor(now, header);
+            return Ok(());
+        }
         if header.kind == Kind::Notify {
             let payload = std::mem::take(&mut self.scratch);
             self.state = State::Waiting { id: header.id };
@@ -261,6 +355,7 @@ impl<M: Served> ServerSession<M> {
 /// Moves buffered bytes into the current span; `true` when any moved or a span completed.
 fn land<S: Landing>(
     input: &mut Input,
+    opener: &mut Option<Opener>,
     spans: &mut [S],
     index: &mut usize,
     filled: &mut usize,
@@ -271,6 +366,9 @@ fn land<S: Landing>(
     let destination = span.receive_into()?;
     let bytes = input.take(destination.len() - *filled);
     destination[*filled..*filled + bytes.len()].copy_from_slice(bytes);
+    if let Some(opener) = opener {
+        opener.update(bytes);
+    }
     *filled += bytes.len();
     if *filled < destination.len() {
         return Ok(!bytes.is_empty());
