@@ -33,7 +33,9 @@ fn secret() -> Vec<u8> {
 
 fn ferry_pair(secret: Option<Vec<u8>>) -> FerryPair {
     let builder = || match &secret {
-        Some(secret) => Engine::builder().secret(secret.clone()),
+        Some(secret) => Engine::builder()
+            .secret(secret.clone())
+            .tag_loopback_frames(true),
         None => Engine::builder(),
     };
     let decode = builder().build_blocking().expect("decode engine");

@@ -184,6 +184,15 @@ impl EngineBuilder {
         }
     }
 
+    /// Tags the frames of authenticated TCP connections to loopback addresses too (off by
+    /// default). See [`ferry_core::EngineBuilder::tag_loopback_frames`].
+    pub fn tag_loopback_frames(self, on: bool) -> Self {
+        EngineBuilder {
+            core: self.core.tag_loopback_frames(on),
+            ..self
+        }
+    }
+
     /// Adds a transport of the caller's own.
     pub fn transport(self, transport: Arc<dyn Transport>) -> Self {
         EngineBuilder {

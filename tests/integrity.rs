@@ -81,9 +81,11 @@ async fn pump(
     }
 }
 
+/// The caller: over loopback, frames are tagged only when asked.
 async fn prefill() -> Engine {
     Engine::builder()
         .secret(SECRET)
+        .tag_loopback_frames(true)
         .transfer_timeout(Duration::from_secs(5))
         .build()
         .await

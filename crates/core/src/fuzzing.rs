@@ -135,7 +135,7 @@ pub fn handshake(data: &[u8]) -> String {
     let secret = Secret::new(FUZZ_SECRET.to_vec()).expect("the fuzz secret is long enough");
     let nonce = [0x5a; NONCE_LEN];
     let mut machine = match choice % 3 {
-        0 => Handshake::client(secret, nonce),
+        0 => Handshake::client(secret, nonce, choice & 4 != 0),
         1 => Handshake::server(Some(secret), nonce),
         _ => Handshake::server(None, nonce),
     };

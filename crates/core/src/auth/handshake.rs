@@ -13,7 +13,10 @@ pub const VERSION: u8 = 2;
 /// Bytes of each side's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of the client's first message.
-pub const HELLO_LEN: usize = MAGIC.len() + 1 + NONCE_LEN;
+pub const HELLO_LEN: usize = MAGIC.len() + 2 + NONCE_LEN;
+
+/// The client's hello flag asking that the frames after the handshake carry tags.
+const TAG_FRAMES: u8 = 1;
 
 const PROOF_LEN: usize = 32;
 const CHALLENGE_LEN: usize = MAGIC.len() + 2 + NONCE_LEN + PROOF_LEN;
@@ -81,6 +84,9 @@ enum Stage {
 pub struct Handshake {
     role: Role,
     secret: Option<Secret>,
+    /// Whether the frames after the handshake carry tags: the client's choice, which both
+    /// proofs cover so that no one on the path can change it.
+    tag_frames: bool,
     client_nonce: [u8; NONCE_LEN],
     server_nonce: [u8; NONCE_LEN],
     stage: Stage,
@@ -91,16 +97,18 @@ pub struct Handshake {
 }
 
 impl Handshake {
-    /// The connecting side, with its fresh random `nonce` ([`super::nonce`]). Its hello is
-    /// ready to send at once.
-    pub fn client(secret: Secret, nonce: [u8; NONCE_LEN]) -> Handshake {
+    /// The connecting side, with its fresh random `nonce` ([`super::nonce`]), asking that the
+    /// frames that follow carry tags when `tag_frames`. Its hello is ready to send at once.
+    pub fn client(secret: Secret, nonce: [u8; NONCE_LEN], tag_frames: bool) -> Handshake {
         let mut transmit = Vec::with_capacity(HELLO_LEN);
         transmit.extend_from_slice(&MAGIC);
         transmit.push(VERSION);
+        transmit.push(if tag_frames { TAG_FRAMES } else { 0 });
         transmit.extend_from_slice(&nonce);
         Handshake {
             role: Role::Client,
             secret: Some(secret),
+            tag_frames,
             client_nonce: nonce,
             server_nonce: [0; NONCE_LEN],
             stage: Stage::ClientAwaitsChallenge,
@@ -115,6 +123,7 @@ impl Handshake {
         Handshake {
             role: Role::Server,
             secret,
+            tag_frames: false,
             client_nonce: [0; NONCE_LEN],
             server_nonce: nonce,
             stage: Stage::ServerAwaitsHello,
@@ -142,9 +151,12 @@ impl Handshake {
         }
     }
 
-    /// The connection's frame keys, once both sides proved they hold the secret.
+    /// The connection's frame keys, once both sides proved they hold the secret and the
+    /// client asked for tagged frames.
     pub fn frame_keys(&self) -> Option<FrameKeys> {
-        let (Stage::Finished(Ok(())), Some(secret)) = (&self.stage, &self.secret) else {
+        let (Stage::Finished(Ok(())), Some(secret), true) =
+            (&self.stage, &self.secret, self.tag_frames)
+        else {
             return None;
         };
         let key = |label: &[u8]| {
@@ -253,12 +265,16 @@ impl Handshake {
 
     fn on_hello(&mut self, hello: &[u8]) {
         let version = hello[MAGIC.len()];
+        let flags = hello[MAGIC.len() + 1];
         let failure = if version != VERSION {
             // The client reads this side's version before the code and reports the mismatch.
             self.transmit = refusal(NO_SECRET);
             AuthFailure::Version { found: version }
+        } else if flags & !TAG_FRAMES != 0 {
+            AuthFailure::Malformed("the hello carries flags this build does not know")
         } else if let Some(secret) = &self.secret {
-            self.client_nonce.copy_from_slice(&hello[MAGIC.len() + 1..]);
+            self.tag_frames = flags & TAG_FRAMES != 0;
+            self.client_nonce.copy_from_slice(&hello[MAGIC.len() + 2..]);
             let proof = self.proof(secret, Role::Server).finalize().into_bytes();
             self.transmit.extend_from_slice(&MAGIC);
             self.transmit.extend_from_slice(&[VERSION, GO_ON]);
@@ -336,13 +352,15 @@ impl Handshake {
         });
     }
 
-    /// The MAC `prover` sends: keyed with the secret, over its role and both nonces.
+    /// The MAC `prover` sends: keyed with the secret, over its role, both nonces and whether
+    /// frames are tagged.
     fn proof(&self, secret: &Secret, prover: Role) -> hmac::Hmac<sha2::Sha256> {
         secret
             .mac()
             .chain_update(prover.label())
             .chain_update(self.client_nonce)
             .chain_update(self.server_nonce)
+            .chain_update([u8::from(self.tag_frames)])
     }
 }
 

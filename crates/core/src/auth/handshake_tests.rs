@@ -55,7 +55,7 @@ fn drive(
 
 #[test]
 fn same_secret_authenticates_both_sides() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     assert_eq!(drive(&mut client, &mut server), (Ok(()), Ok(())));
     assert_eq!(client.wants(), 0);
@@ -64,7 +64,7 @@ fn same_secret_authenticates_both_sides() {
 
 #[test]
 fn different_secrets_fail_on_both_sides_with_the_exact_reason() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("b")), nonce(2));
     assert_eq!(
         drive(&mut client, &mut server),
@@ -77,7 +77,7 @@ fn different_secrets_fail_on_both_sides_with_the_exact_reason() {
 
 #[test]
 fn a_server_without_a_secret_refuses_an_authenticating_client() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(None, nonce(2));
     assert_eq!(
         drive(&mut client, &mut server),
@@ -103,7 +103,7 @@ fn a_server_with_a_secret_refuses_a_plain_frame_after_four_bytes() {
 #[test]
 fn every_tampered_byte_of_the_server_challenge_fails_the_client() {
     for index in 6..CHALLENGE_LEN {
-        let mut client = Handshake::client(secret("a"), nonce(1));
+        let mut client = Handshake::client(secret("a"), nonce(1), false);
         let mut server = Handshake::server(Some(secret("a")), nonce(2));
         let (client_outcome, server_outcome) =
             drive_altered(&mut client, &mut server, |role, bytes| {
@@ -127,7 +127,7 @@ fn every_tampered_byte_of_the_server_challenge_fails_the_client() {
 #[test]
 fn a_tampered_client_proof_fails_the_server() {
     for index in 1..PROOF_MESSAGE_LEN {
-        let mut client = Handshake::client(secret("a"), nonce(1));
+        let mut client = Handshake::client(secret("a"), nonce(1), false);
         let mut server = Handshake::server(Some(secret("a")), nonce(2));
         let (client_outcome, server_outcome) =
             drive_altered(&mut client, &mut server, |role, bytes| {
@@ -150,7 +150,7 @@ fn a_tampered_client_proof_fails_the_server() {
 
 #[test]
 fn a_tampered_hello_nonce_fails_both_sides() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let outcome = drive_altered(&mut client, &mut server, |role, bytes| {
         if role == Role::Client && bytes.len() == HELLO_LEN {
@@ -169,7 +169,7 @@ fn a_tampered_hello_nonce_fails_both_sides() {
 #[test]
 fn truncated_messages_fail_with_closed() {
     // The server's challenge cut short, then the stream ends.
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let hello = client.poll_transmit().unwrap();
     server.handle_input(&hello);
@@ -187,7 +187,7 @@ fn truncated_messages_fail_with_closed() {
 
 #[test]
 fn a_replayed_client_transcript_is_refused() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let mut recorded = Vec::new();
     let outcome = drive_altered(&mut client, &mut server, |role, bytes| {
@@ -211,7 +211,7 @@ fn a_reflected_server_proof_is_not_a_client_proof() {
     // as its own.
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let mut hello = MAGIC.to_vec();
-    hello.push(VERSION);
+    hello.extend_from_slice(&[VERSION, 0]);
     hello.extend_from_slice(&nonce(9));
     server.handle_input(&hello);
     let challenge = server.poll_transmit().unwrap();
@@ -224,12 +224,12 @@ fn a_reflected_server_proof_is_not_a_client_proof() {
 
 #[test]
 fn a_replayed_server_challenge_fails_a_new_client() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let hello = client.poll_transmit().unwrap();
     server.handle_input(&hello);
     let challenge = server.poll_transmit().unwrap();
-    let mut later = Handshake::client(secret("a"), nonce(5));
+    let mut later = Handshake::client(secret("a"), nonce(5), false);
     let _ = later.poll_transmit();
     later.handle_input(&challenge);
     let _ = later.poll_transmit();
@@ -240,7 +240,7 @@ fn a_replayed_server_challenge_fails_a_new_client() {
 fn another_version_is_named() {
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let mut hello = MAGIC.to_vec();
-    hello.push(VERSION + 1);
+    hello.extend_from_slice(&[VERSION + 1, 0]);
     hello.extend_from_slice(&nonce(1));
     server.handle_input(&hello);
     assert!(server.poll_transmit().is_some());
@@ -252,7 +252,7 @@ fn another_version_is_named() {
 
 #[test]
 fn byte_at_a_time_input_never_reads_past_the_handshake() {
-    let mut client = Handshake::client(secret("a"), nonce(1));
+    let mut client = Handshake::client(secret("a"), nonce(1), false);
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
     let hello = client.poll_transmit().unwrap();
     for byte in hello.chunks(1) {
@@ -270,4 +270,63 @@ fn byte_at_a_time_input_never_reads_past_the_handshake() {
         1
     );
     assert_eq!(client.outcome(), Some(Ok(())));
+}
+
+#[test]
+fn a_client_that_asks_for_tags_gets_mirrored_keys_and_one_that_does_not_gets_none() {
+    for tag_frames in [true, false] {
+        let mut client = Handshake::client(secret("a"), nonce(1), tag_frames);
+        let mut server = Handshake::server(Some(secret("a")), nonce(2));
+        assert_eq!(drive(&mut client, &mut server), (Ok(()), Ok(())));
+        match (client.frame_keys(), server.frame_keys()) {
+            (Some(client), Some(server)) => {
+                assert!(tag_frames);
+                assert_eq!(client.send, server.receive);
+                assert_eq!(client.receive, server.send);
+                assert_ne!(client.send, client.receive, "one key per direction");
+            }
+            (None, None) => assert!(!tag_frames),
+            other => panic!("the sides disagree on tags: {other:?}"),
+        }
+    }
+    // Other nonces, other keys.
+    let keys = |client_nonce| {
+        let mut client = Handshake::client(secret("a"), nonce(client_nonce), true);
+        let mut server = Handshake::server(Some(secret("a")), nonce(2));
+        assert_eq!(drive(&mut client, &mut server), (Ok(()), Ok(())));
+        client.frame_keys().expect("tagged").send
+    };
+    assert_ne!(keys(1), keys(3));
+}
+
+#[test]
+fn a_path_that_clears_the_tag_flag_fails_both_proofs() {
+    let mut client = Handshake::client(secret("a"), nonce(1), true);
+    let mut server = Handshake::server(Some(secret("a")), nonce(2));
+    let outcome = drive_altered(&mut client, &mut server, |role, bytes| {
+        if role == Role::Client && bytes.len() == HELLO_LEN {
+            bytes[MAGIC.len() + 1] = 0;
+        }
+    });
+    assert_eq!(
+        outcome,
+        (
+            Err(AuthFailure::PeerProofMismatch),
+            Err(AuthFailure::RejectedByPeer)
+        )
+    );
+    assert!(client.frame_keys().is_none() && server.frame_keys().is_none());
+}
+
+#[test]
+fn unknown_hello_flags_are_refused() {
+    let mut server = Handshake::server(Some(secret("a")), nonce(2));
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&[VERSION, 0x80]);
+    hello.extend_from_slice(&nonce(1));
+    server.handle_input(&hello);
+    assert!(matches!(
+        server.outcome(),
+        Some(Err(AuthFailure::Malformed(_)))
+    ));
 }

@@ -21,7 +21,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), AuthFailure> {
     let nonce = super::nonce().map_err(|error| AuthFailure::Io(error.to_string()))?;
     bounded(
-        drive(stream, Handshake::client(secret.clone(), nonce)),
+        drive(stream, Handshake::client(secret.clone(), nonce, false)),
         timeout,
     )
     .await
@@ -60,11 +60,12 @@ pub(crate) async fn bounded<T>(
         .unwrap_or(Err(AuthFailure::TimedOut { after: timeout }))
 }
 
-/// Runs `handshake` over `stream`; the connection's frame keys when it succeeded.
+/// Runs `handshake` over `stream`; when it succeeded, the connection's frame keys if the
+/// client asked for tagged frames.
 pub(crate) async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     mut handshake: Handshake,
-) -> Result<FrameKeys, AuthFailure> {
+) -> Result<Option<FrameKeys>, AuthFailure> {
     let mut buffer = [0u8; 128];
     loop {
         while let Some(bytes) = handshake.poll_transmit() {
@@ -73,8 +74,7 @@ pub(crate) async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
         if let Some(outcome) = handshake.outcome() {
             stream.flush().await.map_err(io_failure)?;
             outcome?;
-            // A handshake succeeds only with a secret, which is what the keys come from.
-            return handshake.frame_keys().ok_or(AuthFailure::NoLocalSecret);
+            return Ok(handshake.frame_keys());
         }
         let wanted = handshake.wants().min(buffer.len());
         match stream.read(&mut buffer[..wanted]).await {

@@ -13,22 +13,25 @@
 //!
 //! | # | from | bytes | layout |
 //! |---|---|---|---|
-//! | 1 | client | 37 | `FRYA` · version · client nonce (32) |
+//! | 1 | client | 38 | `FRYA` · version · flags · client nonce (32) |
 //! | 2 | server | 70 | `FRYA` · version · CODE · server nonce (32) · server proof (32) |
 //! | 3 | client | 33 | CODE · client proof (32) |
 //! | 4 | server | 1 | CODE |
 //!
 //! A proof is HMAC-SHA256 keyed with the secret over a label naming the prover's role
-//! (`ferry-auth-v1 server` or `ferry-auth-v1 client`), the client nonce and the server nonce.
+//! (`ferry-auth-v1 server` or `ferry-auth-v1 client`), the client nonce, the server nonce and
+//! the flags byte (bit 0: the frames that follow carry tags; the client's choice, which a path
+//! that changes it makes both proofs fail).
 //! Both nonces are 32 random bytes per connection, so a recorded proof is worth nothing on
 //! another connection, and the role label keeps a server's proof from being reflected back as a
 //! client's. The server proves first; the client checks that proof before it sends its own, so
 //! a client never hands its proof to a listener that does not hold the secret. Proofs are
 //! compared in constant time.
 //!
-//! A successful handshake also gives both sides the connection's [`FrameKeys`]: HMAC-SHA256
-//! keyed with the secret over `ferry-frames-v1 client to server` (or `server to client`) and
-//! both nonces. The TCP transport tags every frame that follows with them
+//! A successful handshake that asked for tags also gives both sides the connection's
+//! [`FrameKeys`]: HMAC-SHA256 keyed with the secret over `ferry-frames-v1 client to server`
+//! (or `server to client`) and both nonces. The TCP transport asks for them on every
+//! connection to a non-loopback address and tags every frame that follows
 //! ([`crate::wire::seal`]), so bytes altered, dropped or replayed on the path fail the transfer
 //! and close the connection. Nothing is encrypted: an attacker on the path can still read the
 //! bytes; use a private network or a tunnel where that matters.

@@ -41,6 +41,7 @@ pub struct EngineBuilder {
     transports: Vec<Arc<dyn Transport>>,
     liveness_interval: Duration,
     secret: Option<Vec<u8>>,
+    tag_loopback_frames: bool,
 }
 
 impl Default for EngineBuilder {
@@ -63,6 +64,7 @@ impl Default for EngineBuilder {
             transports: Vec::new(),
             liveness_interval: Duration::from_secs(2),
             secret: None,
+            tag_loopback_frames: false,
         }
     }
 }
@@ -192,6 +194,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Tags the frames of authenticated TCP connections to loopback addresses too. With a
+    /// secret, every frame to another address carries an integrity tag ([`crate::wire::seal`]);
+    /// loopback traffic never leaves the kernel, where whoever could alter it can read both
+    /// engines' memory anyway, so it goes untagged by default (tags halved loopback
+    /// throughput on a two-core machine: `benches/tcp.rs`). Turn
+    /// this on where a loopback address leads elsewhere without protection of its own (a
+    /// plain TCP forwarder), or to measure the tags' cost.
+    pub fn tag_loopback_frames(mut self, on: bool) -> Self {
+        self.tag_loopback_frames = on;
+        self
+    }
+
     /// Adds a transport besides TCP, which every engine has.
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transports.push(transport);
@@ -289,6 +303,7 @@ impl EngineBuilder {
             limits: self.limits,
             io_timeout: self.transfer_timeout,
             secret: secret.clone(),
+            tag_loopback_frames: self.tag_loopback_frames,
         });
         let control: Arc<dyn Transport> = tcp;
         let mut transports: Vec<Arc<dyn Transport>> = self.transports;

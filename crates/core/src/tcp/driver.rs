@@ -63,7 +63,8 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects, authenticates with `secret` when set, introduces this engine with a hello,
+    /// Connects, authenticates with the secret when set (tagging its frames unless the peer is
+    /// on a loopback address and `tag_loopback` is off), introduces this engine with a hello,
     /// and starts the two tasks.
     pub(crate) async fn open(
         address: &str,
@@ -71,7 +72,7 @@ impl Connection {
         local_name: &str,
         limits: Limits,
         io_timeout: Duration,
-        secret: Option<&Secret>,
+        (secret, tag_loopback): (Option<&Secret>, bool),
     ) -> Result<Connection> {
         let unreachable = |reason: String| Error::Unreachable {
             peer: peer.to_string(),
@@ -84,7 +85,9 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
-        let keys = super::handshake::client(&mut stream, secret, &peer, io_timeout).await?;
+        let tag_frames = super::handshake::tags_frames(stream.peer_addr(), tag_loopback);
+        let keys =
+            super::handshake::client(&mut stream, secret, tag_frames, &peer, io_timeout).await?;
         let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));
         let opener = keys.map(|keys| Opener::new(keys.receive));
         let (read_half, mut writer) = stream.into_split();

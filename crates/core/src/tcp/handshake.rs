@@ -11,14 +11,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Authenticates this engine to the listener at the other end of `stream`, within `timeout`;
-/// the keys the connection's frames are then tagged with. Without a secret it does nothing
-/// (no keys, untagged frames), so engines without one talk as they always did.
+/// with `tag_frames`, the keys the connection's frames are then tagged with. Without a secret
+/// it does nothing (no keys, untagged frames), so engines without one talk as they always did.
 ///
 /// # Errors
 /// [`Error::Unauthenticated`] naming `peer` when the handshake fails.
 pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: Option<&Secret>,
+    tag_frames: bool,
     peer: &str,
     timeout: Duration,
 ) -> Result<Option<FrameKeys>> {
@@ -31,11 +32,10 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let nonce = crate::auth::nonce()?;
     bounded(
-        drive(stream, Handshake::client(secret.clone(), nonce)),
+        drive(stream, Handshake::client(secret.clone(), nonce, tag_frames)),
         timeout,
     )
     .await
-    .map(Some)
     .map_err(refused)
 }
 
@@ -67,7 +67,7 @@ pub(crate) async fn accept(
         Err(error) => Err(AuthFailure::Io(error.to_string())),
     };
     match outcome {
-        Ok(keys) => Some((stream, Some(keys))),
+        Ok(keys) => Some((stream, keys)),
         Err(reason) => {
             tracing::warn!(%address, %reason, "refused a connection that did not authenticate");
             linger(stream, timeout).await;
@@ -115,4 +115,11 @@ async fn linger(mut stream: TcpStream, timeout: Duration) {
     let mut rest = (&mut stream).take(1 << 20);
     let mut sink = tokio::io::sink();
     let _ = tokio::time::timeout(timeout, tokio::io::copy(&mut rest, &mut sink)).await;
+}
+
+/// Whether a connection to `peer` tags its frames: always with `on_loopback`, else only when
+/// the peer's address is not a loopback one (loopback traffic never leaves the kernel, where
+/// whoever could alter it can read both engines' memory anyway).
+pub(crate) fn tags_frames(peer: std::io::Result<SocketAddr>, on_loopback: bool) -> bool {
+    on_loopback || peer.is_ok_and(|peer| !peer.ip().to_canonical().is_loopback())
 }

@@ -67,6 +67,8 @@ pub(crate) struct TcpTransport {
     pub(crate) io_timeout: Duration,
     /// Proven to every listener before anything else is sent, when set.
     pub(crate) secret: Option<Secret>,
+    /// Whether authenticated connections to loopback addresses tag their frames too.
+    pub(crate) tag_loopback_frames: bool,
 }
 
 #[async_trait::async_trait]
@@ -122,7 +124,9 @@ pub(crate) async fn fetch_descriptor(
         let mut stream = TcpStream::connect(address)
             .await
             .map_err(|error| unreachable(format!("connect failed: {error}")))?;
-        let keys = handshake::client(&mut stream, secret, address, timeout).await?;
+        // Descriptors are signed: only a secret's own rule for loopback applies here.
+        let tag_frames = handshake::tags_frames(stream.peer_addr(), false);
+        let keys = handshake::client(&mut stream, secret, tag_frames, address, timeout).await?;
         let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));
         let mut opener = keys.map(|keys| Opener::new(keys.receive));
         let hello = wire::encode_hello(&Hello {
