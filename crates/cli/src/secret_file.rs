@@ -10,6 +10,10 @@ pub(crate) struct SecretFile {
     /// reaches the listener can read and write its registered memory.
     #[arg(long, value_name = "PATH")]
     pub(crate) secret_file: Option<PathBuf>,
+    /// With a secret, tag the frames of TCP connections to loopback addresses too (connections
+    /// to other addresses always carry integrity tags; loopback ones skip them by default)
+    #[arg(long)]
+    pub(crate) tag_loopback_frames: bool,
 }
 
 impl SecretFile {
@@ -18,6 +22,7 @@ impl SecretFile {
         &self,
         builder: ferry::EngineBuilder,
     ) -> Result<ferry::EngineBuilder, ferry::Error> {
+        let builder = builder.tag_loopback_frames(self.tag_loopback_frames);
         Ok(match &self.secret_file {
             Some(path) => builder.secret(ferry::auth::read_secret_file(path)?),
             None => builder,
@@ -26,9 +31,13 @@ impl SecretFile {
 
     /// The argument again, for a child process that must use the same secret.
     pub(crate) fn args(&self) -> Vec<std::ffi::OsString> {
-        match &self.secret_file {
+        let mut args = match &self.secret_file {
             Some(path) => vec!["--secret-file".into(), path.clone().into_os_string()],
             None => Vec::new(),
+        };
+        if self.tag_loopback_frames {
+            args.push("--tag-loopback-frames".into());
         }
+        args
     }
 }
