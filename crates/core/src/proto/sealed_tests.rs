@@ -111,6 +111,40 @@ fn tagged_frames_land_and_are_answered_with_tagged_acks() {
 }
 
 #[test]
+fn a_long_write_is_tagged_across_the_reads_it_lands_in() {
+    // 2.5 MiB, landed straight in its destination 64 KiB or one byte at a time and hashed as
+    // it lands; one altered byte in its middle still fails the tag.
+    let data: Vec<u8> = (0..(5u32 << 19)).map(|index| (index % 253) as u8).collect();
+    let mut sealer = Sealer::new(keys().receive);
+    let hello = wire::encode_hello(&Hello {
+        name: "peer".into(),
+    });
+    let mut bytes = sealed(&mut sealer, Kind::Hello, 0, &hello);
+    let mut write = BASE.to_le_bytes().to_vec();
+    write.extend_from_slice(&data);
+    bytes.extend(sealed(&mut sealer, Kind::Write, 1, &write));
+    let mut config = test_config();
+    config.limits.max_data = 4 << 20;
+    for (chunk, altered) in [(64 << 10, false), (1, false), (64 << 10, true)] {
+        let mut harness = Harness::new(4 << 20, config);
+        harness.seal(keys());
+        let mut stream = bytes.clone();
+        if altered {
+            let at = stream.len() - TAG_LEN - data.len() + (3 << 19);
+            stream[at] ^= 0x10;
+        }
+        harness.feed(&stream, chunk);
+        if altered {
+            assert_eq!(tampered(&harness), "write");
+        } else {
+            assert_eq!(harness.closed(), None);
+            assert!(harness.memory.read(BASE, data.len()) == data);
+            assert_eq!(opened_answers(&harness).len(), 1);
+        }
+    }
+}
+
+#[test]
 fn an_altered_destination_closes_the_session_before_a_byte_lands() {
     let data = vec![0xabu8; 40_000];
     let mut bytes = requests(&data);
