@@ -35,7 +35,7 @@ fn ferry_pair(secret: Option<Vec<u8>>) -> FerryPair {
     let builder = || match &secret {
         Some(secret) => Engine::builder()
             .secret(secret.clone())
-            .tag_loopback_frames(true),
+            .frame_tags(ferry::FrameTags::Always),
         None => Engine::builder(),
     };
     let decode = builder().build_blocking().expect("decode engine");

@@ -184,11 +184,11 @@ impl EngineBuilder {
         }
     }
 
-    /// Tags the frames of authenticated TCP connections to loopback addresses too (off by
-    /// default). See [`ferry_core::EngineBuilder::tag_loopback_frames`].
-    pub fn tag_loopback_frames(self, on: bool) -> Self {
+    /// Which authenticated TCP connections tag their frames (between hosts by default). See
+    /// [`ferry_core::EngineBuilder::frame_tags`].
+    pub fn frame_tags(self, tags: ferry_core::FrameTags) -> Self {
         EngineBuilder {
-            core: self.core.tag_loopback_frames(on),
+            core: self.core.frame_tags(tags),
             ..self
         }
     }

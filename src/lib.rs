@@ -107,9 +107,9 @@ pub use engine::{Engine, EngineBuilder};
 pub use ferry_core::telemetry;
 pub use ferry_core::{
     AuthFailure, Batch, BlockCopy, BlockLayout, BufferDescriptor, Completion, Direction, Error,
-    Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Refusal, Region,
-    RegionInfo, RegistrationProblem, Result, Route, SegmentDescriptor, Side, TcpConfig, Transfer,
-    MAX_NOTIFICATION_BYTES,
+    FrameTags, Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Refusal,
+    Region, RegionInfo, RegistrationProblem, Result, Route, SegmentDescriptor, Side, TcpConfig,
+    Transfer, MAX_NOTIFICATION_BYTES,
 };
 pub use ferry_nvlink::{CopyPath, NvlinkConfig};
 #[cfg(feature = "rdma")]

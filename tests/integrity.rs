@@ -85,7 +85,7 @@ async fn pump(
 async fn prefill() -> Engine {
     Engine::builder()
         .secret(SECRET)
-        .tag_loopback_frames(true)
+        .frame_tags(ferry::FrameTags::Always)
         .transfer_timeout(Duration::from_secs(5))
         .build()
         .await

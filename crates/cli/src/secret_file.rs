@@ -10,10 +10,37 @@ pub(crate) struct SecretFile {
     /// reaches the listener can read and write its registered memory.
     #[arg(long, value_name = "PATH")]
     pub(crate) secret_file: Option<PathBuf>,
-    /// With a secret, tag the frames of TCP connections to loopback addresses too (connections
-    /// to other addresses always carry integrity tags; loopback ones skip them by default)
-    #[arg(long)]
-    pub(crate) tag_loopback_frames: bool,
+    /// With a secret, which TCP connections tag every frame against changes on the path:
+    /// between-hosts (all but loopback ones), always, or never
+    #[arg(long, value_name = "WHICH", default_value = "between-hosts")]
+    pub(crate) frame_tags: FrameTagsArg,
+}
+
+/// `--frame-tags`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum FrameTagsArg {
+    #[default]
+    BetweenHosts,
+    Always,
+    Never,
+}
+
+impl FrameTagsArg {
+    fn tags(self) -> ferry::FrameTags {
+        match self {
+            FrameTagsArg::BetweenHosts => ferry::FrameTags::BetweenHosts,
+            FrameTagsArg::Always => ferry::FrameTags::Always,
+            FrameTagsArg::Never => ferry::FrameTags::Never,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FrameTagsArg::BetweenHosts => "between-hosts",
+            FrameTagsArg::Always => "always",
+            FrameTagsArg::Never => "never",
+        }
+    }
 }
 
 impl SecretFile {
@@ -22,7 +49,7 @@ impl SecretFile {
         &self,
         builder: ferry::EngineBuilder,
     ) -> Result<ferry::EngineBuilder, ferry::Error> {
-        let builder = builder.tag_loopback_frames(self.tag_loopback_frames);
+        let builder = builder.frame_tags(self.frame_tags.tags());
         Ok(match &self.secret_file {
             Some(path) => builder.secret(ferry::auth::read_secret_file(path)?),
             None => builder,
@@ -35,8 +62,9 @@ impl SecretFile {
             Some(path) => vec!["--secret-file".into(), path.clone().into_os_string()],
             None => Vec::new(),
         };
-        if self.tag_loopback_frames {
-            args.push("--tag-loopback-frames".into());
+        if self.frame_tags != FrameTagsArg::default() {
+            args.push("--frame-tags".into());
+            args.push(self.frame_tags.name().into());
         }
         args
     }

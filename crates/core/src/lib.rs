@@ -77,7 +77,7 @@ pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{InboxHandle, Notification, Notifications, Reserved, MAX_NOTIFICATION_BYTES};
 pub use peer::Peer;
 pub use route::Route;
-pub use tcp::{TcpConfig, TCP};
+pub use tcp::{FrameTags, TcpConfig, TCP};
 pub use transport::{
     Direction, EngineContext, ExportGuard, Exported, Link, Notified, Reach, TransferOp,
     TransferOps, TransferPart, Transport,

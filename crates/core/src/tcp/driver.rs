@@ -4,6 +4,7 @@
 use super::frame_io::{self, FrameError};
 use super::handshake::refusal_seen_as_frame;
 use super::tracker::Ticket;
+use super::FrameTags;
 use crate::auth::Secret;
 use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
 use crate::memory::Span;
@@ -63,16 +64,16 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects, authenticates with the secret when set (tagging its frames unless the peer is
-    /// on a loopback address and `tag_loopback` is off), introduces this engine with a hello,
-    /// and starts the two tasks.
+    /// Connects, authenticates with the secret when set (its frames tagged as `frame_tags`
+    /// says for this peer's address), introduces this engine with a hello, and starts the two
+    /// tasks.
     pub(crate) async fn open(
         address: &str,
         peer: Arc<str>,
         local_name: &str,
         limits: Limits,
         io_timeout: Duration,
-        (secret, tag_loopback): (Option<&Secret>, bool),
+        (secret, frame_tags): (Option<&Secret>, FrameTags),
     ) -> Result<Connection> {
         let unreachable = |reason: String| Error::Unreachable {
             peer: peer.to_string(),
@@ -85,7 +86,7 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|error| Error::io("setting TCP_NODELAY", error))?;
-        let tag_frames = super::handshake::tags_frames(stream.peer_addr(), tag_loopback);
+        let tag_frames = frame_tags.apply_to(stream.peer_addr());
         let keys =
             super::handshake::client(&mut stream, secret, tag_frames, &peer, io_timeout).await?;
         let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));

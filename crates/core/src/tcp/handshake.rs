@@ -116,10 +116,3 @@ async fn linger(mut stream: TcpStream, timeout: Duration) {
     let mut sink = tokio::io::sink();
     let _ = tokio::time::timeout(timeout, tokio::io::copy(&mut rest, &mut sink)).await;
 }
-
-/// Whether a connection to `peer` tags its frames: always with `on_loopback`, else only when
-/// the peer's address is not a loopback one (loopback traffic never leaves the kernel, where
-/// whoever could alter it can read both engines' memory anyway).
-pub(crate) fn tags_frames(peer: std::io::Result<SocketAddr>, on_loopback: bool) -> bool {
-    on_loopback || peer.is_ok_and(|peer| !peer.ip().to_canonical().is_loopback())
-}

@@ -38,7 +38,7 @@ impl TcpLink {
                     &transport.local_name,
                     transport.limits,
                     transport.io_timeout,
-                    (transport.secret.as_ref(), transport.tag_loopback_frames),
+                    (transport.secret.as_ref(), transport.frame_tags),
                 )
                 .await?,
             );
