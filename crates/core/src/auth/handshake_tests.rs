@@ -8,6 +8,14 @@ fn nonce(byte: u8) -> [u8; NONCE_LEN] {
     [byte; NONCE_LEN]
 }
 
+/// A client's hello as its bytes: magic, `version`, `flags`, a nonce of `byte`s.
+fn hello(version: u8, flags: u8, byte: u8) -> Vec<u8> {
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&[version, flags]);
+    hello.extend_from_slice(&nonce(byte));
+    hello
+}
+
 /// Moves bytes between the two machines until both finished; `alter` may change each message
 /// in flight (by sender). Fails rather than loops when neither side can go on.
 fn drive_altered(
@@ -210,10 +218,7 @@ fn a_reflected_server_proof_is_not_a_client_proof() {
     // An attacker without the secret sends a hello, takes the server's proof and hands it back
     // as its own.
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
-    let mut hello = MAGIC.to_vec();
-    hello.extend_from_slice(&[VERSION, 0]);
-    hello.extend_from_slice(&nonce(9));
-    server.handle_input(&hello);
+    server.handle_input(&hello(VERSION, 0, 9));
     let challenge = server.poll_transmit().unwrap();
     let mut reflected = vec![GO_ON];
     reflected.extend_from_slice(&challenge[CHALLENGE_LEN - PROOF_LEN..]);
@@ -239,10 +244,7 @@ fn a_replayed_server_challenge_fails_a_new_client() {
 #[test]
 fn another_version_is_named() {
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
-    let mut hello = MAGIC.to_vec();
-    hello.extend_from_slice(&[VERSION + 1, 0]);
-    hello.extend_from_slice(&nonce(1));
-    server.handle_input(&hello);
+    server.handle_input(&hello(VERSION + 1, 0, 1));
     assert!(server.poll_transmit().is_some());
     assert_eq!(
         server.outcome(),
@@ -321,10 +323,7 @@ fn a_path_that_clears_the_tag_flag_fails_both_proofs() {
 #[test]
 fn unknown_hello_flags_are_refused() {
     let mut server = Handshake::server(Some(secret("a")), nonce(2));
-    let mut hello = MAGIC.to_vec();
-    hello.extend_from_slice(&[VERSION, 0x80]);
-    hello.extend_from_slice(&nonce(1));
-    server.handle_input(&hello);
+    server.handle_input(&hello(VERSION, 0x80, 1));
     assert!(matches!(
         server.outcome(),
         Some(Err(AuthFailure::Malformed(_)))

@@ -333,11 +333,10 @@ impl<M: Served> ServerSession<M> {
                         id,
                         u32::try_from(span.len()).unwrap_or(u32::MAX),
                     );
-                    let tag = self.sealer.as_mut().map(|sealer| {
-                        sealer.begin(&header.encode());
-                        sealer.update(span.as_slice());
-                        sealer.finish()
-                    });
+                    let tag = self
+                        .sealer
+                        .as_mut()
+                        .map(|sealer| sealer.seal(&header.encode(), span.as_slice()));
                     self.queue(now, |output| {
                         output.frame_from(header, span);
                         if let Some(tag) = tag {
@@ -386,11 +385,10 @@ impl<M: Served> ServerSession<M> {
 
     /// Queues a frame with `body`, tagged on a sealed connection.
     fn answer(&mut self, now: Instant, header: Header, body: &[u8]) {
-        let tag = self.sealer.as_mut().map(|sealer| {
-            sealer.begin(&header.encode());
-            sealer.update(body);
-            sealer.finish()
-        });
+        let tag = self
+            .sealer
+            .as_mut()
+            .map(|sealer| sealer.seal(&header.encode(), body));
         self.queue(now, |output| {
             output.frame(header, body);
             if let Some(tag) = tag {

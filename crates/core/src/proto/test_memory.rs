@@ -246,10 +246,8 @@ impl Harness {
             let mut end = HEADER_LEN + header.len as usize;
             let body = rest[HEADER_LEN..end].to_vec();
             if let Some(opener) = &mut opener {
-                opener.begin(&raw);
-                opener.update(&body);
                 opener
-                    .finish(header.kind, &rest[end..end + TAG_LEN])
+                    .open(&raw, &body, header.kind, &rest[end..end + TAG_LEN])
                     .expect("the session tags every answer");
                 end += TAG_LEN;
             }

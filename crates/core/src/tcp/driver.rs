@@ -339,7 +339,7 @@ async fn read_loop(
 /// nothing the frame says is acted on before its tag checked out.
 async fn read_response(
     reader: &mut BufReader<OwnedReadHalf>,
-    mut opener: Option<&mut Opener>,
+    opener: Option<&mut Opener>,
     awaiting: &AwaitingMap,
     limits: &Limits,
     io_timeout: Duration,
@@ -351,9 +351,6 @@ async fn read_response(
     let timed = |error: tokio::time::error::Elapsed| {
         FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
     };
-    if let Some(opener) = opener.as_deref_mut() {
-        opener.begin(&header.encode());
-    }
     let waiting = awaiting
         .lock()
         .remove(&header.id)
@@ -364,11 +361,10 @@ async fn read_response(
                 .await
                 .map_err(timed)??;
             if let Some(opener) = opener {
-                opener.update(&body);
                 let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
                     .await
                     .map_err(timed)??;
-                if let Err(violation) = opener.finish(header.kind, &tag) {
+                if let Err(violation) = opener.open(&header.encode(), &body, header.kind, &tag) {
                     return Err(tampered(waiting.ticket, peer, violation));
                 }
             }
@@ -397,11 +393,11 @@ async fn read_response(
                 .await
                 .map_err(timed)??;
             if let Some(opener) = opener {
-                opener.update(span.receive_into()?);
                 let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
                     .await
                     .map_err(timed)??;
-                if let Err(violation) = opener.finish(header.kind, &tag) {
+                let (header_bytes, landed) = (header.encode(), span.receive_into()?);
+                if let Err(violation) = opener.open(&header_bytes, landed, header.kind, &tag) {
                     return Err(tampered(ticket, peer, violation));
                 }
             }

@@ -172,9 +172,7 @@ pub(crate) async fn fetch_descriptor(
             request.extend_from_slice(&encoded);
             request.extend_from_slice(body);
             if let Some(sealer) = &mut sealer {
-                sealer.begin(&encoded);
-                sealer.update(body);
-                request.extend_from_slice(&sealer.finish());
+                request.extend_from_slice(&sealer.seal(&encoded, body));
             }
         }
         stream.write_all(&request).await.map_err(|error| {
@@ -195,13 +193,11 @@ pub(crate) async fn fetch_descriptor(
             .await
             .map_err(|error| unreachable(format!("reading the descriptor failed: {error}")))?;
         if let Some(opener) = &mut opener {
-            opener.begin(&header.encode());
-            opener.update(&body);
             let tag = frame_io::read_tag(&mut stream).await.map_err(|error| {
                 unreachable(format!("reading the descriptor's tag failed: {error}"))
             })?;
             opener
-                .finish(header.kind, &tag)
+                .open(&header.encode(), &body, header.kind, &tag)
                 .map_err(|violation| Error::Protocol {
                     peer: address.to_owned(),
                     violation,

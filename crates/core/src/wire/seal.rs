@@ -48,6 +48,17 @@ impl Running {
         self.hasher.update(header);
     }
 
+    fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+    }
+
+    /// The tag over the frame so far, and the sequence number moved past the frame.
+    fn finish(&mut self) -> [u8; TAG_LEN] {
+        let tag = self.tag();
+        self.next += 1;
+        tag
+    }
+
     fn tag(&self) -> [u8; TAG_LEN] {
         let mut tag = [0u8; TAG_LEN];
         tag.copy_from_slice(&self.hasher.finalize().as_bytes()[..TAG_LEN]);
@@ -71,7 +82,7 @@ impl Sealer {
 
     /// Adds body bytes of the current frame, in the order they are sent.
     pub fn update(&mut self, bytes: &[u8]) {
-        self.0.hasher.update(bytes);
+        self.0.update(bytes);
     }
 
     /// The tag over the frame so far, sent before its data.
@@ -81,9 +92,14 @@ impl Sealer {
 
     /// The tag that ends the current frame.
     pub fn finish(&mut self) -> [u8; TAG_LEN] {
-        let tag = self.0.tag();
-        self.0.next += 1;
-        tag
+        self.0.finish()
+    }
+
+    /// The tag of a whole frame without a tag before its data: its encoded header and body.
+    pub fn seal(&mut self, header: &[u8; HEADER_LEN], body: &[u8]) -> [u8; TAG_LEN] {
+        self.begin(header);
+        self.update(body);
+        self.finish()
     }
 }
 
@@ -103,7 +119,7 @@ impl Opener {
 
     /// Adds body bytes of the current frame, in the order they arrived.
     pub fn update(&mut self, bytes: &[u8]) {
-        self.0.hasher.update(bytes);
+        self.0.update(bytes);
     }
 
     /// Checks the tag that follows a frame's address or table.
@@ -122,6 +138,23 @@ impl Opener {
         matches(&self.0.tag(), tag, kind)?;
         self.0.next += 1;
         Ok(())
+    }
+
+    /// Checks the tag of a whole frame without a tag before its data: its header as received,
+    /// body and tag.
+    ///
+    /// # Errors
+    /// As [`Self::finish`].
+    pub fn open(
+        &mut self,
+        header: &[u8; HEADER_LEN],
+        body: &[u8],
+        kind: Kind,
+        tag: &[u8],
+    ) -> Result<(), ProtocolViolation> {
+        self.begin(header);
+        self.update(body);
+        self.finish(kind, tag)
     }
 }
 
