@@ -21,7 +21,7 @@
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
 //! address is read); one without a secret refuses a client that does, in the handshake.
 
-use crate::messages::{Incoming, MessageSender, RingSlot};
+use crate::messages::{Incoming, MessageSender, RingReaders, RingSlot};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context};
 use ferry_core::telemetry::Throttle;
@@ -80,6 +80,8 @@ pub(crate) struct FdServer {
     shares: Arc<Shares>,
     /// Held while the server runs: the threads reading message rings stop once it is gone.
     _running: Arc<()>,
+    #[cfg(test)]
+    readers: Arc<RingReaders>,
 }
 
 impl std::fmt::Debug for FdServer {
@@ -136,11 +138,12 @@ impl FdServer {
         };
         let shares = Arc::new(Shares::default());
         let running = Arc::new(());
+        let readers = Arc::new(RingReaders::new(Arc::downgrade(&running)));
         let serving = Serving {
             shares: Arc::downgrade(&shares),
             secret,
             inbox,
-            running: Arc::downgrade(&running),
+            readers: Arc::clone(&readers),
             rings: Arc::default(),
             max_rings,
         };
@@ -149,6 +152,8 @@ impl FdServer {
             name,
             shares,
             _running: running,
+            #[cfg(test)]
+            readers,
         })
     }
 
@@ -173,15 +178,16 @@ struct Serving {
     shares: Weak<Shares>,
     secret: Option<Secret>,
     inbox: InboxHandle,
-    running: Weak<()>,
+    /// The threads that read the rings handed over.
+    readers: Arc<RingReaders>,
     /// Rings read now, each held by its [`RingSlot`].
     rings: Arc<std::sync::atomic::AtomicUsize>,
     /// Most rings read at once.
     max_rings: usize,
 }
 
-/// Message rings an engine reads at once (one reader thread each); a sender over it is
-/// refused and sends its notifications over TCP instead.
+/// Message rings an engine reads at once (on at most three threads of 127 rings each); a
+/// sender over it is refused and sends its notifications over TCP instead.
 const MAX_RINGS: usize = 256;
 
 /// Connections the fd socket serves at once; more are closed as they arrive, so a flood of
@@ -356,39 +362,32 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
             return refuse(&mut stream, &reason).await;
         }
     };
-    // The reader runs before the sender hears yes, so that a reader that cannot start
-    // (a container's thread limit, say) is a refusal the sender falls back from, not a ring
-    // that swallows what it is sent.
+    // The ring is read before the sender hears yes, so that a reader that cannot start
+    // (a container's thread limit, an old kernel) is a refusal the sender falls back from,
+    // not a ring that swallows what it is sent.
     let socket = stream
         .into_std()
-        .and_then(|socket| {
-            socket.set_nonblocking(false)?;
-            Ok(socket)
-        })
         .map_err(|error| io("handing the socket to the ring's reader", error))?;
     let answer = socket
         .try_clone()
         .map_err(|error| io("handing the socket to the ring's reader", error))?;
-    let started = Incoming {
+    let started = serving.readers.add(Incoming {
         memory,
         from,
         socket,
         inbox: serving.inbox.clone(),
-        running: serving.running.clone(),
         _slot: slot,
-    }
-    .start();
+    });
     let status = match &started {
         Ok(()) => vec![0],
         Err(error) => {
             let mut refusal = vec![1];
-            refusal.extend_from_slice(
-                format!("this engine could not start a thread to read the ring: {error}")
-                    .as_bytes(),
-            );
+            refusal
+                .extend_from_slice(format!("this engine cannot read the ring: {error}").as_bytes());
             refusal
         }
     };
+    // The socket is non-blocking now; an empty one takes a status of a few bytes whole.
     rustix::net::send(&answer, &status, SendFlags::NOSIGNAL)
         .map_err(|error| io("answering the ring's sender", error.into()))?;
     started.map_err(|error| io("starting the ring's reader", error))
@@ -1138,5 +1137,60 @@ mod tests {
         let reopened = reopened.expect("a ring that ended makes room for another");
         reopened.send(b"in its place").await.unwrap();
         assert_eq!(next(&mut inbox).await.payload, b"in its place");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_hundred_rings_are_read_by_two_threads_also_after_they_slept() {
+        let rings = 200;
+        let (server, mut inbox) = server_with_rings(None, 2 * rings, 256);
+        let mut senders = Vec::new();
+        for index in 0..rings {
+            let name = format!("prefill:{index}");
+            senders.push(
+                open_messages(server.name(), "decode", &name, None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            server.readers.threads(),
+            rings.div_ceil(crate::messages::RINGS_PER_THREAD)
+        );
+        for round in 0..2 {
+            let sends = senders
+                .iter()
+                .enumerate()
+                .map(|(index, sender)| async move {
+                    sender.send(format!("{round}:{index}").as_bytes()).await
+                });
+            let sent = futures::future::join_all(sends).await;
+            assert!(sent.iter().all(Result::is_ok), "{sent:?}");
+            let mut received = std::collections::HashSet::new();
+            for _ in 0..rings {
+                let note = next(&mut inbox).await;
+                let index = note.from.strip_prefix("prefill:").unwrap().to_owned();
+                assert_eq!(note.payload, format!("{round}:{index}").into_bytes());
+                received.insert(index);
+            }
+            assert_eq!(received.len(), rings);
+            // Long enough for both threads to stop polling and sleep on their rings' words.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        // Woken by the sender, not found at the end of a nap (100 ms): five wakes in a row
+        // each well under a nap.
+        for wake in 0..5 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let started = std::time::Instant::now();
+            senders[rings - 1 - wake]
+                .send(b"wakes a sleeping thread")
+                .await
+                .unwrap();
+            assert_eq!(next(&mut inbox).await.payload, b"wakes a sleeping thread");
+            assert!(
+                started.elapsed() < Duration::from_millis(40),
+                "a sleeping thread took {:?} to wake",
+                started.elapsed()
+            );
+        }
     }
 }

@@ -3,10 +3,10 @@
 //!
 //! The sender of each direction creates a ring ([`ring`]) in a sealed memory file and hands
 //! it over on the receiving engine's fd-passing socket, which authenticates the sender as it
-//! does for VMM memory. The receiver reads the ring on a thread of its own that polls while
-//! messages come and then sleeps on a futex word in the ring, which the sender wakes; the
-//! verdict on each message (taken into the inbox, or refused because the inbox is full)
-//! goes back over the socket, a delivery's after the hand-over, with the ring recording
+//! does for VMM memory. The receiver reads its rings on a few threads (up to 127 rings each)
+//! that poll while messages come and then sleep on all their rings' futex words at once,
+//! which the senders wake; the verdict on each message (taken into the inbox, or refused
+//! because the inbox is full) goes back over the socket, a delivery's after the hand-over, with the ring recording
 //! deliveries before it so that the sender learns of one even if the socket ends first.
 //! Where the socket cannot be reached (the two processes are in different network
 //! namespaces), notifications keep going over TCP.
@@ -16,7 +16,9 @@ mod ring;
 mod sender;
 mod shared;
 
-pub(crate) use receiver::{Incoming, RingSlot};
+#[cfg(test)]
+pub(crate) use receiver::RINGS_PER_THREAD;
+pub(crate) use receiver::{Incoming, RingReaders, RingSlot};
 pub(crate) use sender::MessageSender;
 pub(crate) use shared::SharedMemory;
 

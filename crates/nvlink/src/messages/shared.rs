@@ -131,23 +131,7 @@ impl Drop for SharedMemory {
     }
 }
 
-/// Sleeps while `word` holds `value`, for at most `timeout` (or until a wake).
-pub(crate) fn futex_wait(word: &AtomicU32, value: u32, timeout: std::time::Duration) {
-    let timeout = rustix::thread::futex::Timespec {
-        tv_sec: timeout.as_secs() as i64,
-        tv_nsec: i64::from(timeout.subsec_nanos()),
-    };
-    // Shared, not private: the waker is another process. An early return (EAGAIN, EINTR,
-    // the timeout) is harmless: the caller looks at the ring again either way.
-    let _ = rustix::thread::futex::wait(
-        word,
-        rustix::thread::futex::Flags::empty(),
-        value,
-        Some(&timeout),
-    );
-}
-
-/// Wakes a thread of any process sleeping on `word` in [`futex_wait`].
+/// Wakes a thread of any process sleeping on `word` (a ring's futex word).
 pub(crate) fn futex_wake(word: &AtomicU32) {
     let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
 }
