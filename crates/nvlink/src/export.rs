@@ -104,7 +104,11 @@ pub(crate) fn export_local(
 ) -> Result<Option<(GpuExport, Option<ExportGuard>)>> {
     let pointer = Driver::get().device_pointer(addr)?;
     if pointer.legacy_ipc {
-        return export_ipc(addr, len, &pointer).map(|export| Some((export, None)));
+        let (export, handle) = export_ipc(addr, len, &pointer)?;
+        // Peers confirm the handle with this engine before they map it; without the fd
+        // socket only peers with the secret (whose descriptors are signed) will.
+        let guard = fds.map(|server| Box::new(server.vouch(addr, handle)) as ExportGuard);
+        return Ok(Some((export, guard)));
     }
     if pointer.handle_types & POSIX_FD_HANDLE != 0 {
         let server = fds.ok_or_else(|| Error::Unsupported {
@@ -161,7 +165,8 @@ pub(crate) fn export_fabric(addr: u64, len: u64) -> Result<Option<GpuExport>> {
     }))
 }
 
-fn export_ipc(addr: u64, len: u64, pointer: &DevicePointer) -> Result<GpuExport> {
+/// The legacy IPC export of the `cudaMalloc` allocation under `addr..addr+len`, and its handle.
+fn export_ipc(addr: u64, len: u64, pointer: &DevicePointer) -> Result<(GpuExport, IpcHandle)> {
     let allocation_end = pointer.allocation_base + pointer.allocation_size;
     if addr.checked_add(len).is_none_or(|end| end > allocation_end) {
         return Err(Error::Unsupported {
@@ -176,10 +181,11 @@ fn export_ipc(addr: u64, len: u64, pointer: &DevicePointer) -> Result<GpuExport>
     }
     let context = Context::get(pointer.ordinal)?;
     let handle = IpcHandle::export(&context, pointer.allocation_base)?;
-    Ok(GpuExport::CudaIpc {
+    let export = GpuExport::CudaIpc {
         handle: handle.to_hex(),
         offset: addr - pointer.allocation_base,
-    })
+    };
+    Ok((export, handle))
 }
 
 /// Walks the VMM allocations mapped back to back under `addr..addr+len`, each of which must

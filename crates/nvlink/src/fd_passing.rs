@@ -15,7 +15,12 @@
 //!    little-endian, then UTF-8), then one 0 byte with the ring's memory file attached. The
 //!    server answers with a status byte 0 and from then on sends a verdict for each message
 //!    it takes from the ring, until either side closes the socket.
-//! 5. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
+//! 5. For [`CONFIRM_IPC`], it sends the registered buffer's address (8 bytes, little-endian)
+//!    and the 64-byte CUDA IPC handle its descriptor carries. The server answers with a status
+//!    byte 0 when it exported that handle for a buffer it has registered at that address, and
+//!    [`DISOWNED`] when it did not: a descriptor that names this engine but carries another
+//!    engine's handle is found out before anything is mapped.
+//! 6. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
 //!    socket closes.
 //!
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
@@ -23,7 +28,7 @@
 
 use crate::messages::{Incoming, MessageSender, RingReaders, RingSlot};
 use ferry_core::auth::Secret;
-use ferry_core::cuda::{AllocationHandle, Context};
+use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IPC_HANDLE_LEN};
 use ferry_core::telemetry::Throttle;
 use ferry_core::{AuthFailure, InboxHandle, InstanceId};
 use parking_lot::Mutex;
@@ -53,6 +58,12 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const FETCH_FDS: u8 = 0;
 /// The request to read a message ring.
 const OPEN_MESSAGES: u8 = 1;
+/// The request to confirm that a CUDA IPC handle is this engine's.
+const CONFIRM_IPC: u8 = 2;
+/// The answer to [`CONFIRM_IPC`] for a handle this engine did not export for that buffer.
+const DISOWNED: u8 = 2;
+/// Bytes of a refusal's reason read at most.
+const MAX_REFUSAL_BYTES: u64 = 64 << 10;
 /// Longest engine name a ring's sender may give.
 const MAX_SENDER_NAME: usize = 1024;
 
@@ -74,10 +85,15 @@ pub(crate) struct Share {
 /// Shares by the address the buffer was registered at.
 type Shares = Mutex<HashMap<u64, Share>>;
 
+/// The CUDA IPC handles this engine exported, by the address of the buffer they were
+/// exported for.
+type Vouched = Mutex<HashMap<u64, IpcHandle>>;
+
 /// This engine's fd-passing socket, served on the engine's runtime.
 pub(crate) struct FdServer {
     name: String,
     shares: Arc<Shares>,
+    vouched: Arc<Vouched>,
     /// Held while the server runs: the threads reading message rings stop once it is gone.
     _running: Arc<()>,
     #[cfg(test)]
@@ -102,6 +118,21 @@ impl Drop for ShareGuard {
     fn drop(&mut self) {
         if let Some(shares) = self.shares.upgrade() {
             shares.lock().remove(&self.addr);
+        }
+    }
+}
+
+/// Keeps one buffer's IPC handle confirmed through the socket; dropped when the buffer is
+/// deregistered.
+pub(crate) struct VouchGuard {
+    vouched: Weak<Vouched>,
+    addr: u64,
+}
+
+impl Drop for VouchGuard {
+    fn drop(&mut self) {
+        if let Some(vouched) = self.vouched.upgrade() {
+            vouched.lock().remove(&self.addr);
         }
     }
 }
@@ -137,10 +168,12 @@ impl FdServer {
             tokio::net::UnixListener::from_std(listener)?
         };
         let shares = Arc::new(Shares::default());
+        let vouched = Arc::new(Vouched::default());
         let running = Arc::new(());
         let readers = Arc::new(RingReaders::new(Arc::downgrade(&running)));
         let serving = Serving {
             shares: Arc::downgrade(&shares),
+            vouched: Arc::downgrade(&vouched),
             secret,
             inbox,
             readers: Arc::clone(&readers),
@@ -151,6 +184,7 @@ impl FdServer {
         Ok(FdServer {
             name,
             shares,
+            vouched,
             _running: running,
             #[cfg(test)]
             readers,
@@ -160,6 +194,16 @@ impl FdServer {
     /// The socket's abstract name, as exports carry it.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Confirms `handle` as the IPC handle of the buffer registered at `addr`, to peers that
+    /// ask before mapping it, until the guard drops.
+    pub(crate) fn vouch(&self, addr: u64, handle: IpcHandle) -> VouchGuard {
+        self.vouched.lock().insert(addr, handle);
+        VouchGuard {
+            vouched: Arc::downgrade(&self.vouched),
+            addr,
+        }
     }
 
     /// Shares the allocations of the buffer registered at `addr` until the guard drops.
@@ -176,6 +220,7 @@ impl FdServer {
 #[derive(Clone)]
 struct Serving {
     shares: Weak<Shares>,
+    vouched: Weak<Vouched>,
     secret: Option<Secret>,
     inbox: InboxHandle,
     /// The threads that read the rings handed over.
@@ -291,10 +336,11 @@ async fn serve(
     match request {
         FETCH_FDS => {}
         OPEN_MESSAGES => return take_ring(stream, &client, serving).await,
+        CONFIRM_IPC => return confirm(stream, serving).await,
         other => {
             return refuse(
                 &mut stream,
-                &format!("request {other} is neither {FETCH_FDS} (descriptors) nor {OPEN_MESSAGES} (a message ring); are both engines the same ferry version?"),
+                &format!("request {other} is none of {FETCH_FDS} (descriptors), {OPEN_MESSAGES} (a message ring) and {CONFIRM_IPC} (an IPC handle); are both engines the same ferry version?"),
             )
             .await
         }
@@ -393,6 +439,25 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
     started.map_err(|error| io("starting the ring's reader", error))
 }
 
+/// Answers whether the IPC handle the client names is the one this engine exported for the
+/// buffer at the address it names.
+async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), String> {
+    let io = |error: std::io::Error| format!("reading the handle to confirm: {error}");
+    let addr = stream.read_u64_le().await.map_err(io)?;
+    let mut handle = [0u8; IPC_HANDLE_LEN];
+    stream.read_exact(&mut handle).await.map_err(io)?;
+    let ours = serving.vouched.upgrade().is_some_and(|vouched| {
+        vouched
+            .lock()
+            .get(&addr)
+            .is_some_and(|exported| exported.0 == handle)
+    });
+    stream
+        .write_u8(if ours { 0 } else { DISOWNED })
+        .await
+        .map_err(|error| format!("answering a handle's confirmation: {error}"))
+}
+
 /// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
 async fn send_fds(stream: &UnixStream, fds: &[OwnedFd]) -> std::io::Result<()> {
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
@@ -428,7 +493,7 @@ async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
     let sent = async {
         stream.write_all(&answer).await?;
         stream.shutdown().await?;
-        tokio::io::copy(&mut (&mut *stream).take(64 << 10), &mut tokio::io::sink()).await
+        tokio::io::copy(&mut (&mut *stream).take(MAX_REFUSAL_BYTES), &mut tokio::io::sink()).await
     };
     sent.await
         .map(drop)
@@ -448,6 +513,54 @@ fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
         .iter()
         .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
         .collect()
+}
+
+/// Asks engine `socket`'s fd socket whether `handle` is the IPC handle it exported for its
+/// buffer at `region`, proving `secret` when there is one.
+///
+/// # Errors
+/// [`ImportError::Disowned`] when the engine says it is not; the others when it could not be
+/// asked.
+pub(crate) async fn confirm_ipc(
+    socket: &str,
+    region: u64,
+    handle: &IpcHandle,
+    secret: Option<&Secret>,
+) -> Result<(), ImportError> {
+    let asked = async {
+        let failed = |action| socket_error(socket, action);
+        let mut stream = connect(socket, secret, CONFIRM_IPC).await?;
+        let mut request = region.to_le_bytes().to_vec();
+        request.extend_from_slice(&handle.0);
+        stream
+            .write_all(&request)
+            .await
+            .map_err(failed("writing to"))?;
+        match stream.read_u8().await {
+            Ok(0) => Ok(()),
+            Ok(DISOWNED) => Err(ImportError::Disowned {
+                socket: socket.to_owned(),
+            }),
+            Ok(_) => {
+                let mut reason = String::new();
+                let _ = (&mut stream)
+                    .take(MAX_REFUSAL_BYTES)
+                    .read_to_string(&mut reason)
+                    .await;
+                Err(ImportError::Refused { reason })
+            }
+            Err(_) => Err(ImportError::NoAnswer {
+                socket: socket.to_owned(),
+            }),
+        }
+    };
+    tokio::time::timeout(TIMEOUT, asked)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
 }
 
 /// Why a peer's export could not be mapped here (the peer's own faults are [`ferry_core::ProtocolViolation`]s).
@@ -488,6 +601,18 @@ pub(crate) enum ImportError {
     TimedOut {
         /// The peer's socket name.
         socket: String,
+    },
+    /// The engine a descriptor names says the IPC handle in it is not its own.
+    #[error("the engine serving fd socket {socket:?} did not export the IPC handle its descriptor carries")]
+    Disowned {
+        /// The engine's socket name.
+        socket: String,
+    },
+    /// Without a secret, an IPC handle is mapped only when its owner confirms it.
+    #[error("the peer's IPC handle could not be confirmed with its engine ({reason}); without a secret only handles their engine confirms are mapped: give both engines a secret (descriptors are then signed) or let them reach each other's fd socket (one network namespace)")]
+    Unconfirmed {
+        /// Why the owner could not be asked.
+        reason: Box<ImportError>,
     },
     /// Importing a received descriptor, or mapping what it names, failed.
     #[error(transparent)]
@@ -541,7 +666,7 @@ async fn fetch(
         Some(_) => {
             let mut reason = String::new();
             let _ = (&mut stream)
-                .take(64 << 10)
+                .take(MAX_REFUSAL_BYTES)
                 .read_to_string(&mut reason)
                 .await;
             return Err(ImportError::Refused { reason });
@@ -669,7 +794,7 @@ pub(crate) async fn open_messages(
             Ok(_) => {
                 let mut reason = String::new();
                 let _ = (&mut stream)
-                    .take(64 << 10)
+                    .take(MAX_REFUSAL_BYTES)
                     .read_to_string(&mut reason)
                     .await;
                 Err(ImportError::Refused { reason })

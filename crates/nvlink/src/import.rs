@@ -3,7 +3,7 @@
 
 use crate::bounds;
 use crate::export::GpuExport;
-use crate::fd_passing::{fetch_fds, ImportError};
+use crate::fd_passing::{confirm_ipc, fetch_fds, ImportError};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{
     AllocationHandle, Context, CudaError, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
@@ -47,15 +47,18 @@ impl From<CudaError> for OpenError {
 }
 
 impl PeerMapping {
-    /// Maps what `export` names into `context`'s GPU, with the offset of the buffer's first
-    /// byte inside the mapping and the mapping's real size; VMM descriptors are fetched
-    /// proving `secret`, when there is one.
+    /// Maps what `export` (of the buffer `owner` names) names into `context`'s GPU, with the
+    /// offset of the buffer's first byte inside the mapping and the mapping's real size. VMM
+    /// descriptors are fetched from the owner's fd socket and IPC handles confirmed with it
+    /// first, proving `secret` when there is one: a handle the owner disowns is refused, and
+    /// without a secret so is one it cannot be asked about.
     ///
     /// # Cancel safety
     /// Cancel safe: dropped half-way, nothing stays mapped.
     pub(crate) async fn open(
         context: Arc<Context>,
         export: &GpuExport,
+        owner: Owner<'_>,
         secret: Option<&Secret>,
     ) -> Result<Opened, OpenError> {
         match export {
@@ -66,6 +69,7 @@ impl PeerMapping {
                         problem: "is not a 64-byte IPC handle written as hex".into(),
                     })
                 })?;
+                owner.confirm(&handle, secret).await?;
                 let mapping = IpcMapping::open(context, &handle)?;
                 Ok(Opened {
                     len: mapping.len(),
@@ -125,6 +129,38 @@ impl PeerMapping {
     }
 }
 
+/// The engine a descriptor's buffer belongs to, as this engine's fd socket names it, and the
+/// buffer's address there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owner<'a> {
+    pub(crate) socket: &'a str,
+    pub(crate) region: u64,
+}
+
+impl Owner<'_> {
+    /// Whether `handle` may be mapped as this owner's: it says so, or it cannot be asked
+    /// (another network namespace, an fd socket that did not open) and the descriptor came
+    /// signed, which every descriptor an engine with a secret accepts is.
+    async fn confirm(&self, handle: &IpcHandle, secret: Option<&Secret>) -> Result<(), OpenError> {
+        match confirm_ipc(self.socket, self.region, handle, secret).await {
+            Ok(()) => Ok(()),
+            Err(ImportError::Disowned { .. }) => {
+                Err(OpenError::Peer(ProtocolViolation::Descriptor {
+                    field: "export.handle",
+                    problem: format!(
+                        "is not the IPC handle its engine exported for the buffer at {:#x} (its fd socket {:?} says so): the descriptor carries another engine's memory",
+                        self.region, self.socket
+                    ),
+                }))
+            }
+            Err(_) if secret.is_some() => Ok(()),
+            Err(reason) => Err(OpenError::Local(ImportError::Unconfirmed {
+                reason: Box::new(reason),
+            })),
+        }
+    }
+}
+
 /// Maps imported VMM allocations back to back. The driver refuses to map more bytes than an
 /// allocation holds: that is a piece list that lies about its allocations.
 fn map_vmm(
@@ -173,7 +209,69 @@ fn fabric_handle(text: &str) -> Result<[u8; FABRIC_HANDLE_LEN], ProtocolViolatio
 
 #[cfg(test)]
 mod tests {
-    use super::fabric_handle;
+    use super::*;
+    use crate::fd_passing::FdServer;
+    use ferry_core::{InboxHandle, InstanceId};
+
+    fn secret() -> Secret {
+        Secret::new(b"import-tests-0123456789abcdef".to_vec()).unwrap()
+    }
+
+    fn server(secret: Option<Secret>) -> FdServer {
+        let runtime = tokio::runtime::Handle::current();
+        let (inbox, _) = InboxHandle::standalone(4, 1 << 20, runtime.clone());
+        FdServer::start(InstanceId::random().unwrap(), secret, &runtime, inbox).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ipc_handle_is_mapped_only_as_its_owner_confirms_or_signed() {
+        let (ours, theirs) = (IpcHandle([7; 64]), IpcHandle([9; 64]));
+        for secret in [None, Some(secret())] {
+            let server = server(secret.clone());
+            let _vouched = server.vouch(0x1000, ours);
+            let owner = |region| Owner {
+                socket: server.name(),
+                region,
+            };
+            owner(0x1000).confirm(&ours, secret.as_ref()).await.unwrap();
+            // Another engine's handle, or this engine's handle for another buffer, is the
+            // descriptor's lie whatever the secret.
+            for (region, handle) in [(0x1000, theirs), (0x2000, ours)] {
+                let error = owner(region).confirm(&handle, secret.as_ref()).await;
+                let Err(OpenError::Peer(violation)) = error else {
+                    panic!("{secret:?} {region:#x}: not refused as the peer's fault");
+                };
+                assert!(violation.to_string().contains("another engine's memory"));
+            }
+            // An owner that cannot be asked: with a secret, the signed descriptor vouches
+            // for it; without one, the handle is not mapped and the remedy is named.
+            let gone = Owner {
+                socket: "ferry-no-such-engine",
+                region: 0x1000,
+            };
+            match (gone.confirm(&ours, secret.as_ref()).await, &secret) {
+                (Ok(()), Some(_)) => {}
+                (Err(OpenError::Local(error)), None) => {
+                    let reason = error.to_string();
+                    assert!(reason.contains("give both engines a secret"), "{reason}");
+                }
+                (other, _) => panic!("{secret:?}: an unreachable owner gave {:?}", other.is_ok()),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handle_is_disowned_once_its_buffer_is_deregistered() {
+        let server = server(None);
+        let handle = IpcHandle([3; 64]);
+        let vouched = server.vouch(0x1000, handle);
+        confirm_ipc(server.name(), 0x1000, &handle, None)
+            .await
+            .unwrap();
+        drop(vouched);
+        let error = confirm_ipc(server.name(), 0x1000, &handle, None).await;
+        assert!(matches!(error, Err(ImportError::Disowned { .. })), "{error:?}");
+    }
 
     #[test]
     fn fabric_handles_parse_from_hex_and_junk_is_named() {

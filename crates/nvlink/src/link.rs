@@ -1,7 +1,8 @@
 use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
 use crate::export::GpuExport;
-use crate::import::{OpenError, Opened, PeerMapping};
+use crate::fd_passing::fd_socket_name;
+use crate::import::{OpenError, Opened, Owner, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::messages::MessageSender;
 use crate::plan;
@@ -203,9 +204,18 @@ impl NvlinkLink {
                         .ok_or_else(|| self.refused("its buffer carries no export"))?;
                     bounds::export_owner(&decoded, self.instance)
                         .map_err(|violation| self.fail(violation))?;
-                    let opened =
-                        PeerMapping::open(Context::get(ordinal)?, &decoded, self.secret.as_ref())
-                            .await
+                    let socket = fd_socket_name(self.instance);
+                    let owner = Owner {
+                        socket: &socket,
+                        region: remote.addr,
+                    };
+                    let opened = PeerMapping::open(
+                        Context::get(ordinal)?,
+                        &decoded,
+                        owner,
+                        self.secret.as_ref(),
+                    )
+                    .await
                             .map_err(|error| match error {
                                 OpenError::Peer(violation) => self.fail(violation),
                                 OpenError::Local(reason) => self.refused(&reason.to_string()),

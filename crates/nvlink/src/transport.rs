@@ -213,7 +213,10 @@ impl Transport for NvlinkTransport {
             .buffers
             .iter()
             .filter(|buffer| matches!(buffer.location, Location::Device { .. }))
-            .filter_map(|buffer| GpuExport::of(buffer, NVLINK).ok().flatten());
+            .filter_map(|buffer| {
+                let export = GpuExport::of(buffer, NVLINK).ok().flatten()?;
+                Some((export, buffer.addr))
+            });
         let ordinals: Vec<u32> = self.gpus.iter().map(|gpu| gpu.ordinal).collect();
         self.trials
             .try_peer(peer, exports, &ordinals, self.secret())
@@ -369,7 +372,7 @@ mod tests {
 
     /// IPC handles map; fd sockets are out of reach, as across network namespaces.
     fn maps_unless_vmm() -> crate::trial::Mapper {
-        Arc::new(|_, export, _| {
+        Arc::new(|_, export, _, _, _| {
             Box::pin(async move {
                 match export {
                     GpuExport::VmmFd { .. } => {

@@ -9,7 +9,7 @@
 //! and is logged once with its cause.
 
 use crate::export::GpuExport;
-use crate::import::{OpenError, PeerMapping};
+use crate::import::{OpenError, Owner, PeerMapping};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
 use ferry_core::{InstanceId, SegmentDescriptor};
@@ -18,10 +18,13 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Maps an export into GPU `ordinal` of this process and releases it again, proving the
-/// secret to the peer's fd socket where one is asked; `Err` holds why it could not be mapped.
+/// Maps an export of engine `InstanceId`'s buffer at `u64` into GPU `ordinal` of this process
+/// and releases it again, proving the secret to the peer's fd socket where one is asked;
+/// `Err` holds why it could not be mapped.
 pub(crate) type Mapper = Arc<
-    dyn Fn(u32, GpuExport, Option<Secret>) -> BoxFuture<'static, Result<(), String>> + Send + Sync,
+    dyn Fn(u32, GpuExport, InstanceId, u64, Option<Secret>) -> BoxFuture<'static, Result<(), String>>
+        + Send
+        + Sync,
 >;
 
 /// The kinds of export a peer's mapping can fail for independently.
@@ -65,8 +68,8 @@ pub(crate) struct Trials {
 
 impl Default for Trials {
     fn default() -> Self {
-        Trials::new(Arc::new(|ordinal, export, secret| {
-            Box::pin(map_and_release(ordinal, export, secret))
+        Trials::new(Arc::new(|ordinal, export, owner, region, secret| {
+            Box::pin(map_and_release(ordinal, export, owner, region, secret))
         }))
     }
 }
@@ -97,31 +100,40 @@ impl Trials {
         self.verdicts.lock().get(&(peer, kind, ordinal)).cloned()
     }
 
-    /// Tries one of `exports` (the peer's, as this transport reads them) of each kind into
+    /// Tries one of `exports` (the peer's, as this transport reads them, each with its
+    /// buffer's address) of each kind into
     /// each GPU of `ordinals` that was not tried yet for `peer`, and keeps the verdicts.
     /// Exports naming another engine's fd socket are left untried: that is the peer's lie,
     /// not a layout's limit, and a transfer routed to one fails with the violation.
     pub(crate) async fn try_peer(
         &self,
         peer: &SegmentDescriptor,
-        exports: impl IntoIterator<Item = GpuExport>,
+        exports: impl IntoIterator<Item = (GpuExport, u64)>,
         ordinals: &[u32],
         secret: Option<&Secret>,
     ) {
-        let mut samples: HashMap<ExportKind, GpuExport> = HashMap::new();
-        for export in exports {
+        let mut samples: HashMap<ExportKind, (GpuExport, u64)> = HashMap::new();
+        for (export, region) in exports {
             if crate::bounds::export_owner(&export, peer.instance).is_ok() {
-                samples.entry(ExportKind::of(&export)).or_insert(export);
+                samples
+                    .entry(ExportKind::of(&export))
+                    .or_insert((export, region));
             }
         }
-        for (kind, export) in samples {
+        for (kind, (export, region)) in samples {
             for &ordinal in ordinals {
                 if self.verdict(ordinal, peer.instance, kind).is_some() {
                     continue;
                 }
                 // Tried outside the lock: a mapping may take a while, and other peers need
                 // not wait.
-                let verdict = (self.map)(ordinal, export.clone(), secret.cloned())
+                let verdict = (self.map)(
+                    ordinal,
+                    export.clone(),
+                    peer.instance,
+                    region,
+                    secret.cloned(),
+                )
                     .await
                     .map_err(|cause| {
                         format!(
@@ -142,14 +154,22 @@ impl Trials {
     }
 }
 
-/// The real trial: maps the export into GPU `ordinal`'s context and unmaps it at once.
+/// The real trial: maps the export of engine `owner`'s buffer at `region` into GPU
+/// `ordinal`'s context and unmaps it at once.
 async fn map_and_release(
     ordinal: u32,
     export: GpuExport,
+    owner: InstanceId,
+    region: u64,
     secret: Option<Secret>,
 ) -> Result<(), String> {
     let context = Context::get(ordinal).map_err(|error| error.to_string())?;
-    match PeerMapping::open(context, &export, secret.as_ref()).await {
+    let socket = crate::fd_socket_name(owner);
+    let owner = Owner {
+        socket: &socket,
+        region,
+    };
+    match PeerMapping::open(context, &export, owner, secret.as_ref()).await {
         Ok(_) => Ok(()),
         // A malformed export is the peer's fault, not the layout's: the transfer routed here
         // meets the same violation, fails with it and closes the peer, instead of quietly
@@ -200,7 +220,7 @@ mod tests {
     /// IPC handles open, fd sockets are out of reach (as in separate network namespaces);
     /// counts the tries.
     fn ipc_only(tried: Arc<AtomicUsize>) -> Mapper {
-        Arc::new(move |_, export, _| {
+        Arc::new(move |_, export, _, _, _| {
             tried.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
                 match export {
@@ -219,7 +239,7 @@ mod tests {
         let trials = Trials::new(ipc_only(Arc::clone(&tried)));
         for _ in 0..3 {
             trials
-                .try_peer(&peer(1), [ipc(), vmm(1), ipc()], &[0], None)
+                .try_peer(&peer(1), [(ipc(), 1), (vmm(1), 2), (ipc(), 3)], &[0], None)
                 .await;
             assert_eq!(
                 trials.verdict(0, InstanceId::from_u128(1), ExportKind::CudaIpc),
@@ -235,10 +255,10 @@ mod tests {
         }
         assert_eq!(tried.load(Ordering::SeqCst), 2);
         // Another engine (a restart under the same name and PID) is tried afresh.
-        trials.try_peer(&peer(2), [ipc()], &[0], None).await;
+        trials.try_peer(&peer(2), [(ipc(), 1)], &[0], None).await;
         assert_eq!(tried.load(Ordering::SeqCst), 3);
         // Another local GPU is tried on its own.
-        trials.try_peer(&peer(1), [ipc()], &[0, 1], None).await;
+        trials.try_peer(&peer(1), [(ipc(), 1)], &[0, 1], None).await;
         assert_eq!(tried.load(Ordering::SeqCst), 4);
         assert_eq!(
             trials.verdict(1, InstanceId::from_u128(1), ExportKind::CudaIpc),
@@ -248,10 +268,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_export_naming_another_engines_socket_is_not_tried() {
-        let trials = Trials::new(Arc::new(|_, _, _| {
+        let trials = Trials::new(Arc::new(|_, _, _, _, _| {
             Box::pin(async { panic!("another engine's socket must not be connected to") })
         }));
-        trials.try_peer(&peer(2), [vmm(1)], &[0], None).await;
+        trials.try_peer(&peer(2), [(vmm(1), 1)], &[0], None).await;
         assert_eq!(
             trials.verdict(0, InstanceId::from_u128(2), ExportKind::VmmFd),
             None
