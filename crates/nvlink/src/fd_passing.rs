@@ -493,7 +493,7 @@ async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
     let sent = async {
         stream.write_all(&answer).await?;
         stream.shutdown().await?;
-        tokio::io::copy(&mut (&mut *stream).take(MAX_REFUSAL_BYTES), &mut tokio::io::sink()).await
+        tokio::io::copy(&mut (&mut *stream).take(64 << 10), &mut tokio::io::sink()).await
     };
     sent.await
         .map(drop)

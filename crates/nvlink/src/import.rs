@@ -270,7 +270,10 @@ mod tests {
             .unwrap();
         drop(vouched);
         let error = confirm_ipc(server.name(), 0x1000, &handle, None).await;
-        assert!(matches!(error, Err(ImportError::Disowned { .. })), "{error:?}");
+        assert!(
+            matches!(error, Err(ImportError::Disowned { .. })),
+            "{error:?}"
+        );
     }
 
     #[test]

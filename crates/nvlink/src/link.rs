@@ -216,10 +216,10 @@ impl NvlinkLink {
                         self.secret.as_ref(),
                     )
                     .await
-                            .map_err(|error| match error {
-                                OpenError::Peer(violation) => self.fail(violation),
-                                OpenError::Local(reason) => self.refused(&reason.to_string()),
-                            })?;
+                    .map_err(|error| match error {
+                        OpenError::Peer(violation) => self.fail(violation),
+                        OpenError::Local(reason) => self.refused(&reason.to_string()),
+                    })?;
                     let opened = Arc::new(opened);
                     self.mappings
                         .lock()

@@ -22,7 +22,13 @@ use std::sync::Arc;
 /// and releases it again, proving the secret to the peer's fd socket where one is asked;
 /// `Err` holds why it could not be mapped.
 pub(crate) type Mapper = Arc<
-    dyn Fn(u32, GpuExport, InstanceId, u64, Option<Secret>) -> BoxFuture<'static, Result<(), String>>
+    dyn Fn(
+            u32,
+            GpuExport,
+            InstanceId,
+            u64,
+            Option<Secret>,
+        ) -> BoxFuture<'static, Result<(), String>>
         + Send
         + Sync,
 >;
