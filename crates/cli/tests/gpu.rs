@@ -1284,7 +1284,8 @@ fn engine_asking(store: &std::sync::Arc<CraftedPeers>) -> Engine {
 }
 
 #[test]
-fn ipc_exports_that_overreach_their_allocation_are_refused_and_a_good_transfer_follows() {
+fn ipc_exports_that_overreach_their_allocation_or_are_disowned_are_refused_and_a_good_transfer_follows(
+) {
     gpus();
     const AREA: usize = 4 << 20;
     let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
@@ -1330,6 +1331,17 @@ fn ipc_exports_that_overreach_their_allocation_are_refused_and_a_good_transfer_f
             with(4096, u64::MAX - 4095),
             buffer.addr + area,
             "len",
+        ),
+        // The engine's real handle claimed for a buffer it never registered: its fd socket
+        // disowns it before anything is mapped.
+        (
+            "handle-of-another-buffer",
+            ferry::BufferDescriptor {
+                addr: buffer.addr + (1 << 30),
+                ..with(offset, area)
+            },
+            buffer.addr + (1 << 30),
+            "export.handle",
         ),
     ];
     for (name, crafted, addr, field) in cases {
