@@ -53,6 +53,7 @@ tests() {
   # a failure (exit 124) instead of eating the whole session. gpu-* is the CLI's suite,
   # rdma_dmabuf-* ferry-rdma's dma-buf export of GPU memory.
   for test in "$here"/tests/*; do
+    [ -f "$test" ] || continue
     case $(basename "$test") in
       gpu-* | rdma_dmabuf-*)
         for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do

@@ -192,7 +192,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     fn data() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz")
+        crate::corpus::fuzz_corpus(env!("CARGO_MANIFEST_DIR"), "core")
     }
 
     /// The files of `dir` other than `.expected` ones, sorted.

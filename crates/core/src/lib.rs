@@ -40,6 +40,8 @@ pub mod auth;
 mod batch;
 mod blocking;
 mod blocks;
+#[doc(hidden)]
+pub mod corpus;
 pub mod cuda;
 mod descriptor;
 mod engine;
