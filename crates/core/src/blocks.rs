@@ -6,7 +6,7 @@ use crate::cuda::{Event, Poller};
 use crate::descriptor::BufferDescriptor;
 use crate::error::{RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
-use crate::transport::{Direction, TransferOp, TransferOps};
+use crate::ops::{Direction, TransferOp, TransferOps};
 use std::sync::Arc;
 
 /// How one side's pools are laid out, for the general form [`BlockCopy::new`]: every pool of
@@ -614,7 +614,7 @@ mod tests {
     use super::{highest, BlockOps, BlockPoolOp};
     use crate::descriptor::BufferDescriptor;
     use crate::memory::{Location, RegionEntry, RegionInfo, RegionUse};
-    use crate::transport::Direction;
+    use crate::ops::Direction;
     use std::sync::Arc;
 
     fn region_use(addr: u64) -> Arc<RegionUse> {

@@ -2,8 +2,36 @@
 
 use crate::error::{Error, Result};
 use crate::identity::InstanceId;
-use crate::memory::Location;
 use serde::{Deserialize, Serialize};
+
+/// Where a registered region lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Location {
+    /// Host memory; `pinned` when CUDA has page-locked it.
+    Host {
+        /// Whether the pages are pinned through CUDA.
+        pinned: bool,
+    },
+    /// Memory on a GPU.
+    Device {
+        /// The GPU, by UUID (the same in every process).
+        gpu: crate::cuda::GpuId,
+        /// The GPU's ordinal in the owning process.
+        ordinal: u32,
+    },
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Host { pinned: true } => f.write_str("pinned host memory"),
+            Location::Host { pinned: false } => f.write_str("pageable host memory"),
+            Location::Device { gpu, ordinal } => write!(f, "memory of GPU {ordinal} ({gpu})"),
+        }
+    }
+}
 
 /// The descriptor format this build writes and reads.
 pub const DESCRIPTOR_VERSION: u32 = 3;

@@ -464,10 +464,12 @@ pub enum AuthFailure {
     #[error("the peer requires a shared secret and this engine has none; give this engine the peer's secret (EngineBuilder::secret, FERRY_SECRET or --secret-file)")]
     NoLocalSecret,
     /// The peer speaks another version of the handshake.
-    #[error("the peer speaks authentication version {found}, this build speaks {}; run the same ferry version on both sides", crate::auth::VERSION)]
+    #[error("the peer speaks authentication version {found}, this build speaks {ours}; run the same ferry version on both sides")]
     Version {
         /// The version the peer sent.
         found: u8,
+        /// The version this build speaks.
+        ours: u8,
     },
     /// A handshake message broke the protocol.
     #[error("malformed handshake: {0}; check that the peer is a ferry engine of the same version")]

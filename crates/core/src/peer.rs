@@ -1,14 +1,23 @@
 //! A remote engine opened by name: its descriptor and the links to it.
 
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
-use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::memory::RegionEntry;
+use crate::metadata::MetadataStore;
 use crate::transport::{Link, Transport};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::Poll;
+
+/// What a peer needs of its engine: the transports (in the engine's order), the control one
+/// and the metadata store its descriptor comes from.
+#[derive(Clone, Copy)]
+pub(crate) struct PeerContext<'a> {
+    pub(crate) control: &'a dyn Transport,
+    pub(crate) transports: &'a [Arc<dyn Transport>],
+    pub(crate) metadata: &'a dyn MetadataStore,
+}
 
 /// A remote engine this engine can move data to and from. Cheap to clone.
 #[derive(Clone)]
@@ -185,14 +194,14 @@ impl Peer {
 
     /// The link notifications go over. When the old one failed (the peer restarted, a
     /// connection broke), the descriptor is fetched afresh and a new link opened.
-    pub(crate) async fn control(&self, engine: &EngineInner) -> Result<Arc<dyn Link>> {
+    pub(crate) async fn control(&self, engine: PeerContext<'_>) -> Result<Arc<dyn Link>> {
         let current = Arc::clone(&self.inner.control.lock());
         if current.is_alive() {
             return Ok(current);
         }
         let before = self.view().descriptor.instance;
         let view = self.refresh(engine).await?;
-        let transport = engine.control.as_ref();
+        let transport = engine.control;
         let fresh = transport.open(&view.descriptor).await?;
         *self.inner.control.lock() = Arc::clone(&fresh);
         let mut links = self.inner.links.lock();
@@ -212,7 +221,7 @@ impl Peer {
     ///
     /// # Cancel safety
     /// As [`Link::notify`].
-    pub(crate) async fn notify(&self, engine: &EngineInner, payload: &[u8]) -> Result<()> {
+    pub(crate) async fn notify(&self, engine: PeerContext<'_>, payload: &[u8]) -> Result<()> {
         // Notifications keep their order because each takes its turn here and its link's
         // `notify` is first polled (which queues it there) before the next one's turn comes.
         let turn = self.inner.message_turn.lock().await;
@@ -241,7 +250,7 @@ impl Peer {
 
     /// Sends this peer's notifications over the control link from now on, since `transport`'s
     /// link could not carry them (`error` says why).
-    fn notify_over_control(&self, engine: &EngineInner, transport: &str, error: &Error) {
+    fn notify_over_control(&self, engine: PeerContext<'_>, transport: &str, error: &Error) {
         tracing::info!(peer = %self.name(), transport, %error, "notifications to this peer go over the control connection");
         *self.inner.messages.lock() = MessagePath::Control(engine.control.name());
     }
@@ -250,7 +259,7 @@ impl Peer {
     /// if one does, and the control link.
     async fn message_link(
         &self,
-        engine: &EngineInner,
+        engine: PeerContext<'_>,
     ) -> Result<(Option<(&'static str, Arc<dyn Link>)>, Arc<dyn Link>)> {
         // The control link notices a peer that restarted, and then brings its new descriptor.
         let control = self.control(engine).await?;
@@ -268,7 +277,7 @@ impl Peer {
 
     /// Which link carries notifications to this peer, chosen now if no notification chose it
     /// yet.
-    fn message_path(&self, engine: &EngineInner) -> MessagePath {
+    fn message_path(&self, engine: PeerContext<'_>) -> MessagePath {
         let mut path = self.inner.messages.lock();
         if *path == MessagePath::Unchosen {
             let descriptor = &self.view().descriptor;
@@ -285,7 +294,7 @@ impl Peer {
 
     /// The index of the engine's transport whose link carries notifications to this peer
     /// itself; `None` when they go over the control link.
-    pub(crate) fn message_transport(&self, engine: &EngineInner) -> Option<usize> {
+    pub(crate) fn message_transport(&self, engine: PeerContext<'_>) -> Option<usize> {
         match self.message_path(engine) {
             MessagePath::Through(index, _) => Some(index),
             MessagePath::Unchosen | MessagePath::Control(_) => None,
@@ -314,9 +323,11 @@ impl Peer {
 
     /// Fetches the descriptor again, for addresses the cached one does not cover, and lets
     /// every transport read it.
-    pub(crate) async fn refresh(&self, engine: &EngineInner) -> Result<Arc<PeerView>> {
+    pub(crate) async fn refresh(&self, engine: PeerContext<'_>) -> Result<Arc<PeerView>> {
         let descriptor = engine.metadata.fetch(&self.inner.name).await?;
-        engine.import(&descriptor).await;
+        for transport in engine.transports {
+            transport.import(&descriptor).await;
+        }
         Ok(self.update(descriptor))
     }
 

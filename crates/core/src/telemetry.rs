@@ -33,9 +33,7 @@
 //! and, when the batch carries a notification, `notify`: its payload as lossy UTF-8, cut to
 //! [`NOTIFY_FIELD_CHARS`] characters. The transports' work happens inside it.
 
-use crate::batch::Completion;
-use crate::error::{Error, Result};
-use crate::transport::Direction;
+use crate::error::Error;
 use metrics::{counter, histogram};
 use std::sync::Arc;
 
@@ -119,36 +117,32 @@ pub(crate) fn transfer_routed(bytes: u64) {
     tracing::Span::current().record("bytes", bytes);
 }
 
-/// Counts a transfer to `peer` that ended with `outcome`.
-pub(crate) fn transfer_finished(peer: &Arc<str>, outcome: &Result<Completion>) {
-    match outcome {
-        Ok(completion) => {
-            let transport = transport_label(&completion.transports);
-            let labels = [
-                ("transport", transport.clone()),
-                ("peer", Arc::clone(peer).into()),
-            ];
-            counter!(TRANSFER_BYTES, &labels).increment(completion.bytes);
-            counter!(TRANSFERS, &labels).increment(1);
-            histogram!(TRANSFER_SECONDS, "transport" => transport)
-                .record(completion.elapsed.as_secs_f64());
-        }
-        Err(error) => {
-            counter!(TRANSFER_FAILURES, "kind" => kind(error), "peer" => Arc::clone(peer))
-                .increment(1);
-        }
-    }
+/// Counts a transfer to `peer` that moved `bytes` through `transports` in `elapsed`.
+pub(crate) fn transfer_succeeded(
+    peer: &Arc<str>,
+    transports: &[&'static str],
+    bytes: u64,
+    elapsed: std::time::Duration,
+) {
+    let transport = transport_label(transports);
+    let labels = [
+        ("transport", transport.clone()),
+        ("peer", Arc::clone(peer).into()),
+    ];
+    counter!(TRANSFER_BYTES, &labels).increment(bytes);
+    counter!(TRANSFERS, &labels).increment(1);
+    histogram!(TRANSFER_SECONDS, "transport" => transport).record(elapsed.as_secs_f64());
 }
 
-/// Counts `bytes` a peer moved through this engine's TCP listener in `direction` (as the
-/// peer sees it).
-pub(crate) fn served(direction: Direction, bytes: u64) {
-    let direction = match direction {
-        Direction::Write => "write",
-        Direction::Read => "read",
-    };
-    counter!(SERVED_BYTES, "transport" => crate::tcp::TCP, "direction" => direction)
-        .increment(bytes);
+/// Counts a transfer to `peer` that failed with `error`.
+pub(crate) fn transfer_failed(peer: &Arc<str>, error: &Error) {
+    counter!(TRANSFER_FAILURES, "kind" => kind(error), "peer" => Arc::clone(peer)).increment(1);
+}
+
+/// Counts `bytes` a peer moved through this engine's listener of `transport` in `direction`
+/// (`"write"` or `"read"`, as the peer sees it).
+pub(crate) fn served(transport: &'static str, direction: &'static str, bytes: u64) {
+    counter!(SERVED_BYTES, "transport" => transport, "direction" => direction).increment(bytes);
 }
 
 /// Counts a notification a peer accepted.

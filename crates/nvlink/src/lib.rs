@@ -29,6 +29,7 @@
 
 mod args;
 mod bounds;
+mod config;
 mod export;
 mod fabric_probe;
 mod fd_passing;

@@ -1,12 +1,12 @@
 use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
+use crate::config::NvlinkConfig;
 use crate::export::GpuExport;
 use crate::fd_passing::fd_socket_name;
 use crate::import::{OpenError, Opened, Owner, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::messages::MessageSender;
 use crate::plan;
-use crate::transport::NvlinkConfig;
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{

@@ -2,7 +2,7 @@
 //! [`WcStatus`](crate::WcStatus) values on the completion queue).
 
 use crate::memory::AccessFlags;
-use crate::qp::QpState;
+use crate::qp_state::QpState;
 
 /// Why a verbs call was refused. Each message ends with what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,8 +16,8 @@ mod tests {
 
     #[test]
     fn the_committed_seeds_decode_without_panicking_and_some_are_accepted() {
-        let dir = ferry_core::corpus::fuzz_corpus(env!("CARGO_MANIFEST_DIR"), "rdma")
-            .join("peer_input");
+        let dir =
+            ferry_core::corpus::fuzz_corpus(env!("CARGO_MANIFEST_DIR"), "rdma").join("peer_input");
         let mut accepted = 0;
         let mut seeds = 0;
         for entry in std::fs::read_dir(&dir).expect("the seed directory") {

@@ -33,6 +33,7 @@ mod memory;
 pub mod model;
 mod probe;
 mod qp;
+mod qp_state;
 #[cfg(feature = "sideway")]
 mod sideway;
 mod topology;

@@ -269,7 +269,10 @@ impl Handshake {
         let failure = if version != VERSION {
             // The client reads this side's version before the code and reports the mismatch.
             self.transmit = refusal(NO_SECRET);
-            AuthFailure::Version { found: version }
+            AuthFailure::Version {
+                found: version,
+                ours: VERSION,
+            }
         } else if flags & !TAG_FRAMES != 0 {
             AuthFailure::Malformed("the hello carries flags this build does not know")
         } else if let Some(secret) = &self.secret {
@@ -293,7 +296,10 @@ impl Handshake {
         let version = challenge[MAGIC.len()];
         let code = challenge[MAGIC.len() + 1];
         let failure = match (version, code, &self.secret) {
-            (version, _, _) if version != VERSION => AuthFailure::Version { found: version },
+            (version, _, _) if version != VERSION => AuthFailure::Version {
+                found: version,
+                ours: VERSION,
+            },
             (_, GO_ON, Some(secret)) => {
                 let nonce_at = MAGIC.len() + 2;
                 self.server_nonce

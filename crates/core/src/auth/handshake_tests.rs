@@ -248,7 +248,10 @@ fn another_version_is_named() {
     assert!(server.poll_transmit().is_some());
     assert_eq!(
         server.outcome(),
-        Some(Err(AuthFailure::Version { found: VERSION + 1 }))
+        Some(Err(AuthFailure::Version {
+            found: VERSION + 1,
+            ours: VERSION,
+        }))
     );
 }
 

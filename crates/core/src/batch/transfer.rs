@@ -114,7 +114,15 @@ pub(super) fn start(
             }),
             outcome => outcome,
         };
-        crate::telemetry::transfer_finished(&peer.shared_name(), &outcome);
+        match &outcome {
+            Ok(done) => crate::telemetry::transfer_succeeded(
+                &peer.shared_name(),
+                &done.transports,
+                done.bytes,
+                done.elapsed,
+            ),
+            Err(error) => crate::telemetry::transfer_failed(&peer.shared_name(), error),
+        }
         let _ = sender.send(outcome);
     });
     Transfer { receiver }
@@ -140,7 +148,7 @@ async fn run(
                 side: Side::Remote, ..
             },
         )) => {
-            let view = peer.refresh(engine).await?;
+            let view = peer.refresh(engine.peer_context()).await?;
             route_all(available, &view, &work, peer.name())?
         }
         routed => routed?,
@@ -173,7 +181,7 @@ async fn run(
             if notification.is_some()
                 && signal.is_none()
                 && later.is_empty()
-                && peer.message_transport(engine) == Some(transport) =>
+                && peer.message_transport(engine.peer_context()) == Some(transport) =>
         {
             notification.take()
         }
@@ -283,7 +291,7 @@ async fn run(
         }
     }
     if let Some(payload) = notification {
-        tokio::time::timeout(limit, peer.notify(engine, &payload))
+        tokio::time::timeout(limit, peer.notify(engine.peer_context(), &payload))
             .await
             .map_err(|_| Error::Timeout {
                 what: format!("a notification to {}", peer.name()),

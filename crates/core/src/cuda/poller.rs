@@ -91,7 +91,7 @@ impl Poller {
 fn run(inbox: mpsc::Receiver<Job>) {
     // The poller holds no lock while it wakes a job's waiter, and it is awake already: the
     // engine task waiting for the job takes its next step here (see `engine::task`).
-    crate::engine::task::run_wakes_here();
+    crate::task::run_wakes_here();
     let mut pending: Vec<Job> = Vec::new();
     let mut last_news = Instant::now();
     let mut nap = Duration::from_micros(5);

@@ -355,7 +355,7 @@ impl EngineBuilder {
             transfer_timeout: self.transfer_timeout,
             gpus,
             shutting_down: AtomicBool::new(false),
-            tasks: super::task::Tasks::default(),
+            tasks: crate::task::Tasks::default(),
             spares: crate::batch::Spares::default(),
         });
         crate::local::remember(instance, &inner.table);

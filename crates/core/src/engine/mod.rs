@@ -7,7 +7,6 @@
 
 mod builder;
 mod liveness;
-pub(crate) mod task;
 
 pub use builder::EngineBuilder;
 
@@ -21,7 +20,7 @@ use crate::memory::{
 };
 use crate::metadata::MetadataStore;
 use crate::notify::{Notification, Notifications, MAX_NOTIFICATION_BYTES};
-use crate::peer::Peer;
+use crate::peer::{Peer, PeerContext};
 use crate::transport::Transport;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -57,7 +56,7 @@ pub(crate) struct EngineInner {
     /// then on failed because of the shutdown (its connections closing under it).
     pub(crate) shutting_down: AtomicBool,
     /// The tasks it started ([`EngineInner::start_task`]), dropped when it stops.
-    pub(crate) tasks: task::Tasks,
+    pub(crate) tasks: crate::task::Tasks,
     /// Entry lists of finished batches, for the next ones.
     pub(crate) spares: crate::batch::Spares,
 }
@@ -76,6 +75,15 @@ impl EngineInner {
     }
 
     /// Lets every transport read a peer's descriptor the engine has just learned.
+    /// What this engine's peers need of it.
+    pub(crate) fn peer_context(&self) -> PeerContext<'_> {
+        PeerContext {
+            control: self.control.as_ref(),
+            transports: &self.transports,
+            metadata: self.metadata.as_ref(),
+        }
+    }
+
     pub(crate) async fn import(&self, descriptor: &SegmentDescriptor) {
         for transport in &self.transports {
             transport.import(descriptor).await;
@@ -359,7 +367,7 @@ impl Engine {
         let limit = self.inner.transfer_timeout;
         let name = peer.name().to_owned();
         self.run(async move {
-            tokio::time::timeout(limit, peer.notify(&inner, &payload))
+            tokio::time::timeout(limit, peer.notify(inner.peer_context(), &payload))
                 .await
                 .map_err(|_| Error::Timeout {
                     what: format!("a notification to {name}"),

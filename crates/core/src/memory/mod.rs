@@ -16,7 +16,7 @@ mod table;
 pub(crate) use host::OwnedBuffer;
 pub(crate) use locate::device_location;
 pub(crate) use maps::first_unmapped_here;
-pub use region::RegionUse;
+pub use region::{ExportGuard, RegionUse};
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};
 pub(crate) use span::Span;

@@ -1,41 +1,16 @@
 use super::host::{HostSpan, OwnedBuffer};
 use super::table::RegionTable;
 use crate::descriptor::Export;
+pub use crate::descriptor::Location;
 use crate::error::{Error, RangeError};
-use crate::transport::ExportGuard;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where a registered region lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Location {
-    /// Host memory; `pinned` when CUDA has page-locked it.
-    Host {
-        /// Whether the pages are pinned through CUDA.
-        pinned: bool,
-    },
-    /// Memory on a GPU.
-    Device {
-        /// The GPU, by UUID (the same in every process).
-        gpu: crate::cuda::GpuId,
-        /// The GPU's ordinal in the owning process.
-        ordinal: u32,
-    },
-}
-
-impl std::fmt::Display for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Host { pinned: true } => f.write_str("pinned host memory"),
-            Location::Host { pinned: false } => f.write_str("pageable host memory"),
-            Location::Device { gpu, ordinal } => write!(f, "memory of GPU {ordinal} ({gpu})"),
-        }
-    }
-}
+/// Something a transport keeps alive for as long as a region it exported stays registered
+/// (retained allocation handles, a memory registration with a NIC); dropped after the last
+/// transfer through the region has ended.
+pub type ExportGuard = Box<dyn std::any::Any + Send + Sync>;
 
 /// A snapshot of one registration: address, length and location.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +140,7 @@ impl Drop for RegionEntry {
         // could wait for the whole device and hold up every completion of the process.
         let guards = std::mem::take(&mut self.guards);
         match self.owned.take() {
-            Some(owned) => crate::engine::task::drop_off_waking_thread((guards, owned)),
+            Some(owned) => crate::task::drop_off_waking_thread((guards, owned)),
             None => drop(guards),
         }
     }

@@ -1,7 +1,7 @@
+use super::region::ExportGuard;
 use super::region::{OwnedMemory, Region, RegionEntry, RegionInfo, RegionUse};
 use crate::descriptor::{BufferDescriptor, Export};
 use crate::error::RangeError;
-use crate::transport::ExportGuard;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

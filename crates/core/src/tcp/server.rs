@@ -9,7 +9,6 @@ use crate::memory::{RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::telemetry::{self, Throttle};
-use crate::transport::Direction;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -307,7 +306,7 @@ impl Driver {
                         .map_err(|error| error.to_string());
                     if stored.is_ok() {
                         let bytes = spans.iter().map(|span| span.len() as u64).sum();
-                        telemetry::served(Direction::Write, bytes);
+                        telemetry::served(super::TCP, "write", bytes);
                     }
                     drop(spans);
                     self.session.handle_stored(Instant::now(), stored);
@@ -317,7 +316,7 @@ impl Driver {
                         .await
                         .map_err(|error| error.to_string());
                     if loaded.is_ok() {
-                        telemetry::served(Direction::Read, span.len() as u64);
+                        telemetry::served(super::TCP, "read", span.len() as u64);
                     }
                     self.session.handle_loaded(Instant::now(), span, loaded);
                 }

@@ -3,8 +3,8 @@
 
 use super::launches::{Launches, Work};
 use super::{GpuLane, NvlinkLink};
+use crate::config::NvlinkConfig;
 use crate::plan::{self, CopyPath};
-use crate::transport::NvlinkConfig;
 use ferry_core::cuda::{
     download, launch_all, upload, Context, DeviceBuffer, Driver, Event, Launcher, Poller,
 };
