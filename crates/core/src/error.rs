@@ -39,7 +39,7 @@ pub enum Error {
     },
     /// A CUDA driver call failed.
     #[error(transparent)]
-    Cuda(#[from] crate::cuda::CudaError),
+    Cuda(#[from] CudaError),
     /// The peer could not be reached at all.
     #[error("cannot reach peer {peer}: {reason}; check that its engine is running and that the name is its `host:port`")]
     Unreachable {
@@ -487,3 +487,29 @@ pub enum AuthFailure {
     #[error("the connection failed during authentication: {0}")]
     Io(String),
 }
+
+/// A CUDA driver call that returned something other than success, or could not be made at all
+/// because no driver library is installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaError {
+    /// The driver function that failed (or would have been called).
+    pub call: &'static str,
+    /// The numeric `CUresult` the driver returned; `None` when no driver library could be
+    /// loaded, so the call was never made.
+    pub code: Option<u32>,
+    /// The symbolic name of the result, as the driver reports it (`CUDA_ERROR_...`); for a
+    /// missing driver library, a description of that.
+    pub name: String,
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CudaError { call, code, name } = self;
+        match code {
+            Some(code) => write!(f, "CUDA call {call} failed with {name} ({code}); see https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html for what it means"),
+            None => write!(f, "CUDA is unavailable, so {call} could not be called: {name}; install the NVIDIA driver to use GPU memory, or register host memory only"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}

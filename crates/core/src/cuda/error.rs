@@ -1,20 +1,9 @@
+//! Turning the driver's results into [`CudaError`]s (the type itself is with the crate's other
+//! errors, in `crate::error`, which the FFI layer's callers all reach).
+
+pub use crate::error::CudaError;
 use cudarc::driver::sys::{self, CUresult};
 use std::ffi::CStr;
-use std::fmt;
-
-/// A CUDA driver call that returned something other than success, or could not be made at all
-/// because no driver library is installed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaError {
-    /// The driver function that failed (or would have been called).
-    pub call: &'static str,
-    /// The numeric `CUresult` the driver returned; `None` when no driver library could be
-    /// loaded, so the call was never made.
-    pub code: Option<u32>,
-    /// The symbolic name of the result, as the driver reports it (`CUDA_ERROR_...`); for a
-    /// missing driver library, a description of that.
-    pub name: String,
-}
 
 impl CudaError {
     /// Turns a `CUresult` into `Ok` or a typed error naming `call`.
@@ -38,18 +27,6 @@ impl CudaError {
         }
     }
 }
-
-impl fmt::Display for CudaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let CudaError { call, code, name } = self;
-        match code {
-            Some(code) => write!(f, "CUDA call {call} failed with {name} ({code}); see https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html for what it means"),
-            None => write!(f, "CUDA is unavailable, so {call} could not be called: {name}; install the NVIDIA driver to use GPU memory, or register host memory only"),
-        }
-    }
-}
-
-impl std::error::Error for CudaError {}
 
 fn name_of(result: CUresult) -> String {
     let mut text: *const std::ffi::c_char = std::ptr::null();
