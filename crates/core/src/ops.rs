@@ -49,8 +49,8 @@ impl std::fmt::Debug for TransferOp {
     }
 }
 
-/// The ops of one transfer with the registrations they name, as [`Link::transfer`] receives
-/// them.
+/// The ops of one transfer with the registrations they name, as
+/// [`crate::transport::Link::transfer`] receives them.
 ///
 /// The tables keep every local region registered and every remote buffer's descriptor alive
 /// until this value is dropped; every op's indices are inside them.

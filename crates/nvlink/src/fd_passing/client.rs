@@ -1,0 +1,242 @@
+//! The asking end of the fd-passing socket: fetching a peer's descriptors, confirming its IPC
+//! handles, handing it a message ring.
+
+use super::*;
+use crate::messages::MessageSender;
+use ferry_core::auth::Secret;
+use ferry_core::cuda::IpcHandle;
+use std::os::fd::OwnedFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Asks engine `socket`'s fd socket whether `handle` is the IPC handle it exported for its
+/// buffer at `region`, proving `secret` when there is one.
+///
+/// # Errors
+/// [`ImportError::Disowned`] when the engine says it is not; the others when it could not be
+/// asked.
+pub(crate) async fn confirm_ipc(
+    socket: &str,
+    region: u64,
+    handle: &IpcHandle,
+    secret: Option<&Secret>,
+) -> Result<(), ImportError> {
+    let asked = async {
+        let failed = |action| socket_error(socket, action);
+        let mut stream = connect(socket, secret, CONFIRM_IPC).await?;
+        let mut request = region.to_le_bytes().to_vec();
+        request.extend_from_slice(&handle.0);
+        stream
+            .write_all(&request)
+            .await
+            .map_err(failed("writing to"))?;
+        match stream.read_u8().await {
+            Ok(0) => Ok(()),
+            Ok(DISOWNED) => Err(ImportError::Disowned {
+                socket: socket.to_owned(),
+            }),
+            Ok(_) => {
+                let mut reason = String::new();
+                let _ = (&mut stream)
+                    .take(MAX_REFUSAL_BYTES)
+                    .read_to_string(&mut reason)
+                    .await;
+                Err(ImportError::Refused { reason })
+            }
+            Err(_) => Err(ImportError::NoAnswer {
+                socket: socket.to_owned(),
+            }),
+        }
+    };
+    tokio::time::timeout(TIMEOUT, asked)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}
+
+/// Asks the peer's fd socket `socket` for the descriptors of the buffer registered at
+/// `region`, with room for `count` of them (what the peer sends beyond is dropped by the
+/// kernel), proving `secret` first when there is one.
+///
+/// # Cancel safety
+/// Cancel safe: dropped half-way, the connection closes and nothing is kept.
+pub(crate) async fn fetch_fds(
+    socket: &str,
+    region: u64,
+    count: usize,
+    secret: Option<&Secret>,
+) -> Result<Vec<OwnedFd>, ImportError> {
+    tokio::time::timeout(TIMEOUT, fetch(socket, region, count, secret))
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}
+
+async fn fetch(
+    socket: &str,
+    region: u64,
+    count: usize,
+    secret: Option<&Secret>,
+) -> Result<Vec<OwnedFd>, ImportError> {
+    let failed = |action| socket_error(socket, action);
+    let mut stream = connect(socket, secret, FETCH_FDS).await?;
+    stream
+        .write_u64_le(region)
+        .await
+        .map_err(failed("writing to"))?;
+    let room = count.clamp(1, FDS_PER_MESSAGE);
+    let (status, mut fds) = receive_fds(&stream, room)
+        .await
+        .map_err(failed("reading from"))?;
+    match status {
+        None => {
+            return Err(ImportError::NoAnswer {
+                socket: socket.to_owned(),
+            })
+        }
+        Some(0) => {}
+        Some(_) => {
+            let mut reason = String::new();
+            let _ = (&mut stream)
+                .take(MAX_REFUSAL_BYTES)
+                .read_to_string(&mut reason)
+                .await;
+            return Err(ImportError::Refused { reason });
+        }
+    }
+    // More allocations than one message carries come in further messages; a peer that sends
+    // fewer is caught by the caller's count check.
+    while fds.len() < count {
+        let wanted = (count - fds.len()).min(FDS_PER_MESSAGE);
+        match receive_fds(&stream, wanted)
+            .await
+            .map_err(failed("reading from"))?
+        {
+            (Some(0), more) if !more.is_empty() => fds.extend(more),
+            _ => break,
+        }
+    }
+    Ok(fds)
+}
+
+/// Connects to the peer's fd socket `socket`, proves `secret` when there is one, and sends
+/// `request`.
+pub(super) async fn connect(
+    socket: &str,
+    secret: Option<&Secret>,
+    request: u8,
+) -> Result<UnixStream, ImportError> {
+    let failed = |action| socket_error(socket, action);
+    let mut stream = connect_nonblocking(socket).map_err(failed("connecting to"))?;
+    // The socket's name is only a name: after its engine is gone, a process of another user
+    // could have bound it. The server checks the client's user; the client checks the server's.
+    let server = stream
+        .peer_cred()
+        .map_err(failed("reading the credentials of"))?;
+    let own = rustix::process::getuid().as_raw();
+    if server.uid() != own {
+        return Err(ImportError::Refused {
+            reason: format!(
+                "the socket is served by uid {}, not by this engine's uid {own}: it is not the peer engine's",
+                server.uid()
+            ),
+        });
+    }
+    stream
+        .write_u8(u8::from(secret.is_some()))
+        .await
+        .map_err(failed("writing to"))?;
+    if let Some(secret) = secret {
+        ferry_core::auth::client(&mut stream, secret, TIMEOUT)
+            .await
+            .map_err(|reason| ImportError::Auth {
+                socket: socket.to_owned(),
+                reason,
+            })?;
+    }
+    stream
+        .write_u8(request)
+        .await
+        .map_err(failed("writing to"))?;
+    Ok(stream)
+}
+
+/// Connects to the abstract socket `name` without ever blocking: a listener whose backlog is
+/// full (its engine stopped accepting) is an error at once, not a thread asleep.
+fn connect_nonblocking(name: &str) -> std::io::Result<UnixStream> {
+    let socket = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let address = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    match rustix::net::connect(&socket, &address) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::AGAIN) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "its backlog is full: the engine behind it is not accepting",
+            ))
+        }
+        Err(error) => return Err(error.into()),
+    }
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(socket))
+}
+
+/// Hands the peer behind fd socket `socket` (engine `peer`) a fresh message ring to read,
+/// naming this engine `name` as the sender, proving `secret` first when there is one.
+///
+/// # Cancel safety
+/// Cancel safe: dropped half-way, the connection closes and the peer drops the ring.
+pub(crate) async fn open_messages(
+    socket: &str,
+    peer: &str,
+    name: &str,
+    secret: Option<&Secret>,
+) -> Result<MessageSender, ImportError> {
+    let opened = async {
+        let failed = |action| socket_error(socket, action);
+        let (memory, fd) = crate::messages::create_ring().map_err(failed("making a ring for"))?;
+        let mut stream = connect(socket, secret, OPEN_MESSAGES).await?;
+        let name = &name.as_bytes()[..name.len().min(MAX_SENDER_NAME)];
+        stream
+            .write_u16_le(name.len() as u16)
+            .await
+            .map_err(failed("writing to"))?;
+        stream.write_all(name).await.map_err(failed("writing to"))?;
+        send_fds(&stream, &[fd])
+            .await
+            .map_err(failed("writing to"))?;
+        match stream.read_u8().await {
+            Ok(0) => Ok(MessageSender::new(memory, stream, peer.to_owned())),
+            Ok(_) => {
+                let mut reason = String::new();
+                let _ = (&mut stream)
+                    .take(MAX_REFUSAL_BYTES)
+                    .read_to_string(&mut reason)
+                    .await;
+                Err(ImportError::Refused { reason })
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(ImportError::NoAnswer {
+                    socket: socket.to_owned(),
+                })
+            }
+            Err(error) => Err(failed("reading from")(error)),
+        }
+    };
+    tokio::time::timeout(TIMEOUT, opened)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}

@@ -1,0 +1,201 @@
+//! The fd-passing socket: hands the file descriptors of registered VMM memory to processes of
+//! the same user over an abstract Unix socket (SCM_RIGHTS), so they can map it, and takes
+//! message rings from them ([`crate::messages`]). The server ([`FdServer`], in `server`)
+//! serves this engine's shares and reads the rings handed to it; the client (in `client`)
+//! asks a peer's ([`fetch_fds`]), confirms its IPC handles ([`confirm_ipc`]) and hands it
+//! rings ([`open_messages`]); this module holds the protocol's constants and the descriptor
+//! passing both ends share.
+//!
+//! # Protocol
+//! 1. The client sends one byte: 1 when it will authenticate, 0 when it has no secret. With 1,
+//!    the handshake of [`ferry_core::auth`] follows.
+//! 2. The client sends what it asks for: [`FETCH_FDS`] or [`OPEN_MESSAGES`] (one byte).
+//! 3. For [`FETCH_FDS`], it sends the registered buffer's address (8 bytes, little-endian).
+//!    The server answers with a status byte 0 with one descriptor per allocation attached, in
+//!    mapping order, repeated for every [`FDS_PER_MESSAGE`] allocations.
+//! 4. For [`OPEN_MESSAGES`], it sends its engine's name (its length in 2 bytes,
+//!    little-endian, then UTF-8), then one 0 byte with the ring's memory file attached. The
+//!    server answers with a status byte 0 and from then on sends a verdict for each message
+//!    it takes from the ring, until either side closes the socket.
+//! 5. For [`CONFIRM_IPC`], it sends the registered buffer's address (8 bytes, little-endian)
+//!    and the 64-byte CUDA IPC handle its descriptor carries. The server answers with a status
+//!    byte 0 when it exported that handle for a buffer it has registered at that address, and
+//!    [`DISOWNED`] when it did not: a descriptor that names this engine but carries another
+//!    engine's handle is found out before anything is mapped.
+//! 6. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
+//!    socket closes.
+//!
+//! A server with a secret refuses a client that does not authenticate (status 1, before the
+//! address is read); one without a secret refuses a client that does, in the handshake.
+
+mod client;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use client::{confirm_ipc, fetch_fds, open_messages};
+pub(crate) use server::{FdServer, Share};
+
+use ferry_core::{AuthFailure, InstanceId};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+
+/// Most descriptors passed with one message (the kernel's SCM_MAX_FD); an answer with more
+/// comes as several messages of one 0 byte each, in mapping order.
+pub const FDS_PER_MESSAGE: usize = 253;
+
+/// How long one request may take, the handshake included.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The request for the descriptors of a registered buffer.
+const FETCH_FDS: u8 = 0;
+/// The request to read a message ring.
+const OPEN_MESSAGES: u8 = 1;
+/// The request to confirm that a CUDA IPC handle is this engine's.
+const CONFIRM_IPC: u8 = 2;
+/// The answer to [`CONFIRM_IPC`] for a handle this engine did not export for that buffer.
+const DISOWNED: u8 = 2;
+/// Bytes of a refusal's reason read at most.
+const MAX_REFUSAL_BYTES: u64 = 64 << 10;
+/// Longest engine name a ring's sender may give.
+const MAX_SENDER_NAME: usize = 1024;
+
+/// The abstract socket name of the fd-passing socket of engine `owner`. A peer's export must
+/// name its own engine's socket: one naming another engine's is refused, so a peer cannot
+/// point this engine at a third engine's memory.
+pub fn fd_socket_name(owner: InstanceId) -> String {
+    format!("ferry-{owner}")
+}
+
+/// Why a peer's export could not be mapped here (the peer's own faults are [`ferry_core::ProtocolViolation`]s).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ImportError {
+    /// The socket could not be named, reached, written or read.
+    #[error("{action} the peer's fd socket {socket:?} failed: {source}")]
+    Socket {
+        /// The peer's socket name.
+        socket: String,
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The handshake failed.
+    #[error("authenticating with the peer's fd socket {socket:?} failed: {reason}")]
+    Auth {
+        /// The peer's socket name.
+        socket: String,
+        /// Why.
+        reason: AuthFailure,
+    },
+    /// The peer answered with a refusal.
+    #[error("the peer refused to share its memory: {reason}")]
+    Refused {
+        /// The peer's words.
+        reason: String,
+    },
+    /// The socket closed before any answer.
+    #[error("the peer's fd socket {socket:?} closed without answering")]
+    NoAnswer {
+        /// The peer's socket name.
+        socket: String,
+    },
+    /// The peer took too long.
+    #[error("the peer's fd socket {socket:?} did not answer within {TIMEOUT:?}")]
+    TimedOut {
+        /// The peer's socket name.
+        socket: String,
+    },
+    /// The engine a descriptor names says the IPC handle in it is not its own.
+    #[error("the engine serving fd socket {socket:?} did not export the IPC handle its descriptor carries")]
+    Disowned {
+        /// The engine's socket name.
+        socket: String,
+    },
+    /// Without a secret, an IPC handle is mapped only when its owner confirms it.
+    #[error("the peer's IPC handle could not be confirmed with its engine ({reason}); without a secret only handles their engine confirms are mapped: give both engines a secret (descriptors are then signed) or let them reach each other's fd socket (one network namespace)")]
+    Unconfirmed {
+        /// Why the owner could not be asked.
+        reason: Box<ImportError>,
+    },
+    /// Importing a received descriptor, or mapping what it names, failed.
+    #[error(transparent)]
+    Mapping(#[from] ferry_core::Error),
+}
+
+/// Turns an I/O error met while doing `action` on the peer's fd socket `socket` into an
+/// [`ImportError`].
+fn socket_error<'a>(
+    socket: &'a str,
+    action: &'static str,
+) -> impl Fn(std::io::Error) -> ImportError + 'a {
+    move |source| ImportError::Socket {
+        socket: socket.to_owned(),
+        action,
+        source,
+    }
+}
+
+/// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
+async fn send_fds(stream: &UnixStream, fds: &[OwnedFd]) -> std::io::Result<()> {
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+    for batch in borrowed.chunks(FDS_PER_MESSAGE) {
+        stream
+            .async_io(Interest::WRITABLE, || {
+                let mut space =
+                    vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(batch.len()))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !control.push(SendAncillaryMessage::ScmRights(batch)) {
+                    return Err(std::io::Error::other(
+                        "the descriptors did not fit their message",
+                    ));
+                }
+                Ok(sendmsg(
+                    stream,
+                    &[IoSlice::new(&[0])],
+                    &mut control,
+                    SendFlags::empty(),
+                )?)
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Receives one status byte with up to `room` descriptors attached; `None` at the end of the
+/// stream. Descriptors beyond `room` are closed by the kernel.
+async fn receive_fds(
+    stream: &UnixStream,
+    room: usize,
+) -> std::io::Result<(Option<u8>, Vec<OwnedFd>)> {
+    stream
+        .async_io(Interest::READABLE, || {
+            let mut status = [0u8; 1];
+            let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(room))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let received = recvmsg(
+                stream,
+                &mut [IoSliceMut::new(&mut status)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )?;
+            let fds = control
+                .drain()
+                .filter_map(|message| match message {
+                    RecvAncillaryMessage::ScmRights(fds) => Some(fds.collect::<Vec<_>>()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            Ok(((received.bytes > 0).then_some(status[0]), fds))
+        })
+        .await
+}

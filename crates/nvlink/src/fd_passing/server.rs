@@ -1,0 +1,434 @@
+//! The serving end of the fd-passing socket: this engine's VMM shares and vouched IPC
+//! handles, the message rings handed to it, refusals.
+
+use super::*;
+use crate::messages::{Incoming, RingReaders, RingSlot};
+use ferry_core::auth::Secret;
+use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IPC_HANDLE_LEN};
+use ferry_core::telemetry::Throttle;
+use ferry_core::{AuthFailure, InboxHandle, InstanceId};
+use parking_lot::Mutex;
+use rustix::net::SendFlags;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// The VMM allocations under one registered buffer, retained while it is shared.
+pub(crate) struct Share {
+    /// The GPU they live on, whose context exporting needs.
+    pub(crate) ordinal: u32,
+    /// Each allocation, in mapping order.
+    pub(crate) handles: Vec<AllocationHandle>,
+}
+
+/// Shares by the address the buffer was registered at.
+type Shares = Mutex<HashMap<u64, Share>>;
+
+/// The CUDA IPC handles this engine exported, by the address of the buffer they were
+/// exported for.
+type Vouched = Mutex<HashMap<u64, IpcHandle>>;
+
+/// This engine's fd-passing socket, served on the engine's runtime.
+pub(crate) struct FdServer {
+    name: String,
+    shares: Arc<Shares>,
+    vouched: Arc<Vouched>,
+    /// Held while the server runs: the threads reading message rings stop once it is gone.
+    _running: Arc<()>,
+    #[cfg(test)]
+    pub(super) readers: Arc<RingReaders>,
+}
+
+impl std::fmt::Debug for FdServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdServer")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Keeps one buffer shared through the socket; dropped when the buffer is deregistered.
+pub(crate) struct ShareGuard {
+    shares: Weak<Shares>,
+    addr: u64,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        if let Some(shares) = self.shares.upgrade() {
+            shares.lock().remove(&self.addr);
+        }
+    }
+}
+
+/// Keeps one buffer's IPC handle confirmed through the socket; dropped when the buffer is
+/// deregistered.
+pub(crate) struct VouchGuard {
+    vouched: Weak<Vouched>,
+    addr: u64,
+}
+
+impl Drop for VouchGuard {
+    fn drop(&mut self) {
+        if let Some(vouched) = self.vouched.upgrade() {
+            vouched.lock().remove(&self.addr);
+        }
+    }
+}
+
+impl FdServer {
+    /// Binds engine `owner`'s socket and serves it on `runtime` until the server is dropped;
+    /// with `secret`, only to clients that prove it. Messages from rings handed to it go to
+    /// `inbox`.
+    pub(crate) fn start(
+        owner: InstanceId,
+        secret: Option<Secret>,
+        runtime: &tokio::runtime::Handle,
+        inbox: InboxHandle,
+    ) -> std::io::Result<FdServer> {
+        Self::start_with_rings(owner, secret, runtime, inbox, MAX_RINGS)
+    }
+
+    /// [`Self::start`], reading at most `max_rings` message rings at once.
+    pub(super) fn start_with_rings(
+        owner: InstanceId,
+        secret: Option<Secret>,
+        runtime: &tokio::runtime::Handle,
+        inbox: InboxHandle,
+        max_rings: usize,
+    ) -> std::io::Result<FdServer> {
+        let name = fd_socket_name(owner);
+        let listener = std::os::unix::net::UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(name.as_bytes())?,
+        )?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::UnixListener::from_std(listener)?
+        };
+        let shares = Arc::new(Shares::default());
+        let vouched = Arc::new(Vouched::default());
+        let running = Arc::new(());
+        let readers = Arc::new(RingReaders::new(Arc::downgrade(&running)));
+        let serving = Serving {
+            shares: Arc::downgrade(&shares),
+            vouched: Arc::downgrade(&vouched),
+            secret,
+            inbox,
+            readers: Arc::clone(&readers),
+            rings: Arc::default(),
+            max_rings,
+        };
+        runtime.spawn(accept_loop(listener, serving));
+        Ok(FdServer {
+            name,
+            shares,
+            vouched,
+            _running: running,
+            #[cfg(test)]
+            readers,
+        })
+    }
+
+    /// The socket's abstract name, as exports carry it.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Confirms `handle` as the IPC handle of the buffer registered at `addr`, to peers that
+    /// ask before mapping it, until the guard drops.
+    pub(crate) fn vouch(&self, addr: u64, handle: IpcHandle) -> VouchGuard {
+        self.vouched.lock().insert(addr, handle);
+        VouchGuard {
+            vouched: Arc::downgrade(&self.vouched),
+            addr,
+        }
+    }
+
+    /// Shares the allocations of the buffer registered at `addr` until the guard drops.
+    pub(crate) fn share(&self, addr: u64, share: Share) -> ShareGuard {
+        self.shares.lock().insert(addr, share);
+        ShareGuard {
+            shares: Arc::downgrade(&self.shares),
+            addr,
+        }
+    }
+}
+
+/// What the accept loop serves with.
+#[derive(Clone)]
+struct Serving {
+    shares: Weak<Shares>,
+    vouched: Weak<Vouched>,
+    secret: Option<Secret>,
+    inbox: InboxHandle,
+    /// The threads that read the rings handed over.
+    readers: Arc<RingReaders>,
+    /// Rings read now, each held by its [`RingSlot`].
+    rings: Arc<std::sync::atomic::AtomicUsize>,
+    /// Most rings read at once.
+    max_rings: usize,
+}
+
+/// Message rings an engine reads at once (on at most three threads of 127 rings each); a
+/// sender over it is refused and sends its notifications over TCP instead.
+pub(super) const MAX_RINGS: usize = 256;
+
+/// Connections the fd socket serves at once; more are closed as they arrive, so a flood of
+/// connections (another user's included, refused as they are) cannot take the process's file
+/// descriptors.
+pub(super) const MAX_SERVING: usize = 64;
+
+/// Failed or refused requests are logged at most once per this interval, with a count.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs why an fd-socket request failed or was refused, at most once per [`WARN_EVERY`].
+fn warn_failed(throttle: &Throttle, reason: &str) {
+    if let Some(count) = throttle.due() {
+        tracing::warn!(%reason, count, "fd-passing requests failed or were refused (the latest reason shown)");
+    }
+}
+
+async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_SERVING));
+    let warnings = Arc::new(Throttle::new(WARN_EVERY));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                warn_failed(
+                    &warnings,
+                    &format!("accepting on the fd-passing socket failed: {error}"),
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
+            warn_failed(
+                &warnings,
+                &format!("more than {MAX_SERVING} connections at once; the newest is closed"),
+            );
+            continue;
+        };
+        let Some(shares) = serving.shares.upgrade() else {
+            return;
+        };
+        let (serving, warnings) = (serving.clone(), Arc::clone(&warnings));
+        tokio::spawn(async move {
+            let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
+                .await
+                .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
+            drop(slot);
+            if let Err(reason) = served {
+                warn_failed(&warnings, &reason);
+            }
+        });
+    }
+}
+
+/// Serves one connection: checks who asks, then answers with the descriptors, takes the
+/// message ring, or refuses.
+async fn serve(
+    mut stream: UnixStream,
+    shares: Arc<Shares>,
+    serving: &Serving,
+) -> Result<(), String> {
+    let secret = serving.secret.as_ref();
+    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+    let credentials = stream
+        .peer_cred()
+        .map_err(|error| io("reading the client's credentials", error))?;
+    let client = match credentials.pid() {
+        Some(0) | None => "a process in another PID namespace".to_owned(),
+        Some(pid) => format!("process {pid}"),
+    };
+    let own = rustix::process::getuid().as_raw();
+    if credentials.uid() != own {
+        let reason = format!(
+            "{client} runs as uid {}, this engine as uid {own}; GPU memory is shared with the same user only",
+            credentials.uid()
+        );
+        refuse(&mut stream, &reason).await?;
+        return Err(format!("refused: {reason}"));
+    }
+    let authenticates = stream
+        .read_u8()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    match (authenticates, secret) {
+        (0, Some(_)) => {
+            tracing::warn!(%client, reason = %AuthFailure::PeerHasNoSecret, "refused an fd-passing request");
+            return refuse(&mut stream, &AuthFailure::NoLocalSecret.to_string()).await;
+        }
+        (0, None) => {}
+        (_, secret) => {
+            if let Err(reason) = ferry_core::auth::server(&mut stream, secret, TIMEOUT).await {
+                return Err(format!("{client} did not authenticate: {reason}"));
+            }
+        }
+    }
+    let request = stream
+        .read_u8()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    match request {
+        FETCH_FDS => {}
+        OPEN_MESSAGES => return take_ring(stream, &client, serving).await,
+        CONFIRM_IPC => return confirm(stream, serving).await,
+        other => {
+            return refuse(
+                &mut stream,
+                &format!("request {other} is none of {FETCH_FDS} (descriptors), {OPEN_MESSAGES} (a message ring) and {CONFIRM_IPC} (an IPC handle); are both engines the same ferry version?"),
+            )
+            .await
+        }
+    }
+    let addr = stream
+        .read_u64_le()
+        .await
+        .map_err(|error| io("reading the request", error))?;
+    let exported = {
+        let shares = Arc::clone(&shares);
+        tokio::task::spawn_blocking(move || export(&shares, addr))
+            .await
+            .map_err(|error| format!("exporting the descriptors stopped: {error}"))?
+    };
+    match exported {
+        Ok(fds) => send_fds(&stream, &fds)
+            .await
+            .map_err(|error| io("sending the descriptors", error)),
+        Err(reason) => refuse(&mut stream, &reason).await,
+    }
+}
+
+/// Takes the message ring a client hands over and starts reading it.
+async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> Result<(), String> {
+    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+    let len = usize::from(
+        stream
+            .read_u16_le()
+            .await
+            .map_err(|error| io("reading the sender's name", error))?,
+    );
+    if len > MAX_SENDER_NAME {
+        return refuse(
+            &mut stream,
+            &format!("a sender name of {len} bytes is longer than {MAX_SENDER_NAME}"),
+        )
+        .await;
+    }
+    let mut from = vec![0; len];
+    stream
+        .read_exact(&mut from)
+        .await
+        .map_err(|error| io("reading the sender's name", error))?;
+    let from = String::from_utf8_lossy(&from).into_owned();
+    // Taken before anything is mapped, and given back if the ring does not start.
+    let Some(slot) = RingSlot::take(&serving.rings, serving.max_rings) else {
+        let max = serving.max_rings;
+        return refuse(
+            &mut stream,
+            &format!("this engine already reads its maximum of {max} message rings; send notifications over TCP"),
+        )
+        .await;
+    };
+    let (status, fds) = receive_fds(&stream, 1)
+        .await
+        .map_err(|error| io("receiving the message ring", error))?;
+    let ring = match (status, fds.as_slice()) {
+        (Some(0), [fd]) => crate::messages::map_ring(fd),
+        _ => Err("the request carried no message ring".to_owned()),
+    };
+    let memory = match ring {
+        Ok(memory) => memory,
+        Err(reason) => {
+            tracing::warn!(%client, %reason, "refused a message ring");
+            return refuse(&mut stream, &reason).await;
+        }
+    };
+    // The ring is read before the sender hears yes, so that a reader that cannot start
+    // (a container's thread limit, an old kernel) is a refusal the sender falls back from,
+    // not a ring that swallows what it is sent.
+    let socket = stream
+        .into_std()
+        .map_err(|error| io("handing the socket to the ring's reader", error))?;
+    let answer = socket
+        .try_clone()
+        .map_err(|error| io("handing the socket to the ring's reader", error))?;
+    let started = serving.readers.add(Incoming {
+        memory,
+        from,
+        socket,
+        inbox: serving.inbox.clone(),
+        _slot: slot,
+    });
+    let status = match &started {
+        Ok(()) => vec![0],
+        Err(error) => {
+            let mut refusal = vec![1];
+            refusal
+                .extend_from_slice(format!("this engine cannot read the ring: {error}").as_bytes());
+            refusal
+        }
+    };
+    // The socket is non-blocking now; an empty one takes a status of a few bytes whole.
+    rustix::net::send(&answer, &status, SendFlags::NOSIGNAL)
+        .map_err(|error| io("answering the ring's sender", error.into()))?;
+    started.map_err(|error| io("starting the ring's reader", error))
+}
+
+/// Answers whether the IPC handle the client names is the one this engine exported for the
+/// buffer at the address it names.
+async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), String> {
+    let io = |error: std::io::Error| format!("reading the handle to confirm: {error}");
+    let addr = stream.read_u64_le().await.map_err(io)?;
+    let mut handle = [0u8; IPC_HANDLE_LEN];
+    stream.read_exact(&mut handle).await.map_err(io)?;
+    let ours = serving.vouched.upgrade().is_some_and(|vouched| {
+        vouched
+            .lock()
+            .get(&addr)
+            .is_some_and(|exported| exported.0 == handle)
+    });
+    stream
+        .write_u8(if ours { 0 } else { DISOWNED })
+        .await
+        .map_err(|error| format!("answering a handle's confirmation: {error}"))
+}
+
+/// Sends a refusal, then reads and drops what the client still sends until it closes: a
+/// socket closed with unread bytes resets, and the reset would destroy the refusal in flight.
+async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
+    let mut answer = Vec::with_capacity(1 + reason.len());
+    answer.push(1);
+    answer.extend_from_slice(reason.as_bytes());
+    let sent = async {
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        tokio::io::copy(&mut (&mut *stream).take(64 << 10), &mut tokio::io::sink()).await
+    };
+    sent.await
+        .map(drop)
+        .map_err(|error| format!("sending a refusal: {error}"))
+}
+
+/// Fresh descriptors for every allocation of the buffer shared at `addr`.
+fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
+    let shares = shares.lock();
+    let share = shares
+        .get(&addr)
+        .ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
+    let context = Context::get(share.ordinal).map_err(|error| error.to_string())?;
+    context.bind().map_err(|error| error.to_string())?;
+    share
+        .handles
+        .iter()
+        .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
+        .collect()
+}
