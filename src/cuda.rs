@@ -1,7 +1,8 @@
 //! The CUDA helpers a server needs beside the engine: GPUs, contexts, device buffers, streams
 //! and events; and a bf16 [`Gemm`] that stands in for a model's compute in benchmarks.
-//! Everything here is safe to call; memory is handed to the engine only through the `unsafe`
-//! [`ferry_core::Engine::register`].
+//! Everything here is safe to call. GPU memory reaches the engine allocated by it
+//! ([`ferry_core::Engine::allocate_device`]) or, when a server allocated it itself, through the
+//! `unsafe` [`ferry_core::Engine::register`].
 
 use crate::{Error, Region};
 pub use ferry_core::cuda::{

@@ -62,7 +62,7 @@ impl HostSpan {
     }
 }
 
-/// Zeroed host memory the engine allocated for a caller (`Engine::register_owned`).
+/// Zeroed host memory the engine allocated for a caller ([`crate::Engine::allocate`]).
 pub(crate) struct OwnedBuffer {
     ptr: *mut u8,
     layout: Layout,
