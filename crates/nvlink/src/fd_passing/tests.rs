@@ -477,3 +477,55 @@ async fn two_hundred_rings_are_read_by_two_threads_also_after_they_slept() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_whose_sender_left_makes_room_while_another_keeps_its_thread_busy() {
+    let (server, mut inbox) = server_with_rings(None, 1 << 16, 2);
+    let busy = open_messages(server.name(), "decode", "prefill:busy", None)
+        .await
+        .unwrap();
+    let leaving = open_messages(server.name(), "decode", "prefill:leaving", None)
+        .await
+        .unwrap();
+    leaving.close();
+    drop(leaving);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sending = {
+        let stop = std::sync::Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                busy.send(b"busy").await.unwrap();
+                sent += 1;
+            }
+            sent
+        })
+    };
+    let draining = tokio::spawn(async move {
+        let mut taken = 0u64;
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), inbox.recv()).await
+        {
+            taken += 1;
+        }
+        taken
+    });
+    let mut reopened = None;
+    for _ in 0..40 {
+        match open_messages(server.name(), "decode", "prefill:next", None).await {
+            Ok(sender) => {
+                reopened = Some(sender);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = sending.await.unwrap();
+    assert!(
+        reopened.is_some(),
+        "the ring that ended still held its place while the other kept the thread busy"
+    );
+    assert!(sent > 10, "only {sent} messages kept the thread busy");
+    drop(reopened);
+    assert!(draining.await.unwrap() >= sent);
+}

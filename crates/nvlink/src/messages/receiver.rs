@@ -24,6 +24,9 @@ const POLL: Duration = Duration::from_millis(5);
 /// How long one sleep lasts at most: the thread then checks that the senders and the engine
 /// are still there.
 const NAP: Duration = Duration::from_millis(100);
+/// How long a sleep lasts at most while a sender's socket holds back verdicts: the thread
+/// does not wait for the socket to take them, so it comes back to offer them again.
+const UNSENT_NAP: Duration = Duration::from_millis(1);
 /// How long a sender may leave verdicts unread before its ring is closed.
 const VERDICT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Verdict bytes held for a sender whose socket takes no more, before its ring is closed.
@@ -78,8 +81,9 @@ pub(crate) struct RingReaders {
 
 /// The rings of one thread.
 struct Group {
-    /// Rings handed over that the thread has not taken yet.
-    added: Mutex<Vec<Incoming>>,
+    /// Rings handed over that the thread has not taken yet; `None` once the thread has ended
+    /// (the engine stopped, or it panicked), so that nothing is handed to it any more.
+    added: Mutex<Option<Vec<Incoming>>>,
     /// Bumped at every hand-over; the thread sleeps on it beside its rings' words.
     news: AtomicU32,
     /// Rings the thread reads or is about to.
@@ -100,8 +104,12 @@ impl RingReaders {
     /// # Errors
     /// The kernel has no `futex_waitv` (Linux 5.16 or later), or no thread could start.
     pub(crate) fn add(&self, incoming: Incoming) -> std::io::Result<()> {
+        if self.running.strong_count() == 0 {
+            return Err(std::io::Error::other("the engine is stopping"));
+        }
         incoming.socket.set_nonblocking(true)?;
         let mut groups = self.groups.lock();
+        groups.retain(|group| group.added.lock().is_some());
         let room = |group: &Arc<Group>| {
             group
                 .rings
@@ -110,28 +118,38 @@ impl RingReaders {
                 })
                 .is_ok()
         };
-        match groups.iter().find(|group| room(group)) {
-            Some(group) => {
-                group.added.lock().push(incoming);
+        let mut incoming = Some(incoming);
+        if let Some(group) = groups.iter().find(|group| room(group)) {
+            let mut added = group.added.lock();
+            match (added.as_mut(), incoming.take()) {
+                (Some(added), Some(ring)) => added.push(ring),
+                // The thread ended since the sweep above: a new one takes the ring.
+                (None, ring) => {
+                    incoming = ring;
+                    group.rings.fetch_sub(1, Ordering::AcqRel);
+                }
+                (_, None) => {}
+            }
+            drop(added);
+            if incoming.is_none() {
                 group.news.fetch_add(1, Ordering::SeqCst);
                 let _ = futex::wake(&group.news, futex::Flags::PRIVATE, 1);
-            }
-            None => {
-                waitv_supported()?;
-                // The first ring is in place before the thread starts, which takes what is
-                // there before it first looks at `news`.
-                let group = Arc::new(Group {
-                    rings: AtomicUsize::new(1),
-                    added: Mutex::new(vec![incoming]),
-                    news: AtomicU32::new(0),
-                });
-                let (reading, running) = (Arc::clone(&group), self.running.clone());
-                std::thread::Builder::new()
-                    .name("ferry-messages".into())
-                    .spawn(move || read_rings(&reading, &running))?;
-                groups.push(group);
+                return Ok(());
             }
         }
+        waitv_supported()?;
+        // The first ring is in place before the thread starts, which takes what is there
+        // before it first looks at `news`.
+        let group = Arc::new(Group {
+            rings: AtomicUsize::new(1),
+            added: Mutex::new(Some(incoming.into_iter().collect())),
+            news: AtomicU32::new(0),
+        });
+        let (reading, running) = (Arc::clone(&group), self.running.clone());
+        std::thread::Builder::new()
+            .name("ferry-messages".into())
+            .spawn(move || read_rings(&reading, &running))?;
+        groups.push(group);
         Ok(())
     }
 
@@ -148,22 +166,21 @@ fn waitv_supported() -> std::io::Result<()> {
     let supported = *SUPPORTED.get_or_init(|| {
         let word = AtomicU32::new(0);
         // The word does not hold 1, so a kernel with futex_waitv answers at once (EAGAIN).
+        // Anything else (ENOSYS on kernels before 5.16, EPERM from a seccomp filter) means
+        // the thread could not sleep on its rings and would spin.
         let waiters = [waiter(&word, 1, futex::WaitFlags::PRIVATE)];
-        !matches!(
-            futex::waitv(
-                &waiters,
-                futex::WaitvFlags::empty(),
-                None,
-                futex::ClockId::Monotonic
-            ),
-            Err(rustix::io::Errno::NOSYS)
-        )
+        futex::waitv(
+            &waiters,
+            futex::WaitvFlags::empty(),
+            None,
+            futex::ClockId::Monotonic,
+        ) == Err(rustix::io::Errno::AGAIN)
     });
     if supported {
         Ok(())
     } else {
         Err(std::io::Error::other(
-            "this kernel has no futex_waitv (Linux 5.16 or later), which reading message rings needs",
+            "futex_waitv is unavailable (Linux 5.16 or later, and not filtered out by seccomp), which reading message rings needs",
         ))
     }
 }
@@ -179,14 +196,24 @@ fn waiter(word: &AtomicU32, value: u32, flags: futex::WaitFlags) -> futex::Wait 
 
 /// A thread's loop: reads its group's rings until the engine stops.
 fn read_rings(group: &Group, running: &Weak<()>) {
+    /// Marks the group ended however the thread leaves (a panic included) and drops the
+    /// rings handed to it that it never took, which closes their sockets.
+    struct Ended<'a>(&'a Group);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            drop(self.0.added.lock().take());
+        }
+    }
+    let _ended = Ended(group);
     let mut seen = group.news.load(Ordering::SeqCst);
-    let mut rings: Vec<Reading> = group.added.lock().drain(..).map(Reading::new).collect();
+    let mut rings: Vec<Reading> = take_added(group);
     let mut last = Instant::now();
+    let mut swept = Instant::now();
     loop {
         let news = group.news.load(Ordering::SeqCst);
         if news != seen {
             seen = news;
-            rings.extend(group.added.lock().drain(..).map(Reading::new));
+            rings.extend(take_added(group));
             last = Instant::now();
         }
         let mut busy = false;
@@ -197,13 +224,10 @@ fn read_rings(group: &Group, running: &Weak<()>) {
             }
             Err(end) => ring.end(end, group),
         });
-        if busy {
-            last = Instant::now();
-        } else if last.elapsed() < SPIN {
-            std::hint::spin_loop();
-        } else if last.elapsed() < POLL {
-            std::thread::yield_now();
-        } else {
+        // Rings whose sender went away are let go every nap, also while others keep the
+        // thread busy.
+        let idle = !busy && last.elapsed() >= POLL;
+        if idle || swept.elapsed() >= NAP {
             if running.strong_count() == 0 {
                 for ring in &rings {
                     tracing::debug!(from = %ring.incoming.from, "a message ring ended: the engine stopped");
@@ -214,13 +238,33 @@ fn read_rings(group: &Group, running: &Weak<()>) {
                 Ok(()) => true,
                 Err(end) => ring.end(end, group),
             });
+            swept = Instant::now();
+        }
+        if busy {
+            last = Instant::now();
+        } else if last.elapsed() < SPIN {
+            std::hint::spin_loop();
+        } else if !idle {
+            std::thread::yield_now();
+        } else {
             sleep(group, &rings, seen);
         }
     }
 }
 
+/// The rings handed to `group`'s thread since it last looked.
+fn take_added(group: &Group) -> Vec<Reading> {
+    group
+        .added
+        .lock()
+        .as_mut()
+        .map(|added| added.drain(..).map(Reading::new).collect())
+        .unwrap_or_default()
+}
+
 /// Sleeps until a sender wakes a ring, a ring is handed over (`news` moves past `seen`) or
-/// [`NAP`] passes; not at all when a ring already holds a message.
+/// [`NAP`] passes ([`UNSENT_NAP`] while a sender's socket holds back verdicts); not at all
+/// when a ring already holds a message.
 fn sleep(group: &Group, rings: &[Reading], seen: u32) {
     for ring in rings {
         ring.state().store(SLEEPING, Ordering::SeqCst);
@@ -235,20 +279,36 @@ fn sleep(group: &Group, rings: &[Reading], seen: u32) {
                 .iter()
                 .map(|ring| waiter(ring.state(), SLEEPING, futex::WaitFlags::empty())),
         );
+        let nap = match rings.iter().any(|ring| !ring.unsent.is_empty()) {
+            true => UNSENT_NAP,
+            false => NAP,
+        };
         // The deadline is absolute on the monotonic clock. An early return (EAGAIN, EINTR,
         // the deadline) is harmless: the thread looks at its rings again either way.
         let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let nap = now.tv_nsec + i64::from(NAP.subsec_nanos());
+        let nanos = now.tv_nsec + i64::from(nap.subsec_nanos());
         let deadline = futex::Timespec {
-            tv_sec: now.tv_sec + NAP.as_secs() as i64 + nap / 1_000_000_000,
-            tv_nsec: nap % 1_000_000_000,
+            tv_sec: now.tv_sec + nap.as_secs() as i64 + nanos / 1_000_000_000,
+            tv_nsec: nanos % 1_000_000_000,
         };
-        let _ = futex::waitv(
+        match futex::waitv(
             &waiters,
             futex::WaitvFlags::empty(),
             Some(&deadline),
             futex::ClockId::Monotonic,
-        );
+        ) {
+            Ok(_)
+            | Err(
+                rustix::io::Errno::AGAIN | rustix::io::Errno::INTR | rustix::io::Errno::TIMEDOUT,
+            ) => {}
+            // Checked before the first thread started; should the kernel refuse later all
+            // the same, the thread naps instead of spinning.
+            Err(error) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| tracing::warn!(%error, "futex_waitv failed; message ring readers nap instead of sleeping on their rings"));
+                std::thread::sleep(nap);
+            }
+        }
     }
     for ring in rings {
         ring.state().store(AWAKE, Ordering::SeqCst);
