@@ -1332,15 +1332,19 @@ fn ipc_exports_that_overreach_their_allocation_or_are_disowned_are_refused_and_a
             buffer.addr + area,
             "len",
         ),
-        // The engine's real handle claimed for a buffer it never registered: its fd socket
-        // disowns it before anything is mapped.
+        // Another handle (as another engine's would be) for the engine's real buffer: its fd
+        // socket disowns it before anything is mapped.
         (
-            "handle-of-another-buffer",
+            "handle-of-another-engine",
             ferry::BufferDescriptor {
-                addr: buffer.addr + (1 << 30),
-                ..with(offset, area)
+                exports: vec![Export::CudaIpc {
+                    handle: "ab".repeat(64),
+                    offset,
+                }
+                .to_export(NVLINK)],
+                ..buffer.clone()
             },
-            buffer.addr + (1 << 30),
+            buffer.addr,
             "export.handle",
         ),
     ];

@@ -9,7 +9,9 @@ use ferry_core::cuda::{
     AllocationHandle, Context, CudaError, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
 };
 use ferry_core::ProtocolViolation;
+use parking_lot::Mutex;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A peer allocation mapped here; unmapped on drop.
 pub(crate) enum PeerMapping {
@@ -130,19 +132,35 @@ impl PeerMapping {
 }
 
 /// The engine a descriptor's buffer belongs to, as this engine's fd socket names it, and the
-/// buffer's address there.
+/// buffer's address there; `silent` remembers when the engine's socket last failed to answer,
+/// so that a link to an engine that accepts but never answers does not wait out the timeout
+/// once per buffer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Owner<'a> {
     pub(crate) socket: &'a str,
     pub(crate) region: u64,
+    pub(crate) silent: &'a Mutex<Option<Instant>>,
 }
+
+/// How long an engine whose fd socket did not answer is not asked again.
+const SILENT_FOR: Duration = Duration::from_secs(10);
 
 impl Owner<'_> {
     /// Whether `handle` may be mapped as this owner's: it says so, or it cannot be asked
-    /// (another network namespace, an fd socket that did not open) and the descriptor came
-    /// signed, which every descriptor an engine with a secret accepts is.
+    /// (another network namespace, an fd socket that did not open or did not answer) and the
+    /// descriptor came signed, which every descriptor an engine with a secret accepts is.
     async fn confirm(&self, handle: &IpcHandle, secret: Option<&Secret>) -> Result<(), OpenError> {
-        match confirm_ipc(self.socket, self.region, handle, secret).await {
+        let recently_silent = self
+            .silent
+            .lock()
+            .is_some_and(|since| since.elapsed() < SILENT_FOR);
+        let asked = match recently_silent {
+            true => Err(ImportError::NoAnswer {
+                socket: self.socket.to_owned(),
+            }),
+            false => confirm_ipc(self.socket, self.region, handle, secret).await,
+        };
+        match asked {
             Ok(()) => Ok(()),
             Err(ImportError::Disowned { .. }) => {
                 Err(OpenError::Peer(ProtocolViolation::Descriptor {
@@ -153,10 +171,18 @@ impl Owner<'_> {
                     ),
                 }))
             }
-            Err(_) if secret.is_some() => Ok(()),
-            Err(reason) => Err(OpenError::Local(ImportError::Unconfirmed {
-                reason: Box::new(reason),
-            })),
+            Err(stale @ ImportError::NotRegistered { .. }) => Err(OpenError::Local(stale)),
+            Err(reason) => {
+                if reason.is_passing() && !recently_silent {
+                    *self.silent.lock() = Some(Instant::now());
+                }
+                match secret {
+                    Some(_) => Ok(()),
+                    None => Err(OpenError::Local(ImportError::Unconfirmed {
+                        reason: Box::new(reason),
+                    })),
+                }
+            }
         }
     }
 }
@@ -229,25 +255,32 @@ mod tests {
         for secret in [None, Some(secret())] {
             let server = server(secret.clone());
             let _vouched = server.vouch(0x1000, ours);
+            let silent = Mutex::new(None);
             let owner = |region| Owner {
                 socket: server.name(),
                 region,
+                silent: &silent,
             };
             owner(0x1000).confirm(&ours, secret.as_ref()).await.unwrap();
-            // Another engine's handle, or this engine's handle for another buffer, is the
-            // descriptor's lie whatever the secret.
-            for (region, handle) in [(0x1000, theirs), (0x2000, ours)] {
-                let error = owner(region).confirm(&handle, secret.as_ref()).await;
-                let Err(OpenError::Peer(violation)) = error else {
-                    panic!("{secret:?} {region:#x}: not refused as the peer's fault");
-                };
-                assert!(violation.to_string().contains("another engine's memory"));
-            }
+            // Another engine's handle is the descriptor's lie whatever the secret.
+            let error = owner(0x1000).confirm(&theirs, secret.as_ref()).await;
+            let Err(OpenError::Peer(violation)) = error else {
+                panic!("{secret:?}: another engine's handle not refused as the peer's fault");
+            };
+            assert!(violation.to_string().contains("another engine's memory"));
+            // A buffer the engine no longer has: a descriptor out of date, refused here
+            // without blaming the peer.
+            let error = owner(0x2000).confirm(&ours, secret.as_ref()).await;
+            let Err(OpenError::Local(stale)) = error else {
+                panic!("{secret:?}: an unregistered buffer not refused as out of date");
+            };
+            assert!(stale.to_string().contains("out of date"), "{stale}");
             // An owner that cannot be asked: with a secret, the signed descriptor vouches
             // for it; without one, the handle is not mapped and the remedy is named.
             let gone = Owner {
                 socket: "ferry-no-such-engine",
                 region: 0x1000,
+                silent: &silent,
             };
             match (gone.confirm(&ours, secret.as_ref()).await, &secret) {
                 (Ok(()), Some(_)) => {}
@@ -261,7 +294,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_handle_is_disowned_once_its_buffer_is_deregistered() {
+    async fn a_handle_is_unknown_once_its_buffer_is_deregistered() {
         let server = server(None);
         let handle = IpcHandle([3; 64]);
         let vouched = server.vouch(0x1000, handle);
@@ -271,7 +304,7 @@ mod tests {
         drop(vouched);
         let error = confirm_ipc(server.name(), 0x1000, &handle, None).await;
         assert!(
-            matches!(error, Err(ImportError::Disowned { .. })),
+            matches!(error, Err(ImportError::NotRegistered { region: 0x1000, .. })),
             "{error:?}"
         );
     }

@@ -42,6 +42,8 @@ pub(crate) struct NvlinkLink {
     secret: Option<Secret>,
     /// The peer's allocations mapped here, by the export that names them.
     mappings: Mutex<HashMap<Export, Arc<Opened>>>,
+    /// When the peer's fd socket last failed to confirm an IPC handle in time.
+    owner_silent: Mutex<Option<std::time::Instant>>,
     /// The mapping of each peer buffer descriptor planned before, by the descriptor's address
     /// ([`descriptor_key`]): a paged copy names one buffer per pool, and hashing every pool's
     /// export on every transfer cost more than the launch.
@@ -127,6 +129,7 @@ impl NvlinkLink {
             gpus,
             secret,
             mappings: Mutex::default(),
+            owner_silent: Mutex::default(),
             known: Mutex::default(),
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
@@ -208,6 +211,7 @@ impl NvlinkLink {
                     let owner = Owner {
                         socket: &socket,
                         region: remote.addr,
+                        silent: &self.owner_silent,
                     };
                     let opened = PeerMapping::open(
                         Context::get(ordinal)?,

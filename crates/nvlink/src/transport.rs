@@ -327,9 +327,9 @@ mod tests {
         Arc::new(|_, export, _, _, _| {
             Box::pin(async move {
                 match export {
-                    GpuExport::VmmFd { .. } => {
-                        Err("connecting to the peer's fd socket: Connection refused".into())
-                    }
+                    GpuExport::VmmFd { .. } => Err(crate::trial::Failed::lasting(
+                        "connecting to the peer's fd socket: Connection refused",
+                    )),
                     _ => Ok(()),
                 }
             })

@@ -18,6 +18,24 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Why a trial mapping failed, and whether trying again later may go otherwise (the peer's
+/// socket did not answer in time): such a failure is not kept as the verdict.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) reason: String,
+    pub(crate) passing: bool,
+}
+
+impl Failed {
+    /// A failure that trying again will not change.
+    pub(crate) fn lasting(reason: impl Into<String>) -> Failed {
+        Failed {
+            reason: reason.into(),
+            passing: false,
+        }
+    }
+}
+
 /// Maps an export of engine `InstanceId`'s buffer at `u64` into GPU `ordinal` of this process
 /// and releases it again, proving the secret to the peer's fd socket where one is asked;
 /// `Err` holds why it could not be mapped.
@@ -28,7 +46,7 @@ pub(crate) type Mapper = Arc<
             InstanceId,
             u64,
             Option<Secret>,
-        ) -> BoxFuture<'static, Result<(), String>>
+        ) -> BoxFuture<'static, Result<(), Failed>>
         + Send
         + Sync,
 >;
@@ -140,13 +158,23 @@ impl Trials {
                     region,
                     secret.cloned(),
                 )
-                    .await
-                    .map_err(|cause| {
+                .await;
+                let verdict = match verdict {
+                    Err(Failed {
+                        reason,
+                        passing: true,
+                    }) => {
+                        tracing::info!(peer = %peer.name, gpu = ordinal, %reason, "mapping the peer's {} failed for now; it is tried again at the next lookup", kind.describe());
+                        continue;
+                    }
+                    verdict => verdict.map_err(|failed| {
                         format!(
-                            "mapping the peer's {} here failed ({cause}); its transfers use TCP staging",
-                            kind.describe()
+                            "mapping the peer's {} here failed ({}); its transfers use TCP staging",
+                            kind.describe(),
+                            failed.reason
                         )
-                    });
+                    }),
+                };
                 let mut verdicts = self.verdicts.lock();
                 verdicts.entry((peer.instance, kind, ordinal)).or_insert_with(|| {
                     match &verdict {
@@ -168,12 +196,14 @@ async fn map_and_release(
     owner: InstanceId,
     region: u64,
     secret: Option<Secret>,
-) -> Result<(), String> {
-    let context = Context::get(ordinal).map_err(|error| error.to_string())?;
+) -> Result<(), Failed> {
+    let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
     let socket = crate::fd_socket_name(owner);
+    let silent = Mutex::new(None);
     let owner = Owner {
         socket: &socket,
         region,
+        silent: &silent,
     };
     match PeerMapping::open(context, &export, owner, secret.as_ref()).await {
         Ok(_) => Ok(()),
@@ -181,7 +211,10 @@ async fn map_and_release(
         // meets the same violation, fails with it and closes the peer, instead of quietly
         // taking TCP.
         Err(OpenError::Peer(_)) => Ok(()),
-        Err(OpenError::Local(reason)) => Err(reason.to_string()),
+        Err(OpenError::Local(reason)) => Err(Failed {
+            passing: reason.is_passing(),
+            reason: reason.to_string(),
+        }),
     }
 }
 
@@ -231,9 +264,9 @@ mod tests {
             Box::pin(async move {
                 match export {
                     GpuExport::CudaIpc { .. } => Ok(()),
-                    _ => Err(
-                        "connecting to the peer's fd socket \"ferry-x\": Connection refused".into(),
-                    ),
+                    _ => Err(Failed::lasting(
+                        "connecting to the peer's fd socket \"ferry-x\": Connection refused",
+                    )),
                 }
             })
         })

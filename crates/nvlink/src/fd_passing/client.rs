@@ -35,6 +35,10 @@ pub(crate) async fn confirm_ipc(
             Ok(DISOWNED) => Err(ImportError::Disowned {
                 socket: socket.to_owned(),
             }),
+            Ok(NOT_REGISTERED) => Err(ImportError::NotRegistered {
+                socket: socket.to_owned(),
+                region,
+            }),
             Ok(_) => {
                 let mut reason = String::new();
                 let _ = (&mut stream)

@@ -19,9 +19,10 @@
 //!    it takes from the ring, until either side closes the socket.
 //! 5. For [`CONFIRM_IPC`], it sends the registered buffer's address (8 bytes, little-endian)
 //!    and the 64-byte CUDA IPC handle its descriptor carries. The server answers with a status
-//!    byte 0 when it exported that handle for a buffer it has registered at that address, and
-//!    [`DISOWNED`] when it did not: a descriptor that names this engine but carries another
-//!    engine's handle is found out before anything is mapped.
+//!    byte 0 when it exported that handle for a buffer it has registered at that address,
+//!    [`DISOWNED`] when that buffer's handle is another (a descriptor that names this engine
+//!    but carries another engine's handle is found out before anything is mapped), and
+//!    [`NOT_REGISTERED`] when no buffer is registered there.
 //! 6. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
 //!    socket closes.
 //!
@@ -29,6 +30,7 @@
 //! address is read); one without a secret refuses a client that does, in the handshake.
 
 mod client;
+mod registered;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -63,6 +65,9 @@ const OPEN_MESSAGES: u8 = 1;
 const CONFIRM_IPC: u8 = 2;
 /// The answer to [`CONFIRM_IPC`] for a handle this engine did not export for that buffer.
 const DISOWNED: u8 = 2;
+/// The answer to [`CONFIRM_IPC`] when no buffer is registered at that address (any more: the
+/// asker's descriptor is older than a deregistration).
+const NOT_REGISTERED: u8 = 3;
 /// Bytes of a refusal's reason read at most.
 const MAX_REFUSAL_BYTES: u64 = 64 << 10;
 /// Longest engine name a ring's sender may give.
@@ -120,6 +125,15 @@ pub(crate) enum ImportError {
         /// The engine's socket name.
         socket: String,
     },
+    /// The engine a descriptor names has no buffer registered at the address it names (any
+    /// more: the descriptor is older than a deregistration).
+    #[error("the engine serving fd socket {socket:?} has no buffer registered at {region:#x}; its descriptor is out of date")]
+    NotRegistered {
+        /// The engine's socket name.
+        socket: String,
+        /// The address asked about.
+        region: u64,
+    },
     /// Without a secret, an IPC handle is mapped only when its owner confirms it.
     #[error("the peer's IPC handle could not be confirmed with its engine ({reason}); without a secret only handles their engine confirms are mapped: give both engines a secret (descriptors are then signed) or let them reach each other's fd socket (one network namespace)")]
     Unconfirmed {
@@ -129,6 +143,19 @@ pub(crate) enum ImportError {
     /// Importing a received descriptor, or mapping what it names, failed.
     #[error(transparent)]
     Mapping(#[from] ferry_core::Error),
+}
+
+impl ImportError {
+    /// Whether trying again later may go otherwise: the peer's socket did not answer in time
+    /// or closed without answering (an owner busy with many peers starting at once, say),
+    /// as opposed to a refusal or a socket that cannot be reached at all.
+    pub(crate) fn is_passing(&self) -> bool {
+        match self {
+            ImportError::TimedOut { .. } | ImportError::NoAnswer { .. } => true,
+            ImportError::Unconfirmed { reason } => reason.is_passing(),
+            _ => false,
+        }
+    }
 }
 
 /// Turns an I/O error met while doing `action` on the peer's fd socket `socket` into an

@@ -1,15 +1,14 @@
 //! The serving end of the fd-passing socket: this engine's VMM shares and vouched IPC
 //! handles, the message rings handed to it, refusals.
 
+use super::registered::{ByAddress, Held};
 use super::*;
 use crate::messages::{Incoming, RingReaders, RingSlot};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IPC_HANDLE_LEN};
 use ferry_core::telemetry::Throttle;
 use ferry_core::{AuthFailure, InboxHandle, InstanceId};
-use parking_lot::Mutex;
 use rustix::net::SendFlags;
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::SocketAddr;
@@ -27,11 +26,11 @@ pub(crate) struct Share {
 }
 
 /// Shares by the address the buffer was registered at.
-type Shares = Mutex<HashMap<u64, Share>>;
+type Shares = ByAddress<Share>;
 
 /// The CUDA IPC handles this engine exported, by the address of the buffer they were
 /// exported for.
-type Vouched = Mutex<HashMap<u64, IpcHandle>>;
+type Vouched = ByAddress<IpcHandle>;
 
 /// This engine's fd-passing socket, served on the engine's runtime.
 pub(crate) struct FdServer {
@@ -49,35 +48,6 @@ impl std::fmt::Debug for FdServer {
         f.debug_struct("FdServer")
             .field("name", &self.name)
             .finish()
-    }
-}
-
-/// Keeps one buffer shared through the socket; dropped when the buffer is deregistered.
-pub(crate) struct ShareGuard {
-    shares: Weak<Shares>,
-    addr: u64,
-}
-
-impl Drop for ShareGuard {
-    fn drop(&mut self) {
-        if let Some(shares) = self.shares.upgrade() {
-            shares.lock().remove(&self.addr);
-        }
-    }
-}
-
-/// Keeps one buffer's IPC handle confirmed through the socket; dropped when the buffer is
-/// deregistered.
-pub(crate) struct VouchGuard {
-    vouched: Weak<Vouched>,
-    addr: u64,
-}
-
-impl Drop for VouchGuard {
-    fn drop(&mut self) {
-        if let Some(vouched) = self.vouched.upgrade() {
-            vouched.lock().remove(&self.addr);
-        }
     }
 }
 
@@ -142,21 +112,13 @@ impl FdServer {
 
     /// Confirms `handle` as the IPC handle of the buffer registered at `addr`, to peers that
     /// ask before mapping it, until the guard drops.
-    pub(crate) fn vouch(&self, addr: u64, handle: IpcHandle) -> VouchGuard {
-        self.vouched.lock().insert(addr, handle);
-        VouchGuard {
-            vouched: Arc::downgrade(&self.vouched),
-            addr,
-        }
+    pub(crate) fn vouch(&self, addr: u64, handle: IpcHandle) -> Held<IpcHandle> {
+        self.vouched.insert(addr, handle)
     }
 
     /// Shares the allocations of the buffer registered at `addr` until the guard drops.
-    pub(crate) fn share(&self, addr: u64, share: Share) -> ShareGuard {
-        self.shares.lock().insert(addr, share);
-        ShareGuard {
-            shares: Arc::downgrade(&self.shares),
-            addr,
-        }
+    pub(crate) fn share(&self, addr: u64, share: Share) -> Held<Share> {
+        self.shares.insert(addr, share)
     }
 }
 
@@ -390,14 +352,15 @@ async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), String
     let addr = stream.read_u64_le().await.map_err(io)?;
     let mut handle = [0u8; IPC_HANDLE_LEN];
     stream.read_exact(&mut handle).await.map_err(io)?;
-    let ours = serving.vouched.upgrade().is_some_and(|vouched| {
-        vouched
-            .lock()
-            .get(&addr)
-            .is_some_and(|exported| exported.0 == handle)
+    let answer = serving.vouched.upgrade().map_or(NOT_REGISTERED, |vouched| {
+        vouched.with(addr, |exported| match exported {
+            Some(exported) if exported.0 == handle => 0,
+            Some(_) => DISOWNED,
+            None => NOT_REGISTERED,
+        })
     });
     stream
-        .write_u8(if ours { 0 } else { DISOWNED })
+        .write_u8(answer)
         .await
         .map_err(|error| format!("answering a handle's confirmation: {error}"))
 }
@@ -420,15 +383,14 @@ async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
 
 /// Fresh descriptors for every allocation of the buffer shared at `addr`.
 fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
-    let shares = shares.lock();
-    let share = shares
-        .get(&addr)
-        .ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
-    let context = Context::get(share.ordinal).map_err(|error| error.to_string())?;
-    context.bind().map_err(|error| error.to_string())?;
-    share
-        .handles
-        .iter()
-        .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
-        .collect()
+    shares.with(addr, |share| {
+        let share = share.ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
+        let context = Context::get(share.ordinal).map_err(|error| error.to_string())?;
+        context.bind().map_err(|error| error.to_string())?;
+        share
+            .handles
+            .iter()
+            .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
+            .collect()
+    })
 }
