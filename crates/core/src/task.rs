@@ -74,7 +74,7 @@ const DONE: u8 = 3;
 /// the runtime.
 const SELF_WAKES_HERE: u32 = 2;
 
-type Steps = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(crate) type Steps = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What one poll of a task's future came to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -100,11 +100,11 @@ impl Tasks {
         &self,
         handle: &tokio::runtime::Handle,
         stopping: impl Fn() -> bool + Send + Sync + 'static,
-        future: impl Future<Output = ()> + Send + 'static,
+        future: Steps,
     ) {
         let task = Arc::new(Task {
             state: AtomicU8::new(RUNNING),
-            future: Mutex::new(Some(Box::pin(future))),
+            future: Mutex::new(Some(future)),
             handle: handle.clone(),
             stopping: Box::new(stopping),
         });
@@ -349,7 +349,7 @@ mod tests {
         tasks.start(
             handle,
             stopping,
-            std::future::poll_fn(move |context| {
+            Box::pin(std::future::poll_fn(move |context| {
                 let _held = &guard;
                 let _ = threads.send(std::thread::current().id());
                 steps += 1;
@@ -358,7 +358,7 @@ mod tests {
                 }
                 *waker.lock() = Some(context.waker().clone());
                 Poll::Pending
-            }),
+            })),
         );
         (stepped, registered, gone)
     }
@@ -405,7 +405,7 @@ mod tests {
         Tasks::default().start(
             runtime.handle(),
             || false,
-            std::future::poll_fn(move |context| {
+            Box::pin(std::future::poll_fn(move |context| {
                 polls += 1;
                 let _ = threads.send(std::thread::current().id());
                 if polls == 100 {
@@ -413,7 +413,7 @@ mod tests {
                 }
                 context.waker().wake_by_ref();
                 Poll::Pending
-            }),
+            })),
         );
         let here = std::thread::current().id();
         let steps: Vec<ThreadId> = (0..100)
@@ -485,7 +485,7 @@ mod tests {
         Tasks::default().start(
             runtime.handle(),
             || false,
-            std::future::poll_fn(move |context| {
+            Box::pin(std::future::poll_fn(move |context| {
                 let _held = &guard;
                 if first {
                     first = false;
@@ -493,7 +493,7 @@ mod tests {
                     return Poll::Pending;
                 }
                 panic!("a step that panics");
-            }),
+            })),
         );
         let (survived, alive) = mpsc::channel();
         std::thread::spawn(move || {

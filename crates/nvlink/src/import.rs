@@ -304,7 +304,10 @@ mod tests {
         drop(vouched);
         let error = confirm_ipc(server.name(), 0x1000, &handle, None).await;
         assert!(
-            matches!(error, Err(ImportError::NotRegistered { region: 0x1000, .. })),
+            matches!(
+                error,
+                Err(ImportError::NotRegistered { region: 0x1000, .. })
+            ),
             "{error:?}"
         );
     }

@@ -14,15 +14,17 @@ pub use transfer::{Completion, Transfer};
 
 use crate::blocks::BlockCopy;
 use crate::cuda::Event;
-use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::memory::{Region, RegionEntry, RegionUse};
 use crate::notify::MAX_NOTIFICATION_BYTES;
-use crate::peer::Peer;
-use crate::transport::Direction;
+use crate::peer::{Peer, PeerContext};
+use crate::transport::{Direction, Transport};
 use overlap::read_overlap;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 struct Entry {
     direction: Direction,
@@ -49,9 +51,28 @@ pub struct Batch {
     state: Box<State>,
 }
 
+/// What a batch needs of the engine it belongs to. The engine implements it, so that batches
+/// and their transfers reach no further into the engine than this.
+pub(crate) trait BatchEngine: Send + Sync + 'static {
+    /// The identity of the engine's region table: a region of another engine is refused.
+    fn table_id(&self) -> u64;
+    /// Entry lists of finished batches, for new ones to reuse.
+    fn spares(&self) -> &Spares;
+    /// The engine's transports, in its order of preference.
+    fn transports(&self) -> &[Arc<dyn Transport>];
+    /// How long a transfer may take before it fails.
+    fn transfer_timeout(&self) -> Duration;
+    /// Whether the engine is stopping: transfers that fail then fail as stopped.
+    fn shutting_down(&self) -> bool;
+    /// What the batch's peer needs of the engine.
+    fn peer_context(&self) -> PeerContext<'_>;
+    /// Runs `task` as one of the engine's tasks, its first step on this thread.
+    fn run_task(self: Arc<Self>, task: Pin<Box<dyn Future<Output = ()> + Send>>);
+}
+
 /// What a [`Batch`] holds.
 struct State {
-    engine: Arc<EngineInner>,
+    engine: Arc<dyn BatchEngine>,
     peer: Peer,
     regions: Vec<Arc<RegionEntry>>,
     region_index: HashMap<usize, u32>,
@@ -79,7 +100,7 @@ impl State {
     /// [`State::region_index`] for a region other than the last entry's.
     #[cold]
     fn new_region_index(&mut self, region: &Arc<RegionEntry>, position: usize) -> u32 {
-        if region.table_id != self.engine.table.id() && self.foreign_region.is_none() {
+        if region.table_id != self.engine.table_id() && self.foreign_region.is_none() {
             self.foreign_region = Some(position);
         }
         let key = Arc::as_ptr(region) as usize;
@@ -121,8 +142,8 @@ struct Blocks {
 }
 
 impl Batch {
-    pub(crate) fn new(engine: Arc<EngineInner>, peer: &Peer) -> Batch {
-        let entries = engine.spares.take();
+    pub(crate) fn new(engine: Arc<dyn BatchEngine>, peer: &Peer) -> Batch {
+        let entries = engine.spares().take();
         Batch {
             state: Box::new(State {
                 engine,

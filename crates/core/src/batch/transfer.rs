@@ -1,15 +1,13 @@
 //! A submitted batch: the task that moves it, and the future that reports its completion.
 
 use super::route::{route_all, signal_route};
-use super::Work;
+use super::{BatchEngine, Work};
 use crate::cuda::Poller;
-use crate::engine::EngineInner;
 use crate::error::{Error, RangeError, Result, Side};
 use crate::peer::Peer;
 use crate::transport::{Link, Notified, TransferPart};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -94,7 +92,7 @@ impl Future for Transfer {
 /// Starts the task that moves `work` and then sends `notification`, and returns the future of
 /// its outcome.
 pub(super) fn start(
-    engine: Arc<EngineInner>,
+    engine: Arc<dyn BatchEngine>,
     peer: Peer,
     work: Work,
     notification: Option<Vec<u8>>,
@@ -104,12 +102,12 @@ pub(super) fn start(
     let span = crate::telemetry::transfer_span(peer.name(), notification.as_deref());
     // Routed and launched on the caller's thread, so the copies start without waiting for a
     // runtime worker to wake; what follows the copies runs on the thread that sees them end.
-    owner.start_task(async move {
-        let ran = run(&engine, &peer, work, notification)
+    owner.run_task(Box::pin(async move {
+        let ran = run(engine.as_ref(), &peer, work, notification)
             .instrument(span)
             .await;
         let outcome = match ran {
-            Err(error) if engine.shutting_down.load(Ordering::Acquire) => Err(Error::Shutdown {
+            Err(error) if engine.shutting_down() => Err(Error::Shutdown {
                 what: format!("the transfer (it stopped with: {error})"),
             }),
             outcome => outcome,
@@ -124,19 +122,19 @@ pub(super) fn start(
             Err(error) => crate::telemetry::transfer_failed(&peer.shared_name(), error),
         }
         let _ = sender.send(outcome);
-    });
+    }));
     Transfer { receiver }
 }
 
 /// Routes and moves `work`, then signals and notifies the peer; what a [`Transfer`] reports.
 async fn run(
-    engine: &EngineInner,
+    engine: &dyn BatchEngine,
     peer: &Peer,
     mut work: Work,
     mut notification: Option<Vec<u8>>,
 ) -> Result<Completion> {
     let started = Instant::now();
-    let available = engine.transports.as_slice();
+    let available = engine.transports();
     // A remote range the cached descriptor does not cover may be memory the peer registered
     // since: fetch its descriptor once more before refusing.
     let (groups, block_groups) = match route_all(available, &peer.view(), &work, peer.name()) {
@@ -191,8 +189,8 @@ async fn run(
     let mut pending: Vec<futures::future::BoxFuture<'_, Result<Notified>>> =
         Vec::with_capacity(groups.len() + block_groups.len());
     for (transport, ops) in groups {
-        let link = peer.link(engine.transports[transport].as_ref()).await?;
-        transports.push(engine.transports[transport].name());
+        let link = peer.link(engine.transports()[transport].as_ref()).await?;
+        transports.push(engine.transports()[transport].name());
         let after = after.clone();
         let handed = handed.as_deref();
         pending.push(Box::pin(async move {
@@ -204,8 +202,8 @@ async fn run(
     }
     for (transport, mut blocks) in block_groups {
         blocks.after = after.clone();
-        let link = peer.link(engine.transports[transport].as_ref()).await?;
-        let name = engine.transports[transport].name();
+        let link = peer.link(engine.transports()[transport].as_ref()).await?;
+        let name = engine.transports()[transport].name();
         if !transports.contains(&name) {
             transports.push(name);
         }
@@ -222,7 +220,7 @@ async fn run(
             later.run(entries).map(|()| Notified::Left)
         }));
     }
-    let limit = engine.transfer_timeout;
+    let limit = engine.transfer_timeout();
     // Every part runs to its end, even after another failed or the time ran out: a part
     // dropped half-way would release its regions and mappings while a GPU may still be
     // copying through them. Closing the peer makes the network parts fail at once.
@@ -258,7 +256,7 @@ async fn run(
                 .collect();
             error.in_batch(&ranges)
         })?;
-    engine.spares.give(entries);
+    engine.spares().give(entries);
     match (handed, notified.as_slice()) {
         (Some(_), [Notified::Sent]) => crate::telemetry::notification_sent(),
         (Some(payload), _) => notification = Some(payload),
@@ -274,7 +272,7 @@ async fn run(
             })??;
     }
     if let Some((transport, remote, addr, value, gpu)) = signal {
-        let link = peer.link(engine.transports[transport].as_ref()).await?;
+        let link = peer.link(engine.transports()[transport].as_ref()).await?;
         // As for the copies: a signal store that was queued runs to its end before its
         // mapping is released, also when the time ran out.
         let mut signalled = std::pin::pin!(link.write_value(remote, addr, value, gpu));

@@ -10,7 +10,7 @@ mod liveness;
 
 pub use builder::EngineBuilder;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, BatchEngine, Spares};
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
 use crate::error::{Error, RegistrationProblem, Result};
@@ -58,13 +58,13 @@ pub(crate) struct EngineInner {
     /// The tasks it started ([`EngineInner::start_task`]), dropped when it stops.
     pub(crate) tasks: crate::task::Tasks,
     /// Entry lists of finished batches, for the next ones.
-    pub(crate) spares: crate::batch::Spares,
+    pub(crate) spares: Spares,
 }
 
 impl EngineInner {
     /// Runs `future` as one of the engine's tasks ([`task`]), its first step on this thread;
     /// dropped unpolled once the engine is shutting down.
-    pub(crate) fn start_task(self: &Arc<Self>, future: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn start_task(self: &Arc<Self>, future: crate::task::Steps) {
         let engine = Arc::downgrade(self);
         let stopping = move || {
             engine
@@ -74,7 +74,6 @@ impl EngineInner {
         self.tasks.start(&self.handle, stopping, future);
     }
 
-    /// Lets every transport read a peer's descriptor the engine has just learned.
     /// What this engine's peers need of it.
     pub(crate) fn peer_context(&self) -> PeerContext<'_> {
         PeerContext {
@@ -84,6 +83,7 @@ impl EngineInner {
         }
     }
 
+    /// Lets every transport read a peer's descriptor the engine has just learned.
     pub(crate) async fn import(&self, descriptor: &SegmentDescriptor) {
         for transport in &self.transports {
             transport.import(descriptor).await;
@@ -126,6 +126,36 @@ impl EngineInner {
             buffers: self.table.snapshot(),
             signature: None,
         }
+    }
+}
+
+impl BatchEngine for EngineInner {
+    fn table_id(&self) -> u64 {
+        self.table.id()
+    }
+
+    fn spares(&self) -> &Spares {
+        &self.spares
+    }
+
+    fn transports(&self) -> &[Arc<dyn Transport>] {
+        &self.transports
+    }
+
+    fn transfer_timeout(&self) -> Duration {
+        self.transfer_timeout
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    fn peer_context(&self) -> PeerContext<'_> {
+        EngineInner::peer_context(self)
+    }
+
+    fn run_task(self: Arc<Self>, task: crate::task::Steps) {
+        EngineInner::start_task(&self, task);
     }
 }
 
@@ -338,7 +368,7 @@ impl Engine {
 
     /// Starts a batch of reads and writes with `peer`.
     pub fn batch(&self, peer: &Peer) -> Batch {
-        Batch::new(Arc::clone(&self.inner), peer)
+        Batch::new(Arc::clone(&self.inner) as Arc<dyn BatchEngine>, peer)
     }
 
     /// Sends `payload` to `peer` on its own. Notifications from one engine arrive in the order
@@ -416,9 +446,9 @@ impl Engine {
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         let (sender, receiver) = tokio::sync::oneshot::channel();
-        self.inner.start_task(async move {
+        self.inner.start_task(Box::pin(async move {
             let _ = sender.send(work.await);
-        });
+        }));
         receiver.await.map_err(|_| Error::Shutdown {
             what: "the request".into(),
         })?
