@@ -8,6 +8,7 @@
 
 mod compat;
 mod errors;
+mod interrupt;
 mod lists;
 mod logging;
 mod mooncake;

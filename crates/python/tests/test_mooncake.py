@@ -6,6 +6,7 @@ and answers commands (read back bytes, drain notifies). Every wait is bounded: s
 and thread joins have timeouts, and the peer exits on its own after a minute.
 """
 
+import _thread
 import ctypes
 import hashlib
 import json
@@ -612,6 +613,28 @@ def test_gil_is_released_while_a_transfer_waits(monkeypatch):
     code, seconds, ticks = stopped_peer_transfer(monkeypatch, "5")
     assert code == -1
     assert len(ticks) >= (seconds - 0.2) / 0.01 * 0.3, f"{len(ticks)} ticks in {seconds:.1f} s"
+
+
+def test_ctrl_c_interrupts_a_blocked_transfer_call(monkeypatch):
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "30")
+    local = Local(32 << 20)
+    stopped = Peer(size=32 << 20)
+    try:
+        assert local.engine.send_probe(stopped.session) == 0
+        os.kill(stopped.process.pid, signal.SIGSTOP)
+        # As Ctrl-C does: the main thread's SIGINT handler runs at its next check.
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            local.engine.batch_transfer_sync_write(
+                stopped.session, [local.addr], [stopped.addr], [32 << 20]
+            )
+        seconds = time.monotonic() - start
+        timer.join()
+        assert seconds < 3, f"Ctrl-C was seen after {seconds:.1f} s"
+    finally:
+        stopped.close()
 
 
 def test_ten_threads_write_their_own_ranges_at_once(local, peer):

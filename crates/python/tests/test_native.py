@@ -4,6 +4,7 @@ Every wait is bounded (WAIT seconds), and every engine fails a transfer after TR
 
 from __future__ import annotations
 
+import _thread
 import array
 import ast
 import asyncio
@@ -13,6 +14,8 @@ import select
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
 import weakref
 from collections.abc import Iterator
@@ -246,6 +249,21 @@ def test_notifications_arrive_after_their_data_and_time_out(pair: tuple[Engine, 
     assert inbox.recv(timeout=WAIT).payload == b"on its own"
     with pytest.raises(FerryError):
         receiver.notifications()
+
+
+def test_ctrl_c_interrupts_a_blocked_recv_and_the_inbox_goes_on(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    inbox = receiver.notifications()
+    # As Ctrl-C does: the main thread's SIGINT handler runs at its next check.
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        inbox.recv(timeout=20)
+    assert time.monotonic() - started < 2, "Ctrl-C was seen late"
+    timer.join()
+    sender.notify(sender.connect(receiver.name), "after the interrupt")
+    assert inbox.recv(timeout=WAIT).payload == b"after the interrupt"
 
 
 def test_notifications_are_awaited_and_a_cancelled_wait_loses_none(pair: tuple[Engine, Engine]) -> None:

@@ -9,7 +9,7 @@ use crate::transport::{Link, Notified, TransferPart};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -72,6 +72,51 @@ impl Transfer {
             }
         }
         futures::executor::block_on(self)
+    }
+}
+
+impl Transfer {
+    /// [`Transfer::wait_spinning`] that gives up at `deadline`: `None` then, and the transfer
+    /// goes on and may be waited for again. For callers that must look up between waits (a
+    /// Python caller runs its signal handlers, so that Ctrl-C stops a blocked program).
+    ///
+    /// # Errors
+    /// As [`Transfer::wait`], in the `Some`.
+    pub fn wait_until(&mut self, spin: Duration, deadline: Instant) -> Option<Result<Completion>> {
+        if let Err(misuse) =
+            crate::blocking::refuse_on_runtime("Transfer::wait_until", "the Transfer")
+        {
+            return Some(Err(misuse));
+        }
+        let started = Instant::now();
+        while started.elapsed() < spin && Instant::now() < deadline {
+            match self.receiver.try_recv() {
+                Ok(outcome) => return Some(outcome),
+                Err(oneshot::error::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(oneshot::error::TryRecvError::Closed) => break,
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut context = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(outcome) = Pin::new(&mut *self).poll(&mut context) {
+                return Some(outcome);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+}
+
+/// Wakes the thread that waits in [`Transfer::wait_until`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
     }
 }
 
@@ -313,5 +358,35 @@ async fn move_part(link: &dyn Link, part: TransferPart, handed: Option<&[u8]>) -
         (TransferPart::Blocks(blocks), None) => {
             link.transfer_blocks(blocks).await.map(|()| Notified::Left)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_until_gives_up_at_its_deadline_and_the_outcome_is_still_there_later() {
+        let (sender, receiver) = oneshot::channel();
+        let mut transfer = Transfer { receiver };
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(30);
+        assert!(transfer.wait_until(Duration::ZERO, deadline).is_none());
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        let completing = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            let _ = sender.send(Ok(Completion {
+                bytes: 7,
+                transports: vec!["tcp"],
+                elapsed: Duration::from_millis(1),
+            }));
+        });
+        let waited = Instant::now();
+        let outcome = transfer
+            .wait_until(Duration::ZERO, Instant::now() + Duration::from_secs(5))
+            .expect("the outcome arrives before the deadline");
+        assert_eq!(outcome.unwrap().bytes, 7);
+        assert!(waited.elapsed() < Duration::from_secs(1), "woken late");
+        completing.join().unwrap();
     }
 }

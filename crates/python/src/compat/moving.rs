@@ -63,6 +63,30 @@ impl Moving {
         ))
     }
 
+    /// Waits for every part until `deadline`, each first by looking for its end for up to
+    /// `spin` as [`Transfer::wait_until`] does; `None` when the deadline passed first (the
+    /// parts that ended are kept, and a later call waits for the rest).
+    pub(crate) fn wait_until(
+        &mut self,
+        spin: Duration,
+        deadline: std::time::Instant,
+    ) -> Option<ferry::Result<Completion>> {
+        for index in 0..self.parts.len() {
+            let Some(part) = self.parts[index].as_mut() else {
+                continue;
+            };
+            let outcome = part.wait_until(spin, deadline)?;
+            self.parts[index] = None;
+            self.fold(outcome);
+        }
+        Some(std::mem::replace(
+            &mut self.ended,
+            Err(ferry::Error::ApiMisuse(
+                "the outcome of this transfer was already reported".into(),
+            )),
+        ))
+    }
+
     /// Waits for every part, each first by looking for its end for up to `spin` as
     /// [`Transfer::wait_spinning`] does.
     pub(crate) fn wait_spinning(mut self, spin: Duration) -> ferry::Result<Completion> {

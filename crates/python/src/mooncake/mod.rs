@@ -8,6 +8,7 @@
 mod batches;
 mod host;
 
+use crate::compat::moving::Moving;
 use crate::compat::notify;
 use crate::compat::session::{self, Entry, RdmaChoice, Session};
 use crate::lists::{u64_or_reason, u64s_or_reason, Arg};
@@ -123,7 +124,8 @@ impl TransferEngine {
         })
     }
 
-    /// Runs a blocking transfer of `entries` with the GIL released; Mooncake's code.
+    /// Runs a blocking transfer of `entries` with the GIL released; Mooncake's code. Ctrl-C
+    /// interrupts the wait (`KeyboardInterrupt`); the transfer goes on.
     fn transfer_blocking(
         &self,
         py: Python<'_>,
@@ -132,21 +134,24 @@ impl TransferEngine {
         opcode: TransferOpcode,
         entries: Arg<Vec<Entry>>,
         notify: Option<(Vec<u8>, Vec<u8>)>,
-    ) -> i32 {
-        self.run(py, call, -1, |session| {
+    ) -> PyResult<i32> {
+        let submitted = self.run(py, call, None, |session| {
             let entries = entries?;
             if entries.is_empty() && notify.is_none() {
-                return Ok(0);
+                return Ok(Some(None));
             }
             let notify = notify.map(|(name, msg)| notify::encode(&name, &msg));
             let transfer = session.submit(target, opcode.direction(), &entries, notify)?;
-            Ok(
-                match batches::code_of(transfer.wait_spinning(session::WAIT_SPIN)) {
-                    batches::DONE => 0,
-                    _ => -1,
-                },
-            )
-        })
+            Ok(Some(Some(transfer)))
+        });
+        match submitted {
+            None => Ok(-1),
+            Some(None) => Ok(0),
+            Some(Some(transfer)) => Ok(match batches::code_of(wait(py, transfer)?) {
+                batches::DONE => 0,
+                _ => -1,
+            }),
+        }
     }
 
     /// Submits `entries` with the GIL released and returns the batch id (0 on failure).
@@ -318,7 +323,7 @@ impl TransferEngine {
         #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
         #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let entries = one_entry(buffer, peer_buffer_address, length);
         self.transfer_blocking(
@@ -341,7 +346,7 @@ impl TransferEngine {
         #[pyo3(from_py_with = u64_or_reason)] peer_buffer_address: Arg<u64>,
         #[pyo3(from_py_with = u64_or_reason)] length: Arg<u64>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let entries = one_entry(buffer, peer_buffer_address, length);
         self.transfer_blocking(
@@ -367,7 +372,7 @@ impl TransferEngine {
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let entries = one_entry(buffer, peer_buffer_address, length);
         let notify = notify.map(|note| note_bytes(&note));
@@ -391,7 +396,7 @@ impl TransferEngine {
         #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
         #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let call = "batch_transfer_sync_write";
         let lists = (buffers, peer_buffer_addresses, lengths);
@@ -415,7 +420,7 @@ impl TransferEngine {
         #[pyo3(from_py_with = u64s_or_reason)] peer_buffer_addresses: Arg<Vec<u64>>,
         #[pyo3(from_py_with = u64s_or_reason)] lengths: Arg<Vec<u64>>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let call = "batch_transfer_sync_read";
         let lists = (buffers, peer_buffer_addresses, lengths);
@@ -435,7 +440,7 @@ impl TransferEngine {
         opcode: PyRef<'_, TransferOpcode>,
         notify: Option<PyRef<'_, TransferNotify>>,
         transport_hint: &str,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
         let lists = (buffers, peer_buffer_addresses, lengths);
         let notify = notify.map(|note| note_bytes(&note));
@@ -722,7 +727,7 @@ impl TransferEngine {
         opcode: TransferOpcode,
         (buffers, peer_addresses, lengths): Lists,
         notify: Option<(Vec<u8>, Vec<u8>)>,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let entries = list_entries(call, buffers, peer_addresses, lengths);
         self.transfer_blocking(py, call, target, opcode, entries, notify)
     }
@@ -741,6 +746,26 @@ impl TransferEngine {
         let entries = list_entries(call, buffers, peer_buffer_addresses, lengths);
         self.submit_tracked(py, call, target, opcode, entries)
     }
+}
+
+/// Waits for `transfer` (spinning first, as a latency-critical caller does) with the GIL
+/// released, running Python's signal handlers every [`crate::interrupt::SLICE`] so that
+/// Ctrl-C raises `KeyboardInterrupt` at once instead of when the transfer ends.
+fn wait(
+    py: Python<'_>,
+    mut transfer: Moving,
+) -> PyResult<ferry::Result<ferry::Completion>> {
+    let mut outcome = None;
+    let mut spin = session::WAIT_SPIN;
+    crate::interrupt::wait_interruptibly(py, None, |until| {
+        outcome = transfer.wait_until(std::mem::take(&mut spin), until);
+        outcome.is_some()
+    })?;
+    Ok(outcome.unwrap_or_else(|| {
+        Err(ferry::Error::Internal {
+            what: "an interruptible wait ended without the transfer's outcome".into(),
+        })
+    }))
 }
 
 /// The transfer timeout: `MC_TRANSFER_TIMEOUT` seconds, as Mooncake reads it (at least

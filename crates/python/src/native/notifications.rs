@@ -95,6 +95,7 @@ impl Notifications {
 
     /// Blocks (GIL released) until the next notification arrives; `None` once the engine is
     /// closed. With `timeout` (seconds), raises `TransferTimeout` when none arrived by then.
+    /// Ctrl-C interrupts the wait (`KeyboardInterrupt`).
     #[pyo3(signature = (timeout = None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Notification>> {
         if let Some(note) = self.returned().pop_front() {
@@ -110,18 +111,24 @@ impl Notifications {
         }
         let runtime = waiter::runtime()?;
         let stream = Arc::clone(&self.stream);
-        let received = py.detach(|| {
-            runtime.block_on(async {
-                let next = async { stream.lock().await.recv().await };
-                match limit {
-                    None => Ok(next.await),
-                    Some(limit) => tokio::time::timeout(limit, next).await,
+        let deadline = limit.map(|limit| std::time::Instant::now() + limit);
+        let mut received = None;
+        // Each slice's receive is dropped at its end: an mpsc receive taken mid-way loses
+        // nothing, so the next slice gets what this one did not.
+        let arrived = crate::interrupt::wait_interruptibly(py, deadline, |until| {
+            let next = async { stream.lock().await.recv().await };
+            let until = tokio::time::Instant::from_std(until);
+            match runtime.block_on(async { tokio::time::timeout_at(until, next).await }) {
+                Ok(note) => {
+                    received = Some(note);
+                    true
                 }
-            })
-        });
-        match received {
-            Ok(note) => Ok(note.map(Notification::from)),
-            Err(_) => Err(TransferTimeout::new_err(format!(
+                Err(_) => false,
+            }
+        })?;
+        match (arrived, received) {
+            (true, Some(note)) => Ok(note.map(Notification::from)),
+            _ => Err(TransferTimeout::new_err(format!(
                 "no notification arrived within {} s; wait again, or check that the peer sends one",
                 timeout.unwrap_or_default()
             ))),

@@ -108,31 +108,28 @@ impl Transfer {
 
     /// Blocks (GIL released) until the transfer ends and returns its `Completion`, or raises
     /// its error. With `timeout` (seconds), raises `TransferTimeout` when it has not ended by
-    /// then; the transfer keeps running and may be waited for again.
+    /// then; the transfer keeps running and may be waited for again. Ctrl-C interrupts the
+    /// wait (`KeyboardInterrupt`), not the transfer.
     #[pyo3(signature = (timeout = None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Completion> {
         let limit = timeout
             .map(|seconds| duration(seconds, "timeout"))
             .transpose()?;
         let deadline = limit.map(|limit| Instant::now() + limit);
-        py.detach(|| {
+        crate::interrupt::wait_interruptibly(py, deadline, |until| {
             let mut state = self.shared.state();
             while state.outcome.is_none() {
-                match deadline {
-                    None => self.shared.finished.wait(&mut state),
-                    Some(deadline) => {
-                        if self
-                            .shared
-                            .finished
-                            .wait_until(&mut state, deadline)
-                            .timed_out()
-                        {
-                            return;
-                        }
-                    }
+                if self
+                    .shared
+                    .finished
+                    .wait_until(&mut state, until)
+                    .timed_out()
+                {
+                    break;
                 }
             }
-        });
+            state.outcome.is_some()
+        })?;
         match &self.shared.state().outcome {
             Some(Ok(completion)) => Ok(completion.clone()),
             Some(Err(error)) => Err(error.clone_ref(py)),
