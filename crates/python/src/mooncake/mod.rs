@@ -751,10 +751,7 @@ impl TransferEngine {
 /// Waits for `transfer` (spinning first, as a latency-critical caller does) with the GIL
 /// released, running Python's signal handlers every [`crate::interrupt::SLICE`] so that
 /// Ctrl-C raises `KeyboardInterrupt` at once instead of when the transfer ends.
-fn wait(
-    py: Python<'_>,
-    mut transfer: Moving,
-) -> PyResult<ferry::Result<ferry::Completion>> {
+fn wait(py: Python<'_>, mut transfer: Moving) -> PyResult<ferry::Result<ferry::Completion>> {
     let mut outcome = None;
     let mut spin = session::WAIT_SPIN;
     crate::interrupt::wait_interruptibly(py, None, |until| {
