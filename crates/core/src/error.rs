@@ -203,8 +203,23 @@ impl Error {
         Error::Registration { addr, len, problem }
     }
 
-    /// `len` as this machine's size type when `len` bytes at `addr` (0 for memory still to be
-    /// allocated) are not empty and do not run past the end of the address space.
+    /// `len` as this machine's size type for an allocation `what` (`"Engine::allocate"`, say)
+    /// asked for: [`Error::ApiMisuse`] for none, [`Error::OutOfMemory`] for more than the
+    /// address space holds.
+    pub(crate) fn check_allocation(what: &'static str, len: u64) -> Result<usize> {
+        if len == 0 {
+            return Err(Error::ApiMisuse(format!(
+                "{what} was asked for 0 bytes; ask for at least one byte"
+            )));
+        }
+        usize::try_from(len)
+            .ok()
+            .filter(|&bytes| bytes <= isize::MAX as usize)
+            .ok_or(Error::OutOfMemory { what, bytes: len })
+    }
+
+    /// `len` as this machine's size type when `len` bytes at `addr` are not empty and do not
+    /// run past the end of the address space.
     pub(crate) fn check_registration(addr: u64, len: u64) -> Result<usize> {
         if len == 0 {
             return Err(Error::registration(addr, len, RegistrationProblem::Empty));

@@ -427,7 +427,7 @@ fn segment_name(local: SocketAddr, advertise: Option<&str>) -> Result<String> {
         Some(host) if host.contains(':') && !host.starts_with('[') => Ok(format!("[{host}]:{}", local.port())),
         Some(host) => Ok(format!("{host}:{}", local.port())),
         None if local.ip().is_unspecified() => Err(Error::ApiMisuse(format!(
-            "listening on {local} needs `advertise(host)` so peers know which address reaches this engine"
+            "listening on {local} needs the host peers reach this engine at: `EngineBuilder::advertise(host)`, `--advertise HOST` on the command line, `advertise=` in Python"
         ))),
         None => Ok(local.to_string()),
     }?;

@@ -247,10 +247,10 @@ impl Engine {
     /// the region is dropped; reach it with [`Region::write_at`] and [`Region::read_at`].
     ///
     /// # Errors
-    /// [`Error::Registration`] for `len == 0`, [`Error::OutOfMemory`] when the allocation
+    /// [`Error::ApiMisuse`] for `len == 0`, [`Error::OutOfMemory`] when the allocation
     /// fails.
     pub fn allocate(&self, len: u64) -> Result<Region> {
-        let bytes = Error::check_registration(0, len)?;
+        let bytes = Error::check_allocation("Engine::allocate", len)?;
         let buffer = OwnedBuffer::zeroed(bytes).ok_or(Error::OutOfMemory {
             what: "Engine::allocate",
             bytes: len,
@@ -269,10 +269,10 @@ impl Engine {
     /// undefined until written ([`Region::write_at`] copies into it).
     ///
     /// # Errors
-    /// [`Error::Registration`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
+    /// [`Error::ApiMisuse`] for `len == 0`, [`Error::Cuda`] when there is no such GPU or
     /// the allocation or export fails.
     pub fn allocate_device(&self, ordinal: u32, len: u64) -> Result<Region> {
-        let bytes = Error::check_registration(0, len)?;
+        let bytes = Error::check_allocation("Engine::allocate_device", len)?;
         let buffer = DeviceBuffer::new(Context::get(ordinal)?, bytes)?;
         let info = RegionInfo {
             addr: buffer.addr(),
@@ -298,12 +298,16 @@ impl Engine {
         piece_bytes: u64,
         pieces: usize,
     ) -> Result<Region> {
+        const WHAT: &str = "Engine::allocate_device_vmm";
         let total = u64::try_from(pieces)
             .ok()
             .and_then(|pieces| piece_bytes.checked_mul(pieces))
-            .ok_or_else(|| Error::registration(0, u64::MAX, RegistrationProblem::Wraps))?;
-        Error::check_registration(0, total)?;
-        let piece_bytes = Error::check_registration(0, piece_bytes)?;
+            .ok_or(Error::OutOfMemory {
+                what: WHAT,
+                bytes: u64::MAX,
+            })?;
+        Error::check_allocation(WHAT, total)?;
+        let piece_bytes = Error::check_allocation(WHAT, piece_bytes)?;
         let mapping = crate::cuda::create_vmm(Context::get(ordinal)?, piece_bytes, pieces)?;
         let len = mapping.len() as u64;
         let info = RegionInfo {

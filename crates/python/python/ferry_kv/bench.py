@@ -106,7 +106,15 @@ def pick_memory(args):
     has_torch = importlib.util.find_spec("torch") is not None
     if args.device == "cuda" or args.host_memory == "torch":
         if not has_torch:
-            raise SystemExit(f"--device {args.device} needs torch, which is not importable here")
+            raise SystemExit(f"--device {args.device} needs torch, which is not importable here"
+                             + ("; --device cpu measures host memory over TCP without it"
+                                if args.device == "cuda" else ""))
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise SystemExit("--device cuda (the default) needs a CUDA GPU, and torch sees "
+                                 "none here; --device cpu measures host memory over TCP")
         return "torch"
     if args.host_memory == "ctypes":
         return "ctypes"
@@ -269,7 +277,11 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     memory = pick_memory(args)
     context = multiprocessing.get_context("spawn")
-    rows = [run_engine(context, engine, args, memory) for engine in args.engines]
+    rows = []
+    for engine in args.engines:
+        # Each engine's run starts two processes and takes seconds: say what is running.
+        print(f"running {engine}...", file=sys.stderr, flush=True)
+        rows.append(run_engine(context, engine, args, memory))
     ratio = ratios(rows)
     print_table(args, memory, rows, ratio)
     if args.json:

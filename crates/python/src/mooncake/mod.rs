@@ -124,6 +124,25 @@ impl TransferEngine {
         })
     }
 
+    /// Registers each `(buffer_addrs[i], capacities[i])`, all or none, for the Python call
+    /// `call` (which failures name). Returns 0 or -1.
+    fn register_ranges(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        buffer_addrs: Arg<Vec<u64>>,
+        capacities: Arg<Vec<u64>>,
+    ) -> i32 {
+        self.run(py, call, -1, |session| {
+            let (buffer_addrs, capacities) = (buffer_addrs?, capacities?);
+            same_lengths(call, &[buffer_addrs.len(), capacities.len()])?;
+            let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
+            // SAFETY: Mooncake's contract: registered memory stays valid until it is
+            // unregistered, which is what the caller promises by registering it.
+            unsafe { session.register(&ranges) }.map(|()| 0)
+        })
+    }
+
     /// Runs a blocking transfer of `entries` with the GIL released; Mooncake's code. Ctrl-C
     /// interrupts the wait (`KeyboardInterrupt`); the transfer goes on.
     fn transfer_blocking(
@@ -268,7 +287,7 @@ impl TransferEngine {
     ) -> i32 {
         let _ = (location, remote_accessible);
         let one = |value: Arg<u64>| value.map(|value| vec![value]);
-        self.batch_register_memory(py, one(buffer_addr), one(capacity), "*")
+        self.register_ranges(py, "register_memory", one(buffer_addr), one(capacity))
     }
 
     /// Registers each `(buffer_addrs[i], capacities[i])`, all or none. Returns 0 or -1.
@@ -281,15 +300,7 @@ impl TransferEngine {
         location: &str,
     ) -> i32 {
         let _ = location;
-        let call = "batch_register_memory";
-        self.run(py, call, -1, |session| {
-            let (buffer_addrs, capacities) = (buffer_addrs?, capacities?);
-            same_lengths(call, &[buffer_addrs.len(), capacities.len()])?;
-            let ranges: Vec<(u64, u64)> = buffer_addrs.into_iter().zip(capacities).collect();
-            // SAFETY: Mooncake's contract: registered memory stays valid until it is
-            // unregistered, which is what the caller promises by registering it.
-            unsafe { session.register(&ranges) }.map(|()| 0)
-        })
+        self.register_ranges(py, "batch_register_memory", buffer_addrs, capacities)
     }
 
     /// Unregisters the memory registered at `buffer_addr`. Returns 0 or -1.
