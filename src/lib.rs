@@ -95,12 +95,14 @@
 //!   all safe to call.
 //! - [`metadata`]: where engines publish their descriptors (peer to peer by default, etcd,
 //!   redis, in memory); [`auth`]: the shared secret.
+//! - [`probe`]: what `ferry probe` reports: the machine, and the path to a peer's buffers.
 //! - [`transport`]: for authors of transports and tools: the [`transport::Transport`] trait,
 //!   the ops a transport receives, and what each transport of this build publishes.
 #![forbid(unsafe_code)]
 
 pub mod cuda;
 mod engine;
+pub mod probe;
 pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};

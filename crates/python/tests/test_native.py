@@ -423,6 +423,8 @@ def test_the_stub_declares_every_name_of_the_compiled_module() -> None:
             }
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             declared[node.target.id] = set()
+        elif isinstance(node, ast.FunctionDef):
+            declared[node.name] = set()
     missing = []
     for name, value in vars(ferry_kv._ferry).items():
         if name.startswith("__") and name != "__version__":
@@ -432,3 +434,28 @@ def test_the_stub_declares_every_name_of_the_compiled_module() -> None:
         elif isinstance(value, type) and not issubclass(value, BaseException):
             missing += [f"{name}.{attr}" for attr in vars(value) if not attr.startswith("__") and attr not in declared[name]]
     assert missing == []
+
+
+def test_python_m_ferry_kv_probe_prints_the_machine_and_a_peers_paths() -> None:
+    with Engine() as peer:
+        buffer = peer.allocate(1 << 16)
+        probed = subprocess.run(
+            [sys.executable, "-m", "ferry_kv", "probe", "--peer", peer.name],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert probed.returncode == 0, probed.stderr
+        lines = probed.stdout.splitlines()
+        assert lines[0].startswith("cuda: "), probed.stdout
+        assert "transports:" in lines and "  tcp: available" in "\n".join(lines)
+        assert any(line.startswith("RDMA: ") for line in lines), probed.stdout
+        assert any(line.startswith(f"peer {peer.name}: engine ") and "another process on this host" in line
+                   for line in lines), probed.stdout
+        assert "  from host memory:" in lines, probed.stdout
+        # The buffer's line names the transport it gets, then what the others answered.
+        assert any(line.startswith(f"    buffer {buffer.addr:#x} (65536 bytes, pageable host memory): tcp")
+                   for line in lines), probed.stdout
+    usage = subprocess.run([sys.executable, "-m", "ferry_kv"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "python -m ferry_kv probe" in usage.stderr
+    bench_help = subprocess.run([sys.executable, "-m", "ferry_kv", "bench", "--help"],
+                                capture_output=True, text=True, timeout=60)
+    assert bench_help.returncode == 0 and "--device" in bench_help.stdout

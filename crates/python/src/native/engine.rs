@@ -20,7 +20,7 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// The running engine, or `FerryError` once it was closed.
-    pub(super) fn running(&self) -> PyResult<Arc<ferry::Engine>> {
+    pub(crate) fn running(&self) -> PyResult<Arc<ferry::Engine>> {
         self.engine.read().clone().ok_or_else(|| {
             FerryError::new_err("the engine is closed; create a new Engine to transfer again")
         })

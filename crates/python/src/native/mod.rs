@@ -8,6 +8,7 @@ mod batch;
 mod engine;
 mod notifications;
 mod peer;
+mod probe;
 mod region;
 mod transfer;
 mod waiter;
@@ -27,6 +28,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<notifications::Notifications>()?;
     m.add_class::<notifications::Notification>()?;
     m.add_class::<notifications::Receiving>()?;
+    m.add_function(wrap_pyfunction!(probe::probe_machine, m)?)?;
+    m.add_function(wrap_pyfunction!(probe::probe_routes, m)?)?;
     Ok(())
 }
 

@@ -1,0 +1,162 @@
+//! What `ferry probe` reports, as text any front end prints: the machine (CUDA driver, GPUs,
+//! peer access, FABRIC support, transports, RDMA devices) and, for a running engine, which
+//! path each of its buffers gets from here and why. The `ferry` CLI and the Python module's
+//! `python -m ferry_kv probe` print the same.
+
+use crate::cuda::{DeviceInfo, Driver};
+use crate::transport::{probe_fabric, rdma_probe, FabricSupport, Reach};
+use crate::{Engine, Location, Region, Result};
+use std::fmt::Write;
+
+/// The machine's CUDA driver, GPUs, peer access, FABRIC support, transports and RDMA devices
+/// (or why there are none), one fact a line.
+///
+/// # Errors
+/// [`crate::Error::Cuda`] when the driver is loaded but cannot list its GPUs.
+pub fn machine() -> Result<String> {
+    let mut out = String::new();
+    let driver = Driver::get();
+    let _ = writeln!(out, "cuda: {}", driver.status());
+    let gpus = driver.devices()?;
+    for gpu in &gpus {
+        let _ = writeln!(
+            out,
+            "gpu {}: {} {} pci {}",
+            gpu.ordinal, gpu.name, gpu.uuid, gpu.pci_bus_id
+        );
+    }
+    if gpus.len() > 1 {
+        let _ = writeln!(out, "peer access (row reads/writes column):");
+        for from in &gpus {
+            let row: Vec<String> = gpus
+                .iter()
+                .map(|to| match from.ordinal == to.ordinal {
+                    true => "  -".to_owned(),
+                    false => match driver.can_access_peer(from.ordinal, to.ordinal) {
+                        Ok(true) => "yes".to_owned(),
+                        Ok(false) => " no".to_owned(),
+                        Err(error) => format!("error: {error}"),
+                    },
+                })
+                .collect();
+            let _ = writeln!(out, "  gpu {}: {}", from.ordinal, row.join(" "));
+        }
+    }
+    let fabric: Vec<(u32, FabricSupport)> = gpus
+        .iter()
+        .map(|gpu| (gpu.ordinal, probe_fabric(gpu.ordinal)))
+        .collect();
+    for (ordinal, support) in &fabric {
+        let _ = match support {
+            FabricSupport::Permitted => {
+                writeln!(out, "fabric handles on gpu {ordinal}: permitted")
+            }
+            FabricSupport::Refused(error) => {
+                writeln!(out, "fabric handles on gpu {ordinal}: refused ({error})")
+            }
+        };
+    }
+    let _ = writeln!(out, "transports:");
+    let _ = writeln!(
+        out,
+        "  tcp: available (any host; GPU memory staged through pinned host buffers)"
+    );
+    let _ = match gpus.is_empty() {
+        true => writeln!(out, "  nvlink: unavailable ({})", driver.status()),
+        false => writeln!(
+            out,
+            "  nvlink: available (cudaMalloc and POSIX-fd VMM memory of processes on this host)"
+        ),
+    };
+    let permitted = fabric
+        .iter()
+        .any(|(_, support)| *support == FabricSupport::Permitted);
+    let _ = match (gpus.is_empty(), permitted) {
+        (true, _) => writeln!(out, "  mnnvl: unavailable ({})", driver.status()),
+        (false, false) => writeln!(
+            out,
+            "  mnnvl: unavailable (no GPU here permits FABRIC-handle allocations)"
+        ),
+        (false, true) => writeln!(out, "  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
+    };
+    let _ = write!(out, "{}", rdma_probe());
+    Ok(out)
+}
+
+/// Connects `engine` to the engine named `name` and reports, for host memory and each GPU
+/// here, the transport every one of its buffers gets and what each transport answered.
+/// Writes nothing into the peer; allocates a 4 KiB probe buffer in host memory and on each
+/// GPU of `engine`'s process for as long as it runs.
+///
+/// # Errors
+/// Connecting to the peer, or allocating host probe memory, failed.
+pub fn routes(engine: &Engine, name: &str) -> Result<String> {
+    let mut out = String::new();
+    let gpus: Vec<DeviceInfo> = Driver::get().devices().unwrap_or_default();
+    let peer = engine.connect_blocking(name)?;
+    let descriptor = peer.descriptor();
+    let mine = engine.descriptor();
+    let _ = writeln!(
+        out,
+        "peer {name}: engine {} (pid {} on host {}, boot {}); {}",
+        descriptor.instance,
+        descriptor.pid,
+        descriptor.host.hostname,
+        descriptor.host.boot_id,
+        match (
+            descriptor.host.same_boot(&mine.host),
+            descriptor.process == mine.process
+        ) {
+            (_, true) => "this process",
+            (true, false) => "another process on this host",
+            (false, false) => "another host",
+        }
+    );
+    if descriptor.buffers.is_empty() {
+        let _ = writeln!(out, "  the peer has no registered buffers yet");
+        return Ok(out);
+    }
+    let mut locals: Vec<(String, Region)> = vec![("host memory".into(), engine.allocate(4096)?)];
+    for gpu in &gpus {
+        match engine.allocate_device(gpu.ordinal, 4096) {
+            Ok(region) => locals.push((format!("gpu {}", gpu.ordinal), region)),
+            Err(error) => {
+                let _ = writeln!(
+                    out,
+                    "  gpu {}: cannot allocate a probe buffer ({error})",
+                    gpu.ordinal
+                );
+            }
+        }
+    }
+    for (what, local) in &locals {
+        let _ = writeln!(out, "  from {what}:");
+        for route in engine.routes(local, &peer) {
+            let remote = &route.remote;
+            let place = match remote.location {
+                Location::Device { ordinal, .. } => format!("the peer's gpu {ordinal}"),
+                location => location.to_string(),
+            };
+            let declined: Vec<String> = route
+                .answers
+                .iter()
+                .filter_map(|(transport, reach)| match reach {
+                    Reach::No { reason } => Some(format!("{transport}: {reason}")),
+                    Reach::Yes { .. } => None,
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "    buffer {:#x} ({} bytes, {place}): {}{}",
+                remote.addr,
+                remote.len,
+                route.chosen.unwrap_or("no transport"),
+                match declined.is_empty() {
+                    true => String::new(),
+                    false => format!(" [{}]", declined.join("; ")),
+                }
+            );
+        }
+    }
+    Ok(out)
+}
