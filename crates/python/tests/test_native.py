@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import array
 import ast
+import base64
 import asyncio
 import ctypes
 import gc
@@ -456,6 +457,11 @@ def test_python_m_ferry_kv_probe_prints_the_machine_and_a_peers_paths() -> None:
                    for line in lines), probed.stdout
     usage = subprocess.run([sys.executable, "-m", "ferry_kv"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "python -m ferry_kv probe" in usage.stderr
+    made = [subprocess.run([sys.executable, "-m", "ferry_kv", "secret"], capture_output=True,
+                           text=True, timeout=60).stdout.strip() for _ in range(2)]
+    assert made[0] != made[1] and all(len(base64.b64decode(secret)) == 32 for secret in made)
+    with Engine(secret=made[0]) as secured:
+        assert not secured.closed
     bench_help = subprocess.run([sys.executable, "-m", "ferry_kv", "bench", "--help"],
                                 capture_output=True, text=True, timeout=60)
     assert bench_help.returncode == 0 and "--device" in bench_help.stdout

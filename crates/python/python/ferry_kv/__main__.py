@@ -4,12 +4,16 @@
   ``ferry probe`` prints: the CUDA driver, GPUs, peer access, FABRIC support, transports and
   RDMA devices; with ``--peer``, which transport each of that engine's buffers gets from here
   and why (nothing is written into the peer).
+- ``python -m ferry_kv secret``: a new shared secret, as ``ferry secret`` prints it (32 random
+  bytes as one line of base64), for ``FERRY_SECRET`` or a secret file.
 - ``python -m ferry_kv bench ...``: ``python -m ferry_kv.bench`` (``--help`` lists its options).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import secrets
 import sys
 
 from . import _ferry
@@ -41,9 +45,17 @@ def probe(argv: list[str]) -> int:
     return 0
 
 
+def secret(argv: list[str]) -> int:
+    if argv:
+        print("python -m ferry_kv secret takes no arguments", file=sys.stderr)
+        return 2
+    print(base64.b64encode(secrets.token_bytes(32)).decode())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"probe": probe}
+    commands = {"probe": probe, "secret": secret}
     if argv[:1] == ["bench"]:
         from . import bench
 
