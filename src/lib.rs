@@ -107,6 +107,9 @@ pub mod tp;
 
 pub use engine::{Engine, EngineBuilder};
 pub use ferry_core::telemetry;
+/// Copies to and from an address of this process that need not be registered (Mooncake's
+/// `write_bytes_to_buffer` / `read_bytes_from_buffer`), checked against its mappings.
+pub use ferry_core::{read_caller_memory, write_caller_memory};
 pub use ferry_core::{
     AuthFailure, Batch, BlockCopy, BlockLayout, BufferDescriptor, Completion, Direction, Error,
     FrameTags, Location, Notification, Notifications, Peer, ProtocolViolation, RangeError, Refusal,

@@ -76,7 +76,9 @@ pub use error::{
 };
 pub use identity::InstanceId;
 pub use local::{is_local_engine, local_engine_registered};
-pub use memory::{Location, Region, RegionInfo, RegionUse};
+pub use memory::{
+    read_caller_memory, write_caller_memory, Location, Region, RegionInfo, RegionUse,
+};
 pub use metadata::{MetadataStore, PeerToPeer};
 pub use notify::{InboxHandle, Notification, Notifications, Reserved, MAX_NOTIFICATION_BYTES};
 pub use peer::Peer;

@@ -548,6 +548,21 @@ def test_send_probe_and_first_buffer_address(local, peer):
     assert local.engine.get_first_buffer_address(peer.session) == peer.addr
 
 
+def test_bytes_are_copied_to_and_from_the_callers_own_unregistered_memory(local):
+    engine = local.engine
+    own = (ctypes.c_char * 4096)()
+    addr = ctypes.addressof(own)
+    # As Mooncake: memory the engine never registered is the caller's, copied as it is.
+    assert engine.write_bytes_to_buffer(addr + 10, b"unregistered", 12) == 0
+    assert own.raw[10:22] == b"unregistered"
+    assert engine.read_bytes_from_buffer(addr + 10, 12) == b"unregistered"
+    # Nothing mapped there: refused, never a crash.
+    assert engine.write_bytes_to_buffer(8, b"x", 1) == -1
+    assert engine.read_bytes_from_buffer(8, 1) == b""
+    # A range that runs out of registered memory is a mistake, not the caller's memory.
+    assert engine.write_bytes_to_buffer(local.addr + len(local.memory) - 1, b"ab", 2) == -1
+
+
 def test_managed_buffers(local, peer):
     engine = local.engine
     managed = engine.allocate_managed_buffer(1 << 16)

@@ -1,7 +1,9 @@
-//! Byte access to registered host memory: the one place above the FFI layers where ferry turns
-//! a registered address into a slice.
+//! Byte access to host memory: the one place above the FFI layers where ferry turns a
+//! registered address into a slice, and where it copies to or from an address a caller names
+//! (Mooncake's `write_bytes_to_buffer`), checked against the process's mappings first.
 
 use super::region::{Location, RegionUse};
+use crate::error::Error;
 use std::alloc::{self, Layout};
 use std::sync::Arc;
 
@@ -62,6 +64,58 @@ impl HostSpan {
     }
 }
 
+/// Copies `bytes` to `addr` in this process, registered memory or not: what Mooncake's
+/// `write_bytes_to_buffer` does with any address its caller names. The range must be readable
+/// and writable host memory of this process (checked against `/proc/self/maps`, so a hole or
+/// GPU memory is an error, not a crash).
+///
+/// # Errors
+/// [`Error::ApiMisuse`] naming the first byte that is not such memory, or when the process's
+/// mappings cannot be read.
+///
+/// # Safety
+/// The caller owns `[addr, addr + bytes.len())`, and nothing reads or writes it meanwhile (no
+/// Rust reference to it lives across the call).
+pub unsafe fn write_caller_memory(addr: u64, bytes: &[u8]) -> Result<(), Error> {
+    caller_range(addr, bytes.len())?;
+    // SAFETY: the range is mapped readable and writable host memory (checked just now) that
+    // the caller owns and leaves alone meanwhile, as this function's contract says; `bytes`
+    // is a separate Rust slice, so the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+    Ok(())
+}
+
+/// Copies `out.len()` bytes at `addr` of this process into `out`, registered memory or not:
+/// Mooncake's `read_bytes_from_buffer`. Checked as [`write_caller_memory`].
+///
+/// # Errors
+/// As [`write_caller_memory`].
+///
+/// # Safety
+/// As [`write_caller_memory`].
+pub unsafe fn read_caller_memory(addr: u64, out: &mut [u8]) -> Result<(), Error> {
+    caller_range(addr, out.len())?;
+    // SAFETY: as in `write_caller_memory`; `out` is a separate, caller-owned slice.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+    Ok(())
+}
+
+/// Refuses `len` bytes at `addr` unless they are readable and writable host memory here.
+fn caller_range(addr: u64, len: usize) -> Result<(), Error> {
+    let first = super::first_unmapped_strictly(addr, len as u64).map_err(|error| {
+        Error::ApiMisuse(format!(
+            "cannot read /proc/self/maps to check {len} bytes at {addr:#x} before copying: {error}"
+        ))
+    })?;
+    match first {
+        None if addr != 0 => Ok(()),
+        None => Err(Error::ApiMisuse("address 0 is no memory to copy to or from".into())),
+        Some(first) => Err(Error::ApiMisuse(format!(
+            "{len} bytes at {addr:#x} are not readable and writable host memory of this process (the first byte that is not: {first:#x}); pass an address of your own host memory"
+        ))),
+    }
+}
+
 /// Zeroed host memory the engine allocated for a caller ([`crate::Engine::allocate`]).
 pub(crate) struct OwnedBuffer {
     ptr: *mut u8,
@@ -95,5 +149,28 @@ impl Drop for OwnedBuffer {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from alloc_zeroed with this exact layout and is freed only here.
         unsafe { alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_memory_is_copied_only_where_it_is_mapped_host_memory() {
+        let mut own = vec![0u8; 8192];
+        let addr = own.as_mut_ptr() as u64;
+        // SAFETY: `own` is this test's buffer, and no reference to it is used during the calls.
+        unsafe { write_caller_memory(addr + 100, b"caller bytes") }.unwrap();
+        let mut back = [0u8; 12];
+        // SAFETY: as above.
+        unsafe { read_caller_memory(addr + 100, &mut back) }.unwrap();
+        assert_eq!(&back, b"caller bytes");
+        assert_eq!(&own[100..112], b"caller bytes");
+        for nowhere in [0u64, 0x1000] {
+            // SAFETY: refused before any byte is touched.
+            let error = unsafe { write_caller_memory(nowhere, b"x") }.unwrap_err();
+            assert!(matches!(error, Error::ApiMisuse(_)), "{error}");
+        }
     }
 }

@@ -10,15 +10,19 @@ struct Mapping {
     read_write: bool,
 }
 
-/// Parses one line of `/proc/self/maps` (`start-end perms offset dev inode [path]`).
+/// Parses one line of `/proc/self/maps` (`start-end perms offset dev inode [path]`). A mapping
+/// of the NVIDIA driver's device files is not host memory, whatever its permissions.
 fn mapping(line: &str) -> Option<Mapping> {
     let mut fields = line.split_ascii_whitespace();
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?.as_bytes();
+    let device = fields
+        .nth(3)
+        .is_some_and(|path| path.starts_with("/dev/nvidia"));
     Some(Mapping {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
-        read_write: perms.first() == Some(&b'r') && perms.get(1) == Some(&b'w'),
+        read_write: perms.first() == Some(&b'r') && perms.get(1) == Some(&b'w') && !device,
     })
 }
 
@@ -55,6 +59,12 @@ pub(crate) fn first_unmapped_here(addr: u64, len: u64) -> Option<u64> {
     }
 }
 
+/// [`first_unmapped`] for this process, where not being able to read its mappings is an
+/// error rather than a range left unchecked.
+pub(crate) fn first_unmapped_strictly(addr: u64, len: u64) -> Result<Option<u64>, std::io::Error> {
+    std::fs::read_to_string("/proc/self/maps").map(|maps| first_unmapped(&maps, addr, len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +76,7 @@ mod tests {
 7f0000100000-7f0000200000 rw-s 00000000 00:05 1234   /dev/shm/ring
 7f0000300000-7f0000400000 rw-p 00000000 00:00 0
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0      [stack]
+7ffe00000000-7ffe00200000 rw-s 00000000 00:05 99     /dev/nvidia-uvm
 ";
 
     #[test]
@@ -86,6 +97,11 @@ mod tests {
         );
         // Code is mapped but not writable.
         assert_eq!(first_unmapped(MAPS, 0x40_1000, 16), Some(0x40_1000));
+        // The GPU driver's device mappings are not host memory.
+        assert_eq!(
+            first_unmapped(MAPS, 0x7ffe_0000_1000, 16),
+            Some(0x7ffe_0000_1000)
+        );
         assert_eq!(first_unmapped("", 0x1000, 1), Some(0x1000));
     }
 

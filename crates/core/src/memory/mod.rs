@@ -14,8 +14,9 @@ mod staging;
 mod table;
 
 pub(crate) use host::OwnedBuffer;
+pub use host::{read_caller_memory, write_caller_memory};
 pub(crate) use locate::device_location;
-pub(crate) use maps::first_unmapped_here;
+pub(crate) use maps::{first_unmapped_here, first_unmapped_strictly};
 pub use region::{ExportGuard, RegionUse};
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};

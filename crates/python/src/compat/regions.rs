@@ -8,7 +8,13 @@ use std::collections::BTreeMap;
 #[derive(Default)]
 pub(crate) struct Regions {
     by_start: BTreeMap<u64, Region>,
+    /// Every buffer the engine allocated (`allocate_managed_buffer`), by start and length,
+    /// kept after it is freed: its memory is the engine's, never the caller's own.
+    allocated: BTreeMap<u64, u64>,
 }
+
+/// Most freed managed buffers [`Regions::allocated`] remembers before it starts over.
+const ALLOCATED_MOST: usize = 1 << 16;
 
 impl Regions {
     /// Registers `len` bytes at `addr`; `true` when it is new. Registering the exact range
@@ -64,6 +70,32 @@ impl Regions {
 
     /// Keeps a region the engine allocated (a managed buffer).
     pub(crate) fn insert(&mut self, region: Region) {
+        if self.allocated.len() >= ALLOCATED_MOST {
+            self.allocated
+                .retain(|start, _| self.by_start.contains_key(start));
+        }
+        self.allocated.insert(region.addr(), region.len());
         self.by_start.insert(region.addr(), region);
+    }
+
+    /// Whether `[addr, addr + len)` may be copied as the caller's own memory (Mooncake's
+    /// `write_bytes_to_buffer` on memory it never registered): it touches no registered region
+    /// (a range running out of one is a mistake, not the caller's memory) and no buffer the
+    /// engine allocated, freed or not.
+    pub(crate) fn is_callers_own(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        let registered = self
+            .by_start
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&start, region)| start + region.len() > addr);
+        let allocated = self
+            .allocated
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&start, &length)| start + length > addr);
+        !registered && !allocated
     }
 }

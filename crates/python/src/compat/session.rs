@@ -180,24 +180,37 @@ impl Session {
         Ok(addr)
     }
 
-    /// Copies `bytes` into registered memory at `addr`.
+    /// Copies `bytes` to `addr`: into registered memory, or else, as Mooncake does, into
+    /// host memory of the caller's own that touches no registration.
     pub(crate) fn write_local(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
         let regions = self.regions.read();
-        let (region, offset) = regions.containing(addr, bytes.len() as u64)?;
-        region
-            .write_at(offset, bytes)
-            .map_err(|error| error.to_string())
+        match regions.containing(addr, bytes.len() as u64) {
+            Ok((region, offset)) => region
+                .write_at(offset, bytes)
+                .map_err(|error| error.to_string()),
+            Err(reason) if !regions.is_callers_own(addr, bytes.len() as u64) => Err(reason),
+            // SAFETY: Mooncake's contract for write_bytes_to_buffer: the caller names memory
+            // of its own, which it leaves alone during the call; it touches no registration,
+            // and the copy checks that it is mapped host memory first.
+            Err(_) => unsafe { ferry::write_caller_memory(addr, bytes) }
+                .map_err(|error| error.to_string()),
+        }
     }
 
-    /// Reads `len` bytes of registered memory at `addr`.
+    /// Reads `len` bytes at `addr`: registered memory, or else host memory of the caller's.
     pub(crate) fn read_local(&self, addr: u64, len: u64) -> Result<Vec<u8>, String> {
         let regions = self.regions.read();
-        let (region, offset) = regions.containing(addr, len)?;
         let length = usize::try_from(len).map_err(|_| format!("length {len} is too large"))?;
         let mut bytes = vec![0; length];
-        region
-            .read_at(offset, &mut bytes)
-            .map_err(|error| error.to_string())?;
+        match regions.containing(addr, len) {
+            Ok((region, offset)) => region
+                .read_at(offset, &mut bytes)
+                .map_err(|error| error.to_string())?,
+            Err(reason) if !regions.is_callers_own(addr, len) => return Err(reason),
+            // SAFETY: as in `write_local`, for read_bytes_from_buffer.
+            Err(_) => unsafe { ferry::read_caller_memory(addr, &mut bytes) }
+                .map_err(|error| error.to_string())?,
+        }
         Ok(bytes)
     }
 
