@@ -10,6 +10,10 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The name of the buffer the decode role gathers a request's blocks into to check them; the
+/// prefill role writes into every other buffer of the decode engine.
+pub(crate) const STAGING: &str = "verify-staging";
+
 /// The cache's shape; the defaults are `ferry bench`'s `kv-llama70b-4k` workload
 /// (Llama-3-70B fp16).
 #[derive(Args, Debug, Clone)]

@@ -65,7 +65,8 @@ pub(crate) fn run(args: PrefillArgs) -> Result<(), Box<dyn std::error::Error>> {
     let pools = allocate_pools(&engine, shape.tensors(), shape.pool_bytes(), args.placement)?;
     let mut inbox = engine.notifications()?;
     let peer = engine.connect_blocking(&args.peer)?;
-    let remote = peer.buffers();
+    let mut remote = peer.buffers();
+    remote.retain(|buffer| buffer.name.as_deref() != Some(super::STAGING));
     if remote.len() != pools.len() {
         return Err(format!(
             "the decode engine registered {} buffers, this shape needs {} (one per K and V tensor); run both with the same shape",
