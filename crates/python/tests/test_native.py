@@ -292,6 +292,28 @@ def test_notifications_are_awaited_and_a_cancelled_wait_loses_none(pair: tuple[E
     assert asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT)) == [b"first", b"second", b"third"]
 
 
+def test_blocking_calls_refuse_a_running_event_loop_and_connect_has_an_awaitable_form(
+        pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    inbox = receiver.notifications()
+
+    async def inside() -> None:
+        with pytest.raises(FerryError, match="aconnect"):
+            sender.connect(receiver.name)
+        peer = await sender.aconnect(receiver.name)
+        source = sender.allocate(64)
+        pool = receiver.allocate(64)
+        transfer = sender.write(peer, source, pool.addr, notify=b"from the loop")
+        with pytest.raises(FerryError, match="await the transfer"):
+            transfer.wait()
+        await transfer
+        with pytest.raises(FerryError, match="arecv"):
+            inbox.recv(timeout=WAIT)
+        assert (await inbox.arecv()).payload == b"from the loop"
+
+    asyncio.run(inside())
+
+
 def test_transfers_are_awaited_from_asyncio(pair: tuple[Engine, Engine]) -> None:
     sender, receiver = pair
     pool = receiver.allocate(16 * 4096)

@@ -21,6 +21,17 @@ from . import _ferry
 from ._ferry import Completion, FerryError, Notification, Peer, Region
 from ._memory import span_of
 
+
+def _not_in_a_running_loop(call: str, instead: str) -> None:
+    """Raises ``FerryError`` when this thread runs an asyncio event loop: a blocking ``call``
+    there would stall every other task of the loop until it returned."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise FerryError(f"{call} blocks, and this thread runs an asyncio event loop that it would "
+                     f"stall; {instead}, or call it from another thread")
+
 BlockIds = Union[Sequence[int], Any]
 """Block ids: a list or tuple of ints, or a 1-D integer array (``array.array``, NumPy, torch)."""
 
@@ -98,7 +109,9 @@ class Transfer:
     def wait(self, timeout: float | None = None) -> Completion:
         """Blocks until the transfer ends; returns its ``Completion`` or raises its error.
         Raises ``TransferTimeout`` when it has not ended within ``timeout`` seconds (it keeps
-        running and may be waited for again)."""
+        running and may be waited for again). Inside a running asyncio event loop, ``await``
+        the transfer instead: this raises ``FerryError`` there."""
+        _not_in_a_running_loop("Transfer.wait()", "await the transfer")
         return self._inner.wait(timeout)
 
     def __await__(self) -> Any:
@@ -264,7 +277,9 @@ class Notifications:
 
     def recv(self, timeout: float | None = None) -> Notification:
         """The next notification, waiting for it. Raises ``TransferTimeout`` when none arrived
-        within ``timeout`` seconds, ``FerryError`` once the engine is closed."""
+        within ``timeout`` seconds, ``FerryError`` once the engine is closed, or inside a running
+        asyncio event loop (``await notes.arecv()`` there)."""
+        _not_in_a_running_loop("Notifications.recv()", "await notes.arecv()")
         note = self._inner.recv(timeout)
         if note is None:
             raise FerryError(_CLOSED)
@@ -307,6 +322,7 @@ class Notifications:
             receiving.cancel()
 
     def __iter__(self) -> Iterator[Notification]:
+        _not_in_a_running_loop("iterating Notifications", "use async for")
         while (note := self._inner.recv(None)) is not None:
             yield note
 
@@ -383,8 +399,14 @@ class Engine:
     def connect(self, name: str) -> Peer:
         """Opens the peer named ``name`` (its ``host:port`` with ``p2p`` metadata). Connect
         again to see memory the peer registered since. Raises ``PeerError`` when it cannot
-        be reached, ``AuthenticationError`` when the secrets differ."""
+        be reached, ``AuthenticationError`` when the secrets differ; ``FerryError`` inside a
+        running asyncio event loop, where ``await engine.aconnect(name)`` does the same."""
+        _not_in_a_running_loop("Engine.connect()", "await engine.aconnect(name)")
         return self._inner.connect(name)
+
+    async def aconnect(self, name: str) -> Peer:
+        """``connect`` for asyncio: connects on a worker thread, so the event loop goes on."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._inner.connect, name)
 
     def batch(self, peer: Peer) -> Batch:
         """An empty batch of transfers with ``peer``."""
