@@ -314,6 +314,25 @@ def test_blocking_calls_refuse_a_running_event_loop_and_connect_has_an_awaitable
     asyncio.run(inside())
 
 
+def test_regions_are_named_and_peers_find_them_by_name(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    pool = receiver.allocate(4096)
+    assert pool.name is None
+    pool.set_name("kv-layer-0")
+    assert pool.name == "kv-layer-0"
+    other = receiver.allocate(64)
+    with pytest.raises(FerryError):
+        other.set_name("kv-layer-0")
+    peer = sender.connect(receiver.name)
+    assert peer.buffer("kv-layer-0") == (pool.addr, 4096, "host")
+    assert peer.buffer("no-such-name") is None
+    source = sender.allocate(4096)
+    source.write(0, pattern(4096, seed=9))
+    addr, _, _ = peer.buffer("kv-layer-0")
+    sender.write(peer, source, addr).wait(WAIT)
+    assert pool.read(0, 4096) == pattern(4096, seed=9)
+
+
 def test_transfers_are_awaited_from_asyncio(pair: tuple[Engine, Engine]) -> None:
     sender, receiver = pair
     pool = receiver.allocate(16 * 4096)

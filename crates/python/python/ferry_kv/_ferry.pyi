@@ -71,6 +71,10 @@ class Region:
     def location(self) -> str:
         """``"host"`` or ``"cuda:N"``."""
     @property
+    def name(self) -> str | None: ...
+    def set_name(self, name: str) -> None:
+        """Names the region, so peers find it with ``Peer.buffer(name)``."""
+    @property
     def owner(self) -> Any: ...
     @property
     def closed(self) -> bool: ...
@@ -89,6 +93,8 @@ class Peer:
     @property
     def buffers(self) -> list[tuple[int, int, str]]:
         """``(addr, nbytes, location)`` of each registered buffer, in the peer's address space."""
+    def buffer(self, name: str) -> tuple[int, int, str] | None:
+        """The buffer the peer named ``name`` (``Region.set_name``), or ``None``."""
     @property
     def alive(self) -> bool: ...
 

@@ -37,6 +37,15 @@ impl Peer {
             .collect()
     }
 
+    /// `(addr, nbytes, location)` of the buffer the peer named `name` (`Region.set_name`), as
+    /// the peer had it when it was opened; `None` when it has none of that name (connect
+    /// again to see names given since).
+    fn buffer(&self, name: &str) -> Option<(u64, u64, String)> {
+        self.peer
+            .buffer(name)
+            .map(|buffer| (buffer.addr, buffer.len, location_name(buffer.location)))
+    }
+
     /// False once the control connection to the peer failed; the next transfer or `connect`
     /// opens a new one.
     #[getter]

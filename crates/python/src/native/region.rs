@@ -69,6 +69,19 @@ impl Region {
         &self.location
     }
 
+    /// The name given with `set_name`, or `None`.
+    #[getter]
+    fn name(&self) -> PyResult<Option<String>> {
+        self.with(|region| region.name())
+    }
+
+    /// Names the region, so peers find it by name (`Peer.buffer(name)`) instead of by
+    /// address; published with the engine's descriptor. Raises `FerryError` for a name
+    /// another region of this engine has.
+    fn set_name(&self, name: &str) -> PyResult<()> {
+        self.with(|region| region.set_name(name))?.map_err(to_py)
+    }
+
     /// The object that owns the memory (a tensor, an array, a buffer), or `None`.
     #[getter]
     fn owner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
