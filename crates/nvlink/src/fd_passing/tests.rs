@@ -529,3 +529,32 @@ async fn a_ring_whose_sender_left_makes_room_while_another_keeps_its_thread_busy
     drop(reopened);
     assert!(draining.await.unwrap() >= sent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_handed_to_a_sleeping_thread_is_read_at_once() {
+    let (server, mut inbox) = server_with_inbox(None, 64);
+    let first = open_messages(server.name(), "decode", "prefill:first", None)
+        .await
+        .unwrap();
+    first.send(b"first").await.unwrap();
+    assert_eq!(next(&mut inbox).await.payload, b"first");
+    // Each time the thread has gone to sleep on its rings' words: the new ring wakes it, not
+    // the end of its nap (100 ms).
+    let mut later = Vec::new();
+    for index in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let sender = open_messages(server.name(), "decode", &format!("prefill:{index}"), None)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        sender.send(b"to a new ring").await.unwrap();
+        assert_eq!(next(&mut inbox).await.payload, b"to a new ring");
+        assert!(
+            started.elapsed() < Duration::from_millis(40),
+            "a new ring was read {:?} after its first message",
+            started.elapsed()
+        );
+        later.push(sender);
+    }
+    assert_eq!(server.readers.threads(), 1);
+}
