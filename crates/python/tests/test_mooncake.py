@@ -20,6 +20,7 @@ import threading
 import time
 
 import pytest
+from stopping import stop
 
 from ferry_kv.mooncake import Read, TransferEngine, TransferNotify, TransferOpcode, Write
 
@@ -599,7 +600,7 @@ def stopped_peer_transfer(monkeypatch, timeout_setting):
 
     try:
         assert local.engine.send_probe(stopped.session) == 0
-        os.kill(stopped.process.pid, signal.SIGSTOP)
+        stop(stopped.process.pid)
         ticking = threading.Thread(target=ticker, daemon=True)
         ticking.start()
         start = time.monotonic()
@@ -636,7 +637,7 @@ def test_ctrl_c_interrupts_a_blocked_transfer_call(monkeypatch):
     stopped = Peer(size=32 << 20)
     try:
         assert local.engine.send_probe(stopped.session) == 0
-        os.kill(stopped.process.pid, signal.SIGSTOP)
+        stop(stopped.process.pid)
         # As Ctrl-C does: the main thread's SIGINT handler runs at its next check.
         timer = threading.Timer(0.3, _thread.interrupt_main)
         timer.start()

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from stopping import stop
 
 os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
 
@@ -371,7 +372,7 @@ def test_a_moving_transfer_cannot_be_posted_again_or_released(peer):
     handle = side.agent.make_prepped_xfer("READ", side.local, ids([0]), remote, ids([1]))
     side.agent.transfer(handle)
     assert wait(side.agent, handle) == "DONE", "the connection is up before the peer stops"
-    os.kill(peer.process.pid, signal.SIGSTOP)
+    stop(peer.process.pid)
     try:
         side.agent.transfer(handle)
         assert side.agent.check_xfer_state(handle) == "PROC"
