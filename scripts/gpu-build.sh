@@ -14,16 +14,7 @@ cargo build --release -p ferry --examples
 # ferry-cli/gpu-tests turns on ferry/gpu-tests too: the CLI's suite starts `ferry serve`, and
 # ferry-rdma/gpu-tests adds its rdma_dmabuf binary (dma-buf export of GPU memory).
 cargo test --release --workspace --features ferry-cli/gpu-tests --no-run --message-format=json 2>/dev/null |
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        continue
-    if message.get("reason") == "compiler-artifact" and message.get("profile", {}).get("test") and message.get("executable"):
-        print(message["executable"])
-' |
+  python3 scripts/test-binaries.py |
   while read -r executable; do
     cp "$executable" "$out/tests/"
   done

@@ -12,16 +12,7 @@ for krate in core nvlink rdma; do
   cp -r "crates/$krate/tests/data/fuzz" "$elsewhere/fuzz-data/$krate"
 done
 cargo test -p ferry-core -p ferry-nvlink -p ferry-rdma --lib --no-run --message-format=json 2>/dev/null |
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        continue
-    if message.get("reason") == "compiler-artifact" and message.get("profile", {}).get("test") and message.get("executable"):
-        print(message["executable"])
-' |
+  python3 scripts/test-binaries.py |
   while read -r executable; do
     cp "$executable" "$elsewhere/"
   done

@@ -39,14 +39,7 @@ pub(crate) async fn confirm_ipc(
                 socket: socket.to_owned(),
                 region,
             }),
-            Ok(_) => {
-                let mut reason = String::new();
-                let _ = (&mut stream)
-                    .take(MAX_REFUSAL_BYTES)
-                    .read_to_string(&mut reason)
-                    .await;
-                Err(ImportError::Refused { reason })
-            }
+            Ok(_) => Err(refusal(&mut stream).await),
             Err(_) => Err(ImportError::NoAnswer {
                 socket: socket.to_owned(),
             }),
@@ -105,14 +98,7 @@ async fn fetch(
             })
         }
         Some(0) => {}
-        Some(_) => {
-            let mut reason = String::new();
-            let _ = (&mut stream)
-                .take(MAX_REFUSAL_BYTES)
-                .read_to_string(&mut reason)
-                .await;
-            return Err(ImportError::Refused { reason });
-        }
+        Some(_) => return Err(refusal(&mut stream).await),
     }
     // More allocations than one message carries come in further messages; a peer that sends
     // fewer is caught by the caller's count check.
@@ -220,14 +206,7 @@ pub(crate) async fn open_messages(
             .map_err(failed("writing to"))?;
         match stream.read_u8().await {
             Ok(0) => Ok(MessageSender::new(memory, stream, peer.to_owned())),
-            Ok(_) => {
-                let mut reason = String::new();
-                let _ = (&mut stream)
-                    .take(MAX_REFUSAL_BYTES)
-                    .read_to_string(&mut reason)
-                    .await;
-                Err(ImportError::Refused { reason })
-            }
+            Ok(_) => Err(refusal(&mut stream).await),
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err(ImportError::NoAnswer {
                     socket: socket.to_owned(),
@@ -243,4 +222,15 @@ pub(crate) async fn open_messages(
                 socket: socket.to_owned(),
             })
         })
+}
+
+/// The refusal whose reason follows a status byte other than 0: the server's words, read until
+/// it closes the socket (at most [`MAX_REFUSAL_BYTES`]).
+async fn refusal(stream: &mut UnixStream) -> ImportError {
+    let mut reason = String::new();
+    let _ = stream
+        .take(MAX_REFUSAL_BYTES)
+        .read_to_string(&mut reason)
+        .await;
+    ImportError::Refused { reason }
 }

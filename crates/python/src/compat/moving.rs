@@ -47,20 +47,7 @@ impl Moving {
 
     /// The outcome once every part ended, without waiting; `None` while one still moves.
     pub(crate) fn try_outcome(&mut self) -> Option<ferry::Result<Completion>> {
-        for index in 0..self.parts.len() {
-            let Some(part) = self.parts[index].as_mut() else {
-                continue;
-            };
-            let outcome = part.now_or_never()?;
-            self.parts[index] = None;
-            self.fold(outcome);
-        }
-        Some(std::mem::replace(
-            &mut self.ended,
-            Err(ferry::Error::ApiMisuse(
-                "the outcome of this transfer was already reported".into(),
-            )),
-        ))
+        self.settle(|part| part.now_or_never())
     }
 
     /// Waits for every part until `deadline`, each first by looking for its end for up to
@@ -71,11 +58,20 @@ impl Moving {
         spin: Duration,
         deadline: std::time::Instant,
     ) -> Option<ferry::Result<Completion>> {
+        self.settle(|part| part.wait_until(spin, deadline))
+    }
+
+    /// Folds in each part that `ended` reports ended, in order; the outcome once all have,
+    /// `None` at the first that has not (the ones before it stay folded in).
+    fn settle(
+        &mut self,
+        mut ended: impl FnMut(&mut Transfer) -> Option<ferry::Result<Completion>>,
+    ) -> Option<ferry::Result<Completion>> {
         for index in 0..self.parts.len() {
             let Some(part) = self.parts[index].as_mut() else {
                 continue;
             };
-            let outcome = part.wait_until(spin, deadline)?;
+            let outcome = ended(part)?;
             self.parts[index] = None;
             self.fold(outcome);
         }
