@@ -87,6 +87,108 @@ async fn thousands_of_scattered_blocks_land_in_their_slots() {
     }
 }
 
+/// Entries of 64 bytes in a permuted order, `count` of them: more than one slice of a
+/// batch, which is routed and started a slice at a time.
+const SLICED: usize = 20_000;
+
+fn sliced_slot(entry: usize) -> usize {
+    (entry * 7_919 + 11) % SLICED
+}
+
+#[tokio::test]
+async fn a_batch_of_many_slices_lands_every_entry_in_its_slot_both_ways() {
+    const ENTRY: usize = 64;
+    let pair = Pair::new(ENTRY * SLICED, ENTRY * SLICED).await;
+    let bytes = pattern(31, ENTRY * SLICED);
+    pair.source.write_at(0, &bytes).unwrap();
+    let mut batch = pair.prefill.batch(&pair.peer);
+    for entry in 0..SLICED {
+        batch = batch.write(
+            &pair.source,
+            (entry * ENTRY) as u64,
+            pair.remote + (sliced_slot(entry) * ENTRY) as u64,
+            ENTRY as u64,
+        );
+    }
+    let done = batch
+        .notify(b"sliced".to_vec())
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(done.bytes, (ENTRY * SLICED) as u64);
+    let mut landed = vec![0u8; ENTRY * SLICED];
+    pair.pool.read_at(0, &mut landed).unwrap();
+    for entry in 0..SLICED {
+        let at = sliced_slot(entry) * ENTRY;
+        assert_bytes_eq(
+            &landed[at..at + ENTRY],
+            &bytes[entry * ENTRY..(entry + 1) * ENTRY],
+            &format!("entry {entry} written"),
+        );
+    }
+    let mut inbox = pair.decode.notifications().unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+        .await
+        .expect("the notification of the sliced batch within 10 s")
+        .unwrap();
+    assert_eq!(note.payload, b"sliced");
+
+    // Back: every slot read into a zeroed source, entry by entry.
+    pair.source.write_at(0, &vec![0u8; ENTRY * SLICED]).unwrap();
+    let mut batch = pair.prefill.batch(&pair.peer);
+    for entry in 0..SLICED {
+        batch = batch.read(
+            &pair.source,
+            (entry * ENTRY) as u64,
+            pair.remote + (sliced_slot(entry) * ENTRY) as u64,
+            ENTRY as u64,
+        );
+    }
+    batch.submit().unwrap().await.unwrap();
+    let mut back = vec![0u8; ENTRY * SLICED];
+    pair.source.read_at(0, &mut back).unwrap();
+    assert_bytes_eq(&back, &bytes, "the sliced read");
+}
+
+#[tokio::test]
+async fn an_entry_outside_the_peer_in_a_later_slice_fails_the_transfer_naming_it() {
+    const ENTRY: usize = 64;
+    let pair = Pair::new(ENTRY * SLICED, ENTRY * SLICED).await;
+    let bad = SLICED - 5;
+    let mut batch = pair.prefill.batch(&pair.peer);
+    for entry in 0..SLICED {
+        let remote = match entry == bad {
+            // Past the end of every buffer the peer has.
+            true => pair.remote + (ENTRY * SLICED) as u64 + (1 << 30),
+            false => pair.remote + (entry * ENTRY) as u64,
+        };
+        batch = batch.write(&pair.source, (entry * ENTRY) as u64, remote, ENTRY as u64);
+    }
+    let failed = batch
+        .submit()
+        .unwrap()
+        .await
+        .expect_err("an entry outside the peer's buffers");
+    match failed {
+        Error::Range(ferry::RangeError::NotRegistered { index, .. }) => assert_eq!(index, bad),
+        other => panic!("expected NotRegistered for entry {bad}, got {other}"),
+    }
+    // The link still works: the slices that started ended cleanly.
+    let bytes = pattern(5, ENTRY);
+    pair.source.write_at(0, &bytes).unwrap();
+    pair.prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, pair.remote, ENTRY as u64)
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; ENTRY];
+    pair.pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(&landed, &bytes, "a write after the failed batch");
+}
+
 #[tokio::test]
 async fn notification_arrives_only_after_its_data() {
     let pair = Pair::new(16 << 20, 16 << 20).await;

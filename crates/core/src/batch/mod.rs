@@ -4,6 +4,7 @@
 //! reports its [`Completion`]; [`route`] picks the transport of every entry.
 
 mod overlap;
+mod pipeline;
 mod plan;
 mod route;
 mod spares;

@@ -2,7 +2,7 @@
 //! [`crate::route`] lays the same choice open for tools.
 
 use super::plan::{self, Pairs, Piece, Shape};
-use super::{Blocks, Entry, Work};
+use super::{Blocks, Entry};
 use crate::blocks::{BlockOps, BlockPoolOp};
 use crate::descriptor::BufferDescriptor;
 use crate::error::{Error, RangeError, Result, Side};
@@ -12,24 +12,21 @@ use crate::transport::{Reach, TransferOp, TransferOps, Transport};
 use std::sync::Arc;
 
 /// The ops of one batch for each transport (by index).
-type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
+pub(super) type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
 
-/// Routes every entry and block copy of `work` over the buffers of `view`; entries of block
-/// shape bound for a transport that [`Transport::prefers_blocks`] become block copies.
+/// Routes `entries` (the batch's from index `base` on) and the block copies `blocks` over the
+/// buffers of `view`; entries of block shape bound for a transport that
+/// [`Transport::prefers_blocks`] become block copies.
 pub(super) fn route_all(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
-    work: &Work,
+    uses: &Arc<[Arc<RegionUse>]>,
+    (entries, base): (&[Entry], usize),
+    blocks: &[Blocks],
     peer: &str,
 ) -> Result<Routed> {
-    let (groups, mut planned) = route(transports, view, &work.uses, &work.entries, peer)?;
-    planned.extend(route_blocks(
-        transports,
-        view,
-        &work.uses,
-        &work.blocks,
-        peer,
-    )?);
+    let (groups, mut planned) = route(transports, view, uses, (entries, base), peer)?;
+    planned.extend(route_blocks(transports, view, uses, blocks, peer)?);
     Ok((groups, planned))
 }
 
@@ -55,12 +52,13 @@ struct LastRoute {
 /// Picks the cheapest transport for every entry and turns entries into ops, merging entries
 /// that continue each other on both sides, or into block copies ([`plan`]) where the
 /// transport prefers them and the entries have block shape. A remote range outside every
-/// buffer of `view` is [`RangeError::NotRegistered`], naming the entry.
+/// buffer of `view` is [`RangeError::NotRegistered`], naming the entry by its index in the
+/// batch (`base` plus its index in `entries`).
 fn route(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &Arc<[Arc<RegionUse>]>,
-    entries: &[Entry],
+    (entries, base): (&[Entry], usize),
     peer: &str,
 ) -> Result<Routed> {
     if u32::try_from(view.buffers().len()).is_err() {
@@ -96,7 +94,7 @@ fn route(
             None => {
                 let remote_index = view.covering_index(entry.remote_addr, entry.len).ok_or(
                     RangeError::NotRegistered {
-                        index,
+                        index: base + index,
                         side: Side::Remote,
                         addr: entry.remote_addr,
                         len: entry.len,

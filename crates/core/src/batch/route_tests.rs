@@ -120,7 +120,7 @@ fn route_entries(
     transports: &[Arc<dyn Transport>],
     entries: &[Entry],
 ) -> Result<Vec<(usize, TransferOps)>> {
-    let (ops, blocks) = route(transports, &peer_view(), &local_use(), entries, PEER)?;
+    let (ops, blocks) = route(transports, &peer_view(), &local_use(), (entries, 0), PEER)?;
     assert!(blocks.is_empty(), "no fake transport prefers block copies");
     Ok(ops)
 }
@@ -286,12 +286,12 @@ fn transports_are_asked_once_per_region_and_buffer_for_as_long_as_the_view_lasts
         write(0x200, REMOTE_A + 0x200, 16),
     ];
     for _ in 0..3 {
-        let (groups, _) = route(&transports, &view, &uses, &entries, PEER).unwrap();
+        let (groups, _) = route(&transports, &view, &uses, (&entries, 0), PEER).unwrap();
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].1.len(), 3);
     }
     assert_eq!(asked(), 2, "asked again for a pair it had answered");
-    route(&transports, &peer_view(), &uses, &entries, PEER).unwrap();
+    route(&transports, &peer_view(), &uses, (&entries, 0), PEER).unwrap();
     assert_eq!(asked(), 4, "a new view of the peer asks again");
 }
 
@@ -368,7 +368,8 @@ fn block_shaped_entries_become_one_block_copy_per_id_list_and_the_rest_stay_ops(
     }
     // Too few for a copy of their own: ops.
     entries.push(write(0x10, REMOTE_A + 0x10, 0x20));
-    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    let (ops, blocks) =
+        route(&transports, &peer_view(), &local_use(), (&entries, 0), PEER).unwrap();
     assert_eq!(ops.len(), 1);
     assert_eq!(
         shape(&ops[0].1),
@@ -422,7 +423,8 @@ fn a_pair_of_odd_entries_stays_ops_on_a_transport_that_prefers_blocks() {
     let entries: Vec<Entry> = (0..8)
         .map(|index| write(index * 0x100, REMOTE_A + index * 0x100, 0x61 + index))
         .collect();
-    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    let (ops, blocks) =
+        route(&transports, &peer_view(), &local_use(), (&entries, 0), PEER).unwrap();
     assert!(blocks.is_empty());
     assert_eq!(ops[0].1.len(), 8);
     let bytes: u64 = ops[0].1.iter().map(|op| op.len).sum();
@@ -447,7 +449,8 @@ fn token_entries_in_runs_merge_into_one_op_a_run_on_a_transport_that_prefers_blo
             })
         })
         .collect();
-    let (ops, blocks) = route(&transports, &peer_view(), &local_use(), &entries, PEER).unwrap();
+    let (ops, blocks) =
+        route(&transports, &peer_view(), &local_use(), (&entries, 0), PEER).unwrap();
     assert!(blocks.is_empty(), "tokens in runs stay flat");
     assert_eq!(
         shape(&ops[0].1),

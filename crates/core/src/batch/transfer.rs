@@ -1,11 +1,12 @@
 //! A submitted batch: the task that moves it, and the future that reports its completion.
 
-use super::route::{route_all, signal_route};
+use super::pipeline::{slices, Routing, Started};
+use super::route::signal_route;
 use super::{BatchEngine, Work};
 use crate::cuda::Poller;
-use crate::error::{Error, RangeError, Result, Side};
+use crate::error::{Error, Result};
 use crate::peer::Peer;
-use crate::transport::{Link, Notified, TransferPart};
+use crate::transport::Notified;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -172,6 +173,10 @@ pub(super) fn start(
 }
 
 /// Routes and moves `work`, then signals and notifies the peer; what a [`Transfer`] reports.
+///
+/// A batch of many entries is routed, planned and started a slice at a time ([`slices`]): the
+/// copies of the first slice run while the host plans the next, instead of every copy waiting
+/// until the last entry is planned.
 async fn run(
     engine: &dyn BatchEngine,
     peer: &Peer,
@@ -180,42 +185,39 @@ async fn run(
 ) -> Result<Completion> {
     let started = Instant::now();
     let available = engine.transports();
-    // A remote range the cached descriptor does not cover may be memory the peer registered
-    // since: fetch its descriptor once more before refusing.
-    let (groups, block_groups) = match route_all(available, &peer.view(), &work, peer.name()) {
-        Err(Error::Range(
-            RangeError::NotRegistered {
-                side: Side::Remote, ..
-            }
-            | RangeError::PoolNotRegistered {
-                side: Side::Remote, ..
-            },
-        )) => {
-            let view = peer.refresh(engine.peer_context()).await?;
-            route_all(available, &view, &work, peer.name())?
-        }
-        routed => routed?,
-    };
     let bytes = work.entries.iter().map(|entry| entry.len).sum::<u64>()
         + work
             .blocks
             .iter()
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
+    // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
+    let entries = std::mem::take(&mut work.entries);
+    let mut slices = slices(entries.len());
+    let first = slices.next().unwrap_or(0..0);
+    let mut routing = Routing::new(engine, peer);
+    let (groups, block_groups) = routing
+        .route(
+            &work.uses,
+            (&entries[first.clone()], first.start),
+            &work.blocks,
+        )
+        .await?;
     crate::telemetry::transfer_routed(bytes);
     let signal = match work.signal {
         Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
         None => None,
     };
-    // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
-    let entries = std::mem::take(&mut work.entries);
     let after = work.after.take();
     let later = std::mem::take(&mut work.later);
+    let uses = Arc::clone(&work.uses);
     drop(work);
     // A batch that goes whole through the link that carries the peer's notifications hands
     // that link its notification, which it may release right after the copies.
-    let only = match (groups.as_slice(), block_groups.as_slice()) {
-        ([(transport, _)], []) | ([], [(transport, _)]) => Some(*transport),
+    let only = match (groups.as_slice(), block_groups.as_slice(), first.end) {
+        ([(transport, _)], [], end) | ([], [(transport, _)], end) if end == entries.len() => {
+            Some(*transport)
+        }
         _ => None,
     };
     // A batch with checks left keeps its notification until they passed.
@@ -230,58 +232,52 @@ async fn run(
         }
         _ => None,
     };
-    let mut transports = Vec::with_capacity(groups.len());
-    let mut pending: Vec<futures::future::BoxFuture<'_, Result<Notified>>> =
-        Vec::with_capacity(groups.len() + block_groups.len());
-    for (transport, ops) in groups {
-        let link = peer.link(engine.transports()[transport].as_ref()).await?;
-        transports.push(engine.transports()[transport].name());
-        let after = after.clone();
-        let handed = handed.as_deref();
-        pending.push(Box::pin(async move {
-            if let Some(event) = after {
-                Poller::global().wait(event).await?;
-            }
-            move_part(link.as_ref(), TransferPart::Ops(ops), handed).await
-        }));
-    }
-    for (transport, mut blocks) in block_groups {
-        blocks.after = after.clone();
-        let link = peer.link(engine.transports()[transport].as_ref()).await?;
-        let name = engine.transports()[transport].name();
-        if !transports.contains(&name) {
-            transports.push(name);
-        }
-        let handed = handed.as_deref();
-        pending.push(Box::pin(async move {
-            move_part(link.as_ref(), TransferPart::Blocks(blocks), handed).await
-        }));
-    }
-    let moves_data = !pending.is_empty();
-    if !later.is_empty() {
-        // Last in the join, so the parts before it have started their copies when it runs.
-        let (later, entries) = (&later, &entries);
-        pending.push(Box::pin(async move {
-            later.run(entries).map(|()| Notified::Left)
-        }));
-    }
     let limit = engine.transfer_timeout();
-    // Every part runs to its end, even after another failed or the time ran out: a part
-    // dropped half-way would release its regions and mappings while a GPU may still be
-    // copying through them. Closing the peer makes the network parts fail at once.
-    let outcomes = {
-        let mut moved = std::pin::pin!(futures::future::join_all(pending));
-        match tokio::time::timeout(limit, &mut moved).await {
-            Ok(outcomes) => outcomes,
-            Err(_) => {
-                peer.close();
-                moved.await;
-                return Err(Error::Timeout {
-                    what: format!("a transfer of {bytes} bytes to {}", peer.name()),
-                    after: limit,
-                });
+    let mut parts = Started::new(limit);
+    let mut transports = Vec::new();
+    let mut routed = Ok((groups, block_groups));
+    loop {
+        let begun = match routed {
+            Ok(routed) => {
+                parts
+                    .start(
+                        engine,
+                        peer,
+                        routed,
+                        &after,
+                        handed.as_deref(),
+                        &mut transports,
+                    )
+                    .await
             }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = begun {
+            // Parts already started run to their end before the error is reported: their
+            // copies may still be using the regions and mappings.
+            parts.finish(peer).await;
+            return Err(error);
         }
+        let Some(slice) = slices.next() else { break };
+        routed = routing
+            .route(&uses, (&entries[slice.clone()], slice.start), &[])
+            .await;
+    }
+    let moves_data = !parts.is_empty();
+    if !later.is_empty() {
+        // After every part has started its copies, so that the check overlaps them.
+        let (later, entries) = (&later, &entries);
+        parts
+            .begin(Box::pin(async move {
+                later.run(entries).map(|()| Notified::Left)
+            }))
+            .await;
+    }
+    let Some(outcomes) = parts.finish(peer).await else {
+        return Err(Error::Timeout {
+            what: format!("a transfer of {bytes} bytes to {}", peer.name()),
+            after: limit,
+        });
     };
     if outcomes
         .iter()
@@ -347,18 +343,6 @@ async fn run(
         transports,
         elapsed: started.elapsed(),
     })
-}
-
-/// Moves one part of a batch through `link`, handing it the batch's notification when there
-/// is one to hand.
-async fn move_part(link: &dyn Link, part: TransferPart, handed: Option<&[u8]>) -> Result<Notified> {
-    match (part, handed) {
-        (part, Some(payload)) => link.transfer_notifying(part, payload).await,
-        (TransferPart::Ops(ops), None) => link.transfer(ops).await.map(|()| Notified::Left),
-        (TransferPart::Blocks(blocks), None) => {
-            link.transfer_blocks(blocks).await.map(|()| Notified::Left)
-        }
-    }
 }
 
 #[cfg(test)]
