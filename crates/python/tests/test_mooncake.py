@@ -202,7 +202,7 @@ def test_before_initialize_every_call_reports_failure():
     assert engine.transfer_submit_write("127.0.0.1:1", addr, addr, 8) == 0
     assert engine.allocate_managed_buffer(64) == 0
     assert engine.get_notifies() == []
-    assert engine.send_probe("127.0.0.1:1") != 0
+    assert engine.send_probe("127.0.0.1:1") == -102
 
 
 def test_initialize_ignores_the_port_in_local_hostname():
@@ -451,8 +451,13 @@ def test_unreachable_target_fails(local):
     target = f"127.0.0.1:{unused_port()}"
     assert local.engine.transfer_sync_write(target, local.addr, local.addr, 8) == -1
     assert local.engine.batch_transfer_sync_read(target, [local.addr], [local.addr], [8]) == -1
-    assert local.engine.send_probe(target) != 0
+    assert local.engine.send_probe(target) == -102
     assert local.engine.get_first_buffer_address(target) == 0
+
+
+def test_get_engine_raises_and_names_what_to_use_instead(local):
+    with pytest.raises(NotImplementedError, match="Mooncake Store"):
+        local.engine.get_engine()
 
 
 # --- asynchronous transfers -----------------------------------------------------------------

@@ -18,6 +18,11 @@ use pyo3::types::PyBytes;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+
+/// What `send_probe` returns for a peer it could not reach: the code Mooncake's wheel returns
+/// there, which its callers may test for.
+const PROBE_FAILED: i32 = -102;
+
 /// Seconds a transfer may take when `MC_TRANSFER_TIMEOUT` is not set.
 const DEFAULT_TIMEOUT_SECONDS: u64 = 30;
 /// The shortest transfer timeout; Mooncake raises smaller `MC_TRANSFER_TIMEOUT` values to it.
@@ -583,11 +588,21 @@ impl TransferEngine {
         })
     }
 
-    /// Opens `target_hostname` (fetching its descriptor): 0 when it answered, -1 if not.
+    /// Opens `target_hostname` (fetching its descriptor): 0 when it answered, else
+    /// [`PROBE_FAILED`] as Mooncake returns.
     fn send_probe(&self, py: Python<'_>, target_hostname: &str) -> i32 {
-        self.run(py, "send_probe", -1, |session| {
+        self.run(py, "send_probe", PROBE_FAILED, |session| {
             session.peer(target_hostname).map(|_| 0)
         })
+    }
+
+    /// Mooncake hands its C++ engine to Mooncake Store (SGLang's HiCache) through this; ferry
+    /// has no such engine to share, so the call raises and says what to use instead rather
+    /// than return something Mooncake Store would crash on.
+    fn get_engine(&self) -> PyResult<()> {
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "ferry's TransferEngine has no Mooncake C++ engine to hand to Mooncake Store (SGLang's HiCache storage backend calls get_engine for it); for HiCache's Mooncake backend run Mooncake's own mooncake-transfer-engine package (FERRY_MOONCAKE=0 when both are installed), or choose a HiCache storage backend that needs no transfer engine",
+        ))
     }
 
     /// The address of the first buffer `target_hostname` registered (0 when it has none or
