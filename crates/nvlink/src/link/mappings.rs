@@ -26,13 +26,18 @@ impl NvlinkLink {
         let mut missing: Vec<&Arc<BufferDescriptor>> = Vec::new();
         {
             let known = self.known.lock();
+            // Consecutive ops mostly name one buffer: a repeat of the one looked at last
+            // skips the map, which a list of thousands of flat copies would otherwise hash
+            // once each.
+            let mut previous: Option<&Arc<BufferDescriptor>> = None;
             for remote in remotes {
-                if missing.last().is_some_and(|last| Arc::ptr_eq(last, remote))
-                    || known.contains_key(&descriptor_key(remote))
-                {
+                if previous.is_some_and(|previous| Arc::ptr_eq(previous, remote)) {
                     continue;
                 }
-                missing.push(remote);
+                previous = Some(remote);
+                if !known.contains_key(&descriptor_key(remote)) {
+                    missing.push(remote);
+                }
             }
         }
         for remote in missing {
