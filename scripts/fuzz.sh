@@ -13,6 +13,7 @@ targets=(
   "frame crates/core/tests/data/fuzz/frame"
   "session crates/core/tests/data/fuzz/session"
   "sealed_session crates/core/tests/data/fuzz/sealed_session"
+  "client crates/core/tests/data/fuzz/client"
   "rdma_peer_input crates/rdma/tests/data/fuzz/peer_input"
   "message_ring crates/nvlink/tests/data/fuzz/message_ring"
   "handshake crates/core/tests/data/fuzz/handshake"

@@ -119,6 +119,94 @@ fn run_session(data: &[u8], keys: Option<crate::auth::FrameKeys>) -> String {
     format!("{:?}", harness.closed())
 }
 
+/// Most bytes a client session may hold: its input buffer and the largest part it collects
+/// (a 64 KiB ack body and its tag, in a buffer grown by doubling).
+const CLIENT_BOUND: usize = 256 << 10;
+
+/// The limits of the client target's session, and of the listener that made its seeds.
+pub(crate) fn client_config() -> crate::proto::SessionConfig {
+    let mut config = test_config();
+    config.limits.max_data = 64 << 10;
+    config
+}
+
+/// The requests the client target waits on, in order (ids 1 to 6): two writes, three reads
+/// (the last refused by the listener) and a notification, after a hello. Its seeds are a
+/// listener's answers to them.
+pub(crate) fn client_requests(client: &mut crate::proto::test_pair::Client) {
+    use crate::proto::test_memory::TestMemory;
+    let base = TestMemory::BASE;
+    let data: Vec<u8> = (0..17_000u32).map(|index| (index % 251) as u8).collect();
+    client.hello("fuzz");
+    client.write(base, &data[..100]);
+    client.write(base + 1000, &data);
+    client.read(base, base, 100);
+    client.read(base + 1000, base + 1000, 17_000);
+    client.read(base + (64 << 10), base + 30_000, 10);
+    client.notify(b"fuzz");
+}
+
+/// Feeds `data` as a listener's answers into a fresh client session waiting on
+/// [`client_requests`]: the first byte picks a sealed session (bit 0) and whether the session
+/// then waits out its timer (bit 1) instead of seeing the stream end; the rest is cut into
+/// reads of changing sizes. Panics if the session holds more than its bound, answers a request
+/// twice, loses more than the one whose answer it was reading, or has not ended once the
+/// stream did. Returns how it ended and what became of each request.
+pub fn client(data: &[u8]) -> String {
+    use crate::proto::test_pair::{client_keys, Client};
+    let Some((&choice, answers)) = data.split_first() else {
+        return "empty".into();
+    };
+    let config = client_config();
+    let mut client = Client::new(64 << 10, config.limits, config.io_timeout);
+    if choice & 1 != 0 {
+        client.seal(client_keys());
+    }
+    client_requests(&mut client);
+    let sent = client.waiting();
+    let mut taken = 0;
+    for chunk in CHUNKS.iter().cycle() {
+        if taken == answers.len() {
+            break;
+        }
+        let end = answers.len().min(taken + chunk);
+        let fed = client.receive(&answers[taken..end], usize::MAX);
+        if fed < end - taken {
+            break;
+        }
+        taken = end;
+    }
+    assert!(
+        client.peak_held <= CLIENT_BOUND,
+        "the client session held {} bytes",
+        client.peak_held
+    );
+    if choice & 2 != 0 {
+        client.wait(config.io_timeout);
+    } else {
+        client.end();
+        assert!(
+            client.session.closed().is_some(),
+            "the stream ended and the session did not"
+        );
+    }
+    let mut ids: Vec<u64> = client.outcomes.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        client.outcomes.len(),
+        "a request was answered twice"
+    );
+    assert!(
+        client.outcomes.len() + client.waiting() + 1 >= sent,
+        "requests vanished: {} answered and {} waiting of {sent}",
+        client.outcomes.len(),
+        client.waiting()
+    );
+    format!("{:?} {:?}", client.session.closed(), client.outcomes)
+}
+
 /// The secret the handshake and descriptor targets hold; the fuzzer never sees it.
 const FUZZ_SECRET: &[u8] = b"fuzzing-secret-that-inputs-never-hold";
 
@@ -240,6 +328,11 @@ mod tests {
     #[test]
     fn the_sealed_session_corpus_and_crashes_replay_without_panics() {
         replay("sealed_session", super::sealed_session);
+    }
+
+    #[test]
+    fn the_client_corpus_and_crashes_replay_without_panics() {
+        replay("client", super::client);
     }
 
     #[test]

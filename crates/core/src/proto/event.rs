@@ -37,6 +37,9 @@ pub(crate) enum Closed {
     Idle(Duration),
     /// The peer read none of its answers within the limit.
     NotReading(Duration),
+    /// The rest of an answer (its body, or the tag after it) did not arrive within the limit
+    /// of its header (or of its body).
+    AnswerStalled(Duration),
     /// GPU memory could not be staged, so the rest of the frame had nowhere to go: the
     /// error's message.
     Staging(String),
@@ -61,6 +64,10 @@ impl fmt::Display for Closed {
             Closed::NotReading(limit) => {
                 write!(f, "the peer read none of its answers for {limit:?}")
             }
+            Closed::AnswerStalled(limit) => write!(
+                f,
+                "the rest of an answer did not arrive within {limit:?} (the engine's I/O timeout)"
+            ),
             Closed::Staging(error) => write!(f, "no staging buffer for GPU memory: {error}"),
         }
     }

@@ -1,6 +1,8 @@
 //! The per-connection protocol of the listener as a plain state machine: no sockets, no
 //! runtime, no clock. A thin driver (`crate::tcp::server`) pumps bytes and time through it;
-//! tests and the fuzz targets drive it from memory.
+//! tests and the fuzz targets drive it from memory. The caller's side of a connection reads
+//! the listener's answers with another such machine, [`ClientSession`] (its call order is in
+//! the `client` module's docs).
 //!
 //! # Call order
 //!
@@ -37,6 +39,9 @@
 //! the bytes that already arrived in its destination; the sender sees the frame fail, never
 //! succeed. A destination range is therefore undefined until its frame is acknowledged.
 
+mod client;
+#[cfg(test)]
+mod client_tests;
 mod event;
 mod input;
 mod output;
@@ -46,8 +51,12 @@ mod served;
 mod server;
 #[cfg(any(test, fuzzing))]
 pub(crate) mod test_memory;
+#[cfg(any(test, fuzzing))]
+pub(crate) mod test_pair;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use client::{Answer, ClientSession, Request};
 
 pub(crate) use event::{Closed, Event};
 pub(crate) use served::{Landing, Served, SessionConfig};

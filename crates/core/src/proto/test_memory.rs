@@ -61,7 +61,8 @@ impl TestMemory {
         (len > 0 && end <= self.bytes.lock().len() as u64).then_some(start as usize)
     }
 
-    fn store(&self, spans: Vec<TestSpan>) {
+    /// Copies the spans' received bytes into the buffer, as storing GPU staging buffers does.
+    pub(crate) fn store(&self, spans: Vec<TestSpan>) {
         let mut bytes = self.bytes.lock();
         for span in spans {
             let start = (span.addr - Self::BASE) as usize;

@@ -1,22 +1,26 @@
-//! One client connection: a writer task that sends queued frames and a reader task that
-//! matches acks and read data to them. They decide nothing; the link planned every frame.
+//! One client connection: a writer task that sends queued frames and a reader task that pumps
+//! the listener's answers through the connection's [`ClientSession`], which matches them to
+//! the frames. They decide nothing; the link planned every frame and the session checks
+//! every answer.
 
-use super::frame_io::{self, FrameError};
+use super::frame_io::FrameError;
 use super::handshake::refusal_seen_as_frame;
+use super::server::until;
 use super::tracker::Ticket;
 use super::FrameTags;
 use crate::auth::Secret;
-use crate::error::{AuthFailure, Error, ProtocolViolation, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::memory::Span;
-use crate::wire::seal::{self, Opener, Sealer};
-use crate::wire::{self, Header, Hello, Kind, Limits};
+use crate::proto::{Answer, ClientSession, Closed, Request};
+use crate::wire::seal::{self, Sealer};
+use crate::wire::{self, Header, Hello, Limits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -39,18 +43,24 @@ pub(crate) struct Outgoing {
     pub(crate) ticket: Ticket,
 }
 
+/// A request sent on the connection and waiting for its answer.
 struct Awaiting {
     read_into: Option<Span>,
     ticket: Ticket,
+}
+
+impl Request for Awaiting {
+    type Span = Span;
+
+    fn destination(&mut self) -> Option<&mut Span> {
+        self.read_into.as_mut()
+    }
 }
 
 type AwaitingMap = Arc<Mutex<HashMap<u64, Awaiting>>>;
 
 /// A connection's write half and, on a sealed connection, what tags the frames sent on it.
 type Sending = (OwnedWriteHalf, Option<Sealer>);
-
-/// A connection's read half and, on a sealed connection, what checks the frames read from it.
-type Receiving = (BufReader<OwnedReadHalf>, Option<Opener>);
 
 /// Set by the reader, before the connection is marked dead, when the listener refused this
 /// engine for want of a shared secret: every frame of the connection then fails with that.
@@ -90,7 +100,7 @@ impl Connection {
         let keys =
             super::handshake::client(&mut stream, secret, tag_frames, &peer, io_timeout).await?;
         let mut sealer = keys.as_ref().map(|keys| Sealer::new(keys.send));
-        let opener = keys.map(|keys| Opener::new(keys.receive));
+        let listener_key = keys.map(|keys| keys.receive);
         let (read_half, mut writer) = stream.into_split();
         let hello = wire::encode_hello(&Hello {
             name: local_name.to_owned(),
@@ -113,13 +123,16 @@ impl Connection {
             io_timeout,
             Arc::clone(&peer),
         ));
+        let mut session = ClientSession::new(Arc::clone(&awaiting), limits, io_timeout);
+        if let Some(key) = listener_key {
+            session.seal(key);
+        }
         let reader_task = tokio::spawn(read_loop(
-            (BufReader::with_capacity(READ_BUFFER, read_half), opener),
+            read_half,
+            session,
             awaiting,
             Arc::clone(&alive),
             refused,
-            limits,
-            io_timeout,
             peer,
         ));
         Ok(Connection {
@@ -170,10 +183,6 @@ fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, error: impl Fn() -> Erro
         waiting.ticket.complete(Err(error()));
     }
 }
-
-/// Buffer for reading headers and small bodies. Reads of at least this size that find it empty
-/// go straight into their destination, so block data is not copied twice.
-const READ_BUFFER: usize = 16 << 10;
 
 /// Sends header, prefix and data as one gathered write (several when the kernel takes less),
 /// so block data goes from registered memory to the socket without a copy; on a sealed
@@ -282,33 +291,62 @@ async fn write_loop(
     fail_all(&awaiting, &alive, || gone(&reason));
 }
 
+/// Why the reader stopped.
+enum Stopped {
+    /// The session ended, for this reason.
+    Closed(Closed),
+    /// Reading from the socket failed.
+    Io(std::io::Error),
+}
+
+/// Pumps the socket and the timer into the connection's [`ClientSession`] and completes each
+/// request as its answer says; every check of what the listener sent is the session's.
 async fn read_loop(
-    (mut reader, mut opener): Receiving,
+    mut reader: OwnedReadHalf,
+    mut session: ClientSession<Mutex<HashMap<u64, Awaiting>>>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
     refused: Refused,
-    limits: Limits,
-    io_timeout: Duration,
     peer: Arc<str>,
 ) {
-    let failure = loop {
-        let read = read_response(
-            &mut reader,
-            opener.as_mut(),
-            &awaiting,
-            &limits,
-            io_timeout,
-            &peer,
-        );
-        match read.await {
-            Ok(true) => {}
-            Ok(false) => break FrameError::Io(std::io::ErrorKind::UnexpectedEof.into()),
-            Err(error) => {
-                tracing::warn!(%peer, %error, "closing the connection to a peer");
-                break error;
-            }
+    let stopped = loop {
+        while let Some(answer) = session.poll_event() {
+            complete(answer, &peer).await;
+        }
+        if let Some(closed) = session.closed() {
+            break Stopped::Closed(closed.clone());
+        }
+        let deadline = session.poll_timeout();
+        let Some(target) = session.read_target() else {
+            continue;
+        };
+        let read = until(deadline, reader.read(target)).await;
+        let now = Instant::now();
+        match read {
+            Some(Ok(0)) => session.handle_end(now),
+            Some(Ok(len)) => session.handle_read(now, len),
+            Some(Err(error)) => break Stopped::Io(error),
+            None => session.handle_timeout(now),
         }
     };
+    // A clean end between answers is no error worth a warning.
+    let quiet = matches!(stopped, Stopped::Closed(Closed::Finished));
+    let failure = match stopped {
+        Stopped::Closed(Closed::Protocol(violation)) => FrameError::Protocol(violation),
+        Stopped::Closed(Closed::Finished | Closed::EndedMidFrame) => {
+            FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())
+        }
+        Stopped::Closed(closed @ Closed::AnswerStalled(_)) => FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            closed.to_string(),
+        )),
+        Stopped::Closed(Closed::Staging(error)) => FrameError::Io(std::io::Error::other(error)),
+        Stopped::Closed(closed) => FrameError::Io(std::io::Error::other(closed.to_string())),
+        Stopped::Io(error) => FrameError::Io(error),
+    };
+    if !quiet {
+        tracing::warn!(%peer, error = %failure, "closing the connection to a peer");
+    }
     // A listener that requires a secret answers a connection without one with its refusal.
     if let Some(reason) = refusal_seen_as_frame(&failure) {
         let _ = refused.set(reason);
@@ -335,92 +373,25 @@ async fn read_loop(
     });
 }
 
-/// Handles one response frame; `false` on a clean end of stream. On a sealed connection
-/// nothing the frame says is acted on before its tag checked out.
-async fn read_response(
-    reader: &mut BufReader<OwnedReadHalf>,
-    opener: Option<&mut Opener>,
-    awaiting: &AwaitingMap,
-    limits: &Limits,
-    io_timeout: Duration,
-    peer: &Arc<str>,
-) -> Result<bool, FrameError> {
-    let Some(header) = frame_io::read_header(reader, limits).await? else {
-        return Ok(false);
-    };
-    let timed = |error: tokio::time::error::Elapsed| {
-        FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
-    };
-    let waiting = awaiting
-        .lock()
-        .remove(&header.id)
-        .ok_or(ProtocolViolation::UnknownRequest(header.id))?;
-    match header.kind {
-        Kind::Ack => {
-            let body = tokio::time::timeout(io_timeout, frame_io::read_body(reader, header.len))
-                .await
-                .map_err(timed)??;
-            if let Some(opener) = opener {
-                let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
-                    .await
-                    .map_err(timed)??;
-                if let Err(violation) = opener.open(&header.encode(), &body, header.kind, &tag) {
-                    return Err(tampered(waiting.ticket, peer, violation));
-                }
-            }
-            let outcome = wire::decode_ack(&body)?.map_err(|reason| Error::Rejected {
-                peer: peer.to_string(),
-                reason,
-            });
-            waiting.ticket.complete(outcome);
+/// Completes a request as the listener's answer says; a read's bytes count as arrived once
+/// they are in the region (for GPU memory, once its staging buffer was copied there).
+async fn complete(answer: Answer<Awaiting>, peer: &Arc<str>) {
+    match answer {
+        Answer::Acked { request, outcome } => {
+            request
+                .ticket
+                .complete(outcome.map_err(|reason| Error::Rejected {
+                    peer: peer.to_string(),
+                    reason,
+                }))
         }
-        Kind::ReadData => {
-            let Awaiting {
-                read_into: Some(mut span),
-                ticket,
-            } = waiting
-            else {
-                return Err(ProtocolViolation::Unexpected {
-                    kind: "read-data",
-                    context: "in answer to a write",
-                }
-                .into());
-            };
-            if span.len() != header.len as usize {
-                return Err(ProtocolViolation::Malformed("read data of the wrong length").into());
-            }
-            tokio::time::timeout(io_timeout, reader.read_exact(span.receive_into()?))
-                .await
-                .map_err(timed)??;
-            if let Some(opener) = opener {
-                let tag = tokio::time::timeout(io_timeout, frame_io::read_tag(reader))
-                    .await
-                    .map_err(timed)??;
-                let (header_bytes, landed) = (header.encode(), span.receive_into()?);
-                if let Err(violation) = opener.open(&header_bytes, landed, header.kind, &tag) {
-                    return Err(tampered(ticket, peer, violation));
-                }
-            }
-            // GPU memory: the bytes count as arrived once they are in the region.
-            let stored = Span::store_all(std::slice::from_mut(&mut span)).await;
-            ticket.complete(stored);
+        Answer::Arrived(Awaiting { read_into, ticket }) => {
+            let mut spans: Vec<Span> = read_into.into_iter().collect();
+            ticket.complete(Span::store_all(&mut spans).await);
         }
-        other => {
-            return Err(ProtocolViolation::Unexpected {
-                kind: other.name(),
-                context: "from a listener",
-            }
-            .into())
-        }
+        Answer::Tampered { request, violation } => request.ticket.complete(Err(Error::Protocol {
+            peer: peer.to_string(),
+            violation,
+        })),
     }
-    Ok(true)
-}
-
-/// Fails the request whose answer failed its tag with that reason, and the connection after it.
-fn tampered(ticket: Ticket, peer: &Arc<str>, violation: ProtocolViolation) -> FrameError {
-    ticket.complete(Err(Error::Protocol {
-        peer: peer.to_string(),
-        violation: violation.clone(),
-    }));
-    violation.into()
 }

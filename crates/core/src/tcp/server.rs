@@ -355,7 +355,10 @@ impl Driver {
 }
 
 /// `work`, unless `deadline` passes first (`None`).
-async fn until<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> Option<T> {
+pub(super) async fn until<T>(
+    deadline: Option<Instant>,
+    work: impl Future<Output = T>,
+) -> Option<T> {
     match deadline {
         Some(deadline) => tokio::time::timeout_at(deadline.into(), work).await.ok(),
         None => Some(work.await),
