@@ -346,25 +346,16 @@ impl BlockCopy {
         }
     }
 
-    /// Number of pools added.
-    pub(crate) fn pool_count(&self) -> usize {
-        self.pools.len()
-    }
-
-    /// Resolves the pools `pools` (every pool's index) against their region uses (`uses`, one
-    /// per pool of `pools`, in order) and the peer's buffers (`covering`), after
-    /// [`BlockCopy::validate`].
+    /// Resolves every pool against its region use (`uses`, in pool order) and the peer's
+    /// buffers (`covering`), after [`BlockCopy::validate`].
     pub(crate) fn resolve(
         &self,
         copy: usize,
-        pools: std::ops::Range<usize>,
         uses: &[Arc<RegionUse>],
         covering: impl Fn(u64, u64) -> Option<Arc<BufferDescriptor>>,
     ) -> Result<Vec<BlockPoolOp>, RangeError> {
-        let first = pools.start;
-        let mut resolved = Vec::with_capacity(pools.len());
-        for (index, (pool, region)) in self.pools[pools].iter().zip(uses).enumerate() {
-            let index = first + index;
+        let mut resolved = Vec::with_capacity(self.pools.len());
+        for (index, (pool, region)) in self.pools.iter().zip(uses).enumerate() {
             let extent = self.layout(Side::Remote, pool).extent(self.len);
             let remote_base = pool.remote_base();
             let remote = covering(remote_base, extent).ok_or(RangeError::PoolNotRegistered {

@@ -1,9 +1,8 @@
-//! How a submitted batch reaches its transports: its entries and the pools of its block
-//! copies routed and planned a slice at a time ([`slices`], [`Routing`]), each slice's parts
-//! started the moment they are planned ([`Started`]), so that the copies of the first slice
-//! run while the host plans the next.
+//! How a submitted batch reaches its transports: its entries routed and planned a slice at a
+//! time ([`slices`], [`Routing`]), each slice's parts started the moment they are planned
+//! ([`Started`]), so that the copies of the first slice run while the host plans the next.
 
-use super::route::{route, route_blocks, Routed};
+use super::route::{route_all, Routed};
 use super::{BatchEngine, Blocks, Entry};
 use crate::cuda::{Event, Poller};
 use crate::error::{Error, RangeError, Result, Side};
@@ -16,62 +15,32 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-/// Entries in the first slice of a batch's entries: fewer than twice this many are routed
-/// whole, as one slice, so that small batches (a notification's latency counts there) take
-/// one pass. Each slice after the first is twice the one before, up to [`LARGEST_SLICE`],
-/// so that a long batch is a handful of launches and not hundreds.
+/// Entries in the first slice: a batch of fewer than twice this many is routed whole, as one
+/// slice, so that small batches (a notification's latency counts there) take one pass.
 const FIRST_SLICE: usize = 4096;
 
-/// Entries in the largest slice.
+/// Entries in the largest slice: each slice after the first is twice the one before, up to
+/// this, so that a long batch is a handful of launches and not hundreds.
 const LARGEST_SLICE: usize = 16384;
 
-/// Pools in the first slice of a block copy, which grow as entries do, up to
-/// [`LARGEST_POOLS`]: every pool costs the host a region, a buffer and a mapping to look up
-/// before the copy can start (a request of 80 layers is 160 pools).
-const FIRST_POOLS: usize = 16;
-
-/// Pools in the largest slice of a block copy.
-const LARGEST_POOLS: usize = 64;
-
-/// One slice of a batch's work: routed, planned and started as one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Slice {
-    /// The batch's entries `range`.
-    Entries(Range<usize>),
-    /// The pools `pools` of block copy `copy`.
-    Pools { copy: usize, pools: Range<usize> },
-}
-
-/// The slices of a batch of `entries` entries and block copies of `pools` pools each: every
-/// block copy's pools, then the entries, each cut by [`doubling`].
-pub(super) fn slices(entries: usize, pools: impl Iterator<Item = usize>) -> Vec<Slice> {
-    let mut slices: Vec<Slice> = pools
-        .enumerate()
-        .flat_map(|(copy, count)| {
-            doubling(count, FIRST_POOLS, LARGEST_POOLS)
-                .map(move |pools| Slice::Pools { copy, pools })
-        })
-        .collect();
-    slices.extend(doubling(entries, FIRST_SLICE, LARGEST_SLICE).map(Slice::Entries));
-    slices
-}
-
-/// `0..len` cut into ranges, in order: `first` long, then each twice the one before up to
-/// `largest`; a tail shorter than `first` joins the range before it. Nothing for `len == 0`.
-fn doubling(len: usize, first: usize, largest: usize) -> impl Iterator<Item = Range<usize>> {
-    let (mut start, mut size) = (0, first);
+/// The slices of a batch of `len` entries, in order, covering every entry once: the first
+/// [`FIRST_SLICE`] entries, then slices twice as long as the one before up to
+/// [`LARGEST_SLICE`]. A tail shorter than [`FIRST_SLICE`] joins the slice before it.
+pub(super) fn slices(len: usize) -> impl Iterator<Item = Range<usize>> {
+    let (mut start, mut size) = (0, FIRST_SLICE);
     std::iter::from_fn(move || {
-        if start >= len {
+        if start >= len && !(start == 0 && len == 0) {
             return None;
         }
         let mut end = start.saturating_add(size).min(len);
-        if len - end < first {
+        if len - end < FIRST_SLICE {
             end = len;
         }
-        let range = start..end;
-        start = end;
-        size = size.saturating_mul(2).min(largest);
-        Some(range)
+        let slice = start..end;
+        // An empty batch is one empty slice, so that its block copies are still routed.
+        start = end.max(1);
+        size = (size * 2).min(LARGEST_SLICE);
+        Some(slice)
     })
 }
 
@@ -96,38 +65,16 @@ impl<'a> Routing<'a> {
         }
     }
 
-    /// Routes `slice` of a batch of `entries` and `blocks`.
+    /// Routes `entries` (the batch's from index `base` on) and `blocks`.
     pub(super) async fn route(
         &mut self,
         uses: &Arc<[Arc<RegionUse>]>,
-        (entries, blocks): (&[Entry], &[Blocks]),
-        slice: &Slice,
+        entries: (&[Entry], usize),
+        blocks: &[Blocks],
     ) -> Result<Routed> {
-        let once = |view: &PeerView| {
-            let transports = self.engine.transports();
-            let name = self.peer.name();
-            match slice {
-                Slice::Entries(range) => route(
-                    transports,
-                    view,
-                    uses,
-                    (&entries[range.clone()], range.start),
-                    name,
-                ),
-                Slice::Pools { copy, pools } => Ok((
-                    Vec::new(),
-                    route_blocks(
-                        transports,
-                        view,
-                        uses,
-                        (&blocks[*copy], *copy),
-                        pools.clone(),
-                        name,
-                    )?,
-                )),
-            }
-        };
-        match once(&self.view) {
+        let transports = self.engine.transports();
+        let name = self.peer.name();
+        match route_all(transports, &self.view, uses, entries, blocks, name) {
             Err(Error::Range(
                 RangeError::NotRegistered {
                     side: Side::Remote, ..
@@ -138,7 +85,7 @@ impl<'a> Routing<'a> {
             )) if !self.refreshed => {
                 self.refreshed = true;
                 self.view = self.peer.refresh(self.engine.peer_context()).await?;
-                once(&self.view)
+                route_all(transports, &self.view, uses, entries, blocks, name)
             }
             routed => routed,
         }
@@ -270,61 +217,34 @@ async fn move_part(link: &dyn Link, part: TransferPart, handed: Option<&[u8]>) -
 mod tests {
     use super::*;
 
-    fn entries(len: usize) -> Vec<Slice> {
-        slices(len, std::iter::empty())
+    fn all(len: usize) -> Vec<Range<usize>> {
+        slices(len).collect()
     }
 
     #[test]
     fn a_batch_of_fewer_than_two_first_slices_is_one_slice() {
-        assert_eq!(entries(0), vec![]);
-        assert_eq!(entries(1), vec![Slice::Entries(0..1)]);
-        assert_eq!(
-            entries(2 * FIRST_SLICE - 1),
-            vec![Slice::Entries(0..2 * FIRST_SLICE - 1)]
-        );
-        assert_eq!(
-            slices(0, [FIRST_POOLS * 2 - 1].into_iter()),
-            vec![Slice::Pools {
-                copy: 0,
-                pools: 0..FIRST_POOLS * 2 - 1
-            }]
-        );
+        assert_eq!(all(0), vec![0..0]);
+        assert_eq!(all(1), vec![0..1]);
+        assert_eq!(all(2 * FIRST_SLICE - 1), vec![0..2 * FIRST_SLICE - 1]);
     }
 
     #[test]
-    fn slices_double_up_to_the_largest_and_cover_everything_once() {
+    fn slices_double_up_to_the_largest_and_cover_every_entry_once() {
         assert_eq!(
-            entries(40_960),
-            vec![
-                Slice::Entries(0..4096),
-                Slice::Entries(4096..12_288),
-                Slice::Entries(12_288..28_672),
-                Slice::Entries(28_672..40_960)
-            ]
-        );
-        let pools = |copy, pools| Slice::Pools { copy, pools };
-        assert_eq!(
-            slices(3, [160, 2].into_iter()),
-            vec![
-                pools(0, 0..16),
-                pools(0, 16..48),
-                pools(0, 48..112),
-                pools(0, 112..160),
-                pools(1, 0..2),
-                Slice::Entries(0..3)
-            ]
+            all(40_960),
+            vec![0..4096, 4096..12_288, 12_288..28_672, 28_672..40_960]
         );
         for len in [8192, 8193, 12_287, 100_000, 250_000] {
-            let ranges: Vec<Range<usize>> = doubling(len, FIRST_SLICE, LARGEST_SLICE).collect();
-            assert_eq!(ranges[0].start, 0);
-            assert_eq!(ranges.last().unwrap().end, len);
-            for pair in ranges.windows(2) {
+            let slices = all(len);
+            assert_eq!(slices[0].start, 0);
+            assert_eq!(slices.last().unwrap().end, len);
+            for pair in slices.windows(2) {
                 assert_eq!(pair[0].end, pair[1].start);
             }
-            for (index, range) in ranges.iter().enumerate() {
-                assert!(range.len() >= FIRST_SLICE.min(len), "{len}: {ranges:?}");
-                if index + 1 < ranges.len() {
-                    assert!(range.len() <= LARGEST_SLICE, "{len}: {ranges:?}");
+            for (index, slice) in slices.iter().enumerate() {
+                assert!(slice.len() >= FIRST_SLICE.min(len), "{len}: {slices:?}");
+                if index + 1 < slices.len() {
+                    assert!(slice.len() <= LARGEST_SLICE, "{len}: {slices:?}");
                 }
             }
         }

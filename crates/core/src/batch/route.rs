@@ -14,6 +14,22 @@ use std::sync::Arc;
 /// The ops of one batch for each transport (by index).
 pub(super) type Routed = (Vec<(usize, TransferOps)>, Vec<(usize, BlockOps)>);
 
+/// Routes `entries` (the batch's from index `base` on) and the block copies `blocks` over the
+/// buffers of `view`; entries of block shape bound for a transport that
+/// [`Transport::prefers_blocks`] become block copies.
+pub(super) fn route_all(
+    transports: &[Arc<dyn Transport>],
+    view: &PeerView,
+    uses: &Arc<[Arc<RegionUse>]>,
+    (entries, base): (&[Entry], usize),
+    blocks: &[Blocks],
+    peer: &str,
+) -> Result<Routed> {
+    let (groups, mut planned) = route(transports, view, uses, (entries, base), peer)?;
+    planned.extend(route_blocks(transports, view, uses, blocks, peer)?);
+    Ok((groups, planned))
+}
+
 /// How an entry was routed, kept for the entries after it.
 #[derive(Clone, Copy)]
 struct LastRoute {
@@ -38,7 +54,7 @@ struct LastRoute {
 /// transport prefers them and the entries have block shape. A remote range outside every
 /// buffer of `view` is [`RangeError::NotRegistered`], naming the entry by its index in the
 /// batch (`base` plus its index in `entries`).
-pub(super) fn route(
+fn route(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &Arc<[Arc<RegionUse>]>,
@@ -251,46 +267,48 @@ pub(super) fn signal_route(
     Ok((transport, remote, addr, value, ordinal))
 }
 
-/// Resolves the pools `pools` of block copy `copy` (`blocks`) and groups them by the cheapest
-/// transport of each pool.
-pub(super) fn route_blocks(
+/// Resolves every block copy's pools and groups them by the cheapest transport of each pool.
+fn route_blocks(
     transports: &[Arc<dyn Transport>],
     view: &PeerView,
     uses: &[Arc<RegionUse>],
-    (blocks, copy): (&Blocks, usize),
-    pools: std::ops::Range<usize>,
+    blocks: &[Blocks],
     peer: &str,
 ) -> Result<Vec<(usize, BlockOps)>> {
-    let pool_uses: Vec<Arc<RegionUse>> = blocks.regions[pools.clone()]
-        .iter()
-        .map(|&region| Arc::clone(&uses[region as usize]))
-        .collect();
-    let resolved = blocks.copy.resolve(copy, pools, &pool_uses, |addr, len| {
-        view.covering(addr, len).cloned()
-    })?;
-    let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
-    for pool in resolved {
-        let local = &pool.region.entry;
-        let transport = view.route(local, &pool.remote, || {
-            choose(transports, &local.info, view, &pool.remote, peer)
+    let mut routed = Vec::new();
+    for (index, blocks) in blocks.iter().enumerate() {
+        let pool_uses: Vec<Arc<RegionUse>> = blocks
+            .regions
+            .iter()
+            .map(|&region| Arc::clone(&uses[region as usize]))
+            .collect();
+        let pools = blocks.copy.resolve(index, &pool_uses, |addr, len| {
+            view.covering(addr, len).cloned()
         })?;
-        match by_transport
-            .iter_mut()
-            .find(|(known, _)| *known == transport)
-        {
-            Some((_, group)) => group.push(pool),
-            None => by_transport.push((transport, vec![pool])),
+        let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
+        for pool in pools {
+            let local = &pool.region.entry;
+            let transport = view.route(local, &pool.remote, || {
+                choose(transports, &local.info, view, &pool.remote, peer)
+            })?;
+            match by_transport
+                .iter_mut()
+                .find(|(known, _)| *known == transport)
+            {
+                Some((_, group)) => group.push(pool),
+                None => by_transport.push((transport, vec![pool])),
+            }
+        }
+        for (transport, pools) in by_transport {
+            routed.push((
+                transport,
+                blocks
+                    .copy
+                    .ops(blocks.direction, pools, blocks.remote_highest),
+            ));
         }
     }
-    Ok(by_transport
-        .into_iter()
-        .map(|(transport, pools)| {
-            let ops = blocks
-                .copy
-                .ops(blocks.direction, pools, blocks.remote_highest);
-            (transport, ops)
-        })
-        .collect())
+    Ok(routed)
 }
 
 fn choose(

@@ -193,19 +193,16 @@ async fn run(
             .sum::<u64>();
     // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
     let entries = std::mem::take(&mut work.entries);
-    let blocks = std::mem::take(&mut work.blocks);
-    let slices = slices(
-        entries.len(),
-        blocks.iter().map(|blocks| blocks.copy.pool_count()),
-    );
-    let whole = slices.len() <= 1;
-    let mut slices = slices.into_iter();
+    let mut slices = slices(entries.len());
+    let first = slices.next().unwrap_or(0..0);
     let mut routing = Routing::new(engine, peer);
-    let work_of = (entries.as_slice(), blocks.as_slice());
-    let (groups, block_groups) = match slices.next() {
-        Some(slice) => routing.route(&work.uses, work_of, &slice).await?,
-        None => (Vec::new(), Vec::new()),
-    };
+    let (groups, block_groups) = routing
+        .route(
+            &work.uses,
+            (&entries[first.clone()], first.start),
+            &work.blocks,
+        )
+        .await?;
     crate::telemetry::transfer_routed(bytes);
     let signal = match work.signal {
         Some((addr, value)) => Some(signal_route(available, peer, &work.uses, addr, value)?),
@@ -217,8 +214,10 @@ async fn run(
     drop(work);
     // A batch that goes whole through the link that carries the peer's notifications hands
     // that link its notification, which it may release right after the copies.
-    let only = match (groups.as_slice(), block_groups.as_slice()) {
-        ([(transport, _)], []) | ([], [(transport, _)]) if whole => Some(*transport),
+    let only = match (groups.as_slice(), block_groups.as_slice(), first.end) {
+        ([(transport, _)], [], end) | ([], [(transport, _)], end) if end == entries.len() => {
+            Some(*transport)
+        }
         _ => None,
     };
     // A batch with checks left keeps its notification until they passed.
@@ -260,7 +259,9 @@ async fn run(
             return Err(error);
         }
         let Some(slice) = slices.next() else { break };
-        routed = routing.route(&uses, work_of, &slice).await;
+        routed = routing
+            .route(&uses, (&entries[slice.clone()], slice.start), &[])
+            .await;
     }
     let moves_data = !parts.is_empty();
     if !later.is_empty() {
