@@ -18,7 +18,6 @@ use pyo3::types::PyBytes;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-
 /// What `send_probe` returns for a peer it could not reach: the code Mooncake's wheel returns
 /// there, which its callers may test for.
 const PROBE_FAILED: i32 = -102;
