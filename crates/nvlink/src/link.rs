@@ -2,7 +2,7 @@ use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
 use crate::config::NvlinkConfig;
 use crate::export::GpuExport;
-use crate::fd_passing::fd_socket_name;
+use crate::fd_passing::{fd_socket_name, ImportError};
 use crate::import::{OpenError, Opened, Owner, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::messages::MessageSender;
@@ -57,7 +57,24 @@ pub(crate) struct NvlinkLink {
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
     /// The shared-memory ring notifications to the peer take, or why there is none.
-    messages: std::result::Result<MessageSender, String>,
+    messages: std::result::Result<MessageSender, NoRing>,
+}
+
+/// Why a link sends its notifications over TCP instead of a shared-memory message ring.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoRing {
+    /// No ring was asked for: the peer runs on another host, or rings are turned off.
+    #[error("nvlink carries no notifications to this peer (it runs on another host, or shared-memory notifications are off)")]
+    NotCarried,
+    /// The peer's engine did not take the ring.
+    #[error("no shared-memory message ring to the peer: {0}")]
+    Refused(#[from] ImportError),
+    /// The link was made without one.
+    #[error("{transport} opened no message ring to this peer")]
+    NotOpened {
+        /// The transport's name.
+        transport: &'static str,
+    },
 }
 
 impl NvlinkLink {
@@ -85,14 +102,14 @@ impl NvlinkLink {
             known: Mutex::default(),
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
-            messages: Err(format!("{transport} opened no message ring to this peer")),
+            messages: Err(NoRing::NotOpened { transport }),
         }
     }
 
     /// The link with `messages` as its path for notifications (or the reason it has none).
     pub(crate) fn with_messages(
         mut self,
-        messages: std::result::Result<MessageSender, String>,
+        messages: std::result::Result<MessageSender, NoRing>,
     ) -> NvlinkLink {
         self.messages = messages;
         self
@@ -303,7 +320,7 @@ impl Link for NvlinkLink {
                     format!("its message ring closed: {reason}")
                 }
             },
-            Err(reason) => reason.clone(),
+            Err(reason) => reason.to_string(),
         };
         // A closed ring delivers nothing more, so what goes another way next cannot be
         // overtaken by it.

@@ -1,7 +1,7 @@
 pub use crate::config::NvlinkConfig;
 use crate::export::{export_local, GpuExport};
 use crate::fd_passing::{fd_socket_name, open_messages, FdServer};
-use crate::link::NvlinkLink;
+use crate::link::{NoRing, NvlinkLink};
 use crate::trial::{ExportKind, Trials};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{DeviceInfo, Driver};
@@ -232,7 +232,7 @@ impl Transport for NvlinkTransport {
             .verdict(local_gpu, peer.instance, ExportKind::of(&export))
         {
             Some(Ok(())) => Reach::Yes { cost: 10 },
-            Some(Err(reason)) => no(reason),
+            Some(Err(unmappable)) => no(unmappable.to_string()),
             // Left untried as the peer's lie: routed here, it fails with the violation.
             None if crate::bounds::export_owner(&export, peer.instance).is_err() => {
                 Reach::Yes { cost: 10 }
@@ -257,8 +257,8 @@ impl Transport for NvlinkTransport {
                 self.secret(),
             )
             .await
-            .map_err(|error| format!("no shared-memory message ring to the peer: {error}")),
-            _ => Err("nvlink carries no notifications to this peer (it runs on another host, or shared-memory notifications are off)".into()),
+            .map_err(NoRing::from),
+            _ => Err(NoRing::NotCarried),
         };
         Ok(Arc::new(
             NvlinkLink::new(

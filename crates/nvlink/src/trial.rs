@@ -82,7 +82,18 @@ impl ExportKind {
 }
 
 /// What trying found, by peer engine, export kind and local GPU; `Err` holds the reason.
-type Verdicts = HashMap<(InstanceId, ExportKind, u32), Result<(), String>>;
+type Verdicts = HashMap<(InstanceId, ExportKind, u32), Result<(), Unmappable>>;
+
+/// Why a peer's kind of GPU memory does not map here: the reason the router gives for taking
+/// TCP staging instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("mapping the peer's {} here failed ({reason}); its transfers use TCP staging", kind.describe())]
+pub(crate) struct Unmappable {
+    /// The kind of memory tried.
+    kind: ExportKind,
+    /// What the mapping reported.
+    reason: String,
+}
 
 /// Verdicts per peer engine, export kind and local GPU.
 pub(crate) struct Trials {
@@ -120,7 +131,7 @@ impl Trials {
         ordinal: u32,
         peer: InstanceId,
         kind: ExportKind,
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), Unmappable>> {
         self.verdicts.lock().get(&(peer, kind, ordinal)).cloned()
     }
 
@@ -167,12 +178,9 @@ impl Trials {
                         tracing::info!(peer = %peer.name, gpu = ordinal, %reason, "mapping the peer's {} failed for now; it is tried again at the next lookup", kind.describe());
                         continue;
                     }
-                    verdict => verdict.map_err(|failed| {
-                        format!(
-                            "mapping the peer's {} here failed ({}); its transfers use TCP staging",
-                            kind.describe(),
-                            failed.reason
-                        )
+                    verdict => verdict.map_err(|failed| Unmappable {
+                        kind,
+                        reason: failed.reason,
                     }),
                 };
                 let mut verdicts = self.verdicts.lock();
@@ -287,7 +295,8 @@ mod tests {
             let refusal = trials
                 .verdict(0, InstanceId::from_u128(1), ExportKind::VmmFd)
                 .unwrap()
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(refusal.contains("VMM memory"), "{refusal}");
             assert!(refusal.contains("Connection refused"), "{refusal}");
             assert!(refusal.contains("TCP staging"), "{refusal}");

@@ -185,10 +185,10 @@ async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
         tokio::spawn(async move {
             let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
                 .await
-                .unwrap_or_else(|_| Err(format!("the client took longer than {TIMEOUT:?}")));
+                .unwrap_or(Err(ServeFailure::TimedOut { after: TIMEOUT }));
             drop(slot);
-            if let Err(reason) = served {
-                warn_failed(&warnings, &reason);
+            if let Err(failure) = served {
+                warn_failed(&warnings, &failure.to_string());
             }
         });
     }
@@ -200,9 +200,9 @@ async fn serve(
     mut stream: UnixStream,
     shares: Arc<Shares>,
     serving: &Serving,
-) -> Result<(), String> {
+) -> Result<(), ServeFailure> {
     let secret = serving.secret.as_ref();
-    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+    let io = ServeFailure::io;
     let credentials = stream
         .peer_cred()
         .map_err(|error| io("reading the client's credentials", error))?;
@@ -217,7 +217,7 @@ async fn serve(
             credentials.uid()
         );
         refuse(&mut stream, &reason).await?;
-        return Err(format!("refused: {reason}"));
+        return Err(ServeFailure::Refused { reason });
     }
     let authenticates = stream
         .read_u8()
@@ -231,7 +231,7 @@ async fn serve(
         (0, None) => {}
         (_, secret) => {
             if let Err(reason) = ferry_core::auth::server(&mut stream, secret, TIMEOUT).await {
-                return Err(format!("{client} did not authenticate: {reason}"));
+                return Err(ServeFailure::Unauthenticated { client, reason });
             }
         }
     }
@@ -259,19 +259,23 @@ async fn serve(
         let shares = Arc::clone(&shares);
         tokio::task::spawn_blocking(move || export(&shares, addr))
             .await
-            .map_err(|error| format!("exporting the descriptors stopped: {error}"))?
+            .map_err(ServeFailure::ExportStopped)?
     };
     match exported {
         Ok(fds) => send_fds(&stream, &fds)
             .await
             .map_err(|error| io("sending the descriptors", error)),
-        Err(reason) => refuse(&mut stream, &reason).await,
+        Err(refused) => refuse(&mut stream, &refused.to_string()).await,
     }
 }
 
 /// Takes the message ring a client hands over and starts reading it.
-async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> Result<(), String> {
-    let io = |what: &str, error: std::io::Error| format!("{what}: {error}");
+async fn take_ring(
+    mut stream: UnixStream,
+    client: &str,
+    serving: &Serving,
+) -> Result<(), ServeFailure> {
+    let io = ServeFailure::io;
     let len = usize::from(
         stream
             .read_u16_le()
@@ -304,7 +308,7 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
         .await
         .map_err(|error| io("receiving the message ring", error))?;
     let ring = match (status, fds.as_slice()) {
-        (Some(0), [fd]) => crate::messages::map_ring(fd),
+        (Some(0), [fd]) => crate::messages::map_ring(fd).map_err(|error| error.to_string()),
         _ => Err("the request carried no message ring".to_owned()),
     };
     let memory = match ring {
@@ -347,8 +351,8 @@ async fn take_ring(mut stream: UnixStream, client: &str, serving: &Serving) -> R
 
 /// Answers whether the IPC handle the client names is the one this engine exported for the
 /// buffer at the address it names.
-async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), String> {
-    let io = |error: std::io::Error| format!("reading the handle to confirm: {error}");
+async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), ServeFailure> {
+    let io = |error| ServeFailure::io("reading the handle to confirm", error);
     let addr = stream.read_u64_le().await.map_err(io)?;
     let mut handle = [0u8; IPC_HANDLE_LEN];
     stream.read_exact(&mut handle).await.map_err(io)?;
@@ -362,12 +366,12 @@ async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), String
     stream
         .write_u8(answer)
         .await
-        .map_err(|error| format!("answering a handle's confirmation: {error}"))
+        .map_err(|error| ServeFailure::io("answering a handle's confirmation", error))
 }
 
 /// Sends a refusal, then reads and drops what the client still sends until it closes: a
 /// socket closed with unread bytes resets, and the reset would destroy the refusal in flight.
-async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
+async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), ServeFailure> {
     let mut answer = Vec::with_capacity(1 + reason.len());
     answer.push(1);
     answer.extend_from_slice(reason.as_bytes());
@@ -378,19 +382,77 @@ async fn refuse(stream: &mut UnixStream, reason: &str) -> Result<(), String> {
     };
     sent.await
         .map(drop)
-        .map_err(|error| format!("sending a refusal: {error}"))
+        .map_err(|error| ServeFailure::io("sending a refusal", error))
 }
 
 /// Fresh descriptors for every allocation of the buffer shared at `addr`.
-fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, String> {
+fn export(shares: &Shares, addr: u64) -> Result<Vec<OwnedFd>, ExportRefused> {
     shares.with(addr, |share| {
-        let share = share.ok_or_else(|| format!("no VMM region is registered at {addr:#x}"))?;
-        let context = Context::get(share.ordinal).map_err(|error| error.to_string())?;
-        context.bind().map_err(|error| error.to_string())?;
+        let share = share.ok_or(ExportRefused::NotRegistered { addr })?;
+        let context = Context::get(share.ordinal)?;
+        context.bind()?;
         share
             .handles
             .iter()
-            .map(|handle| handle.export_fd().map_err(|error| error.to_string()))
+            .map(|handle| Ok(handle.export_fd()?))
             .collect()
     })
+}
+
+/// Why serving one connection of the fd socket failed: logged (throttled) by the listener,
+/// never sent to the client, which hears only the refusal text.
+#[derive(Debug, thiserror::Error)]
+enum ServeFailure {
+    /// Reading from or writing to the client failed.
+    #[error("{action} failed: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The request was refused, for this reason (the client was told).
+    #[error("refused: {reason}")]
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// The client did not prove it holds the engine's secret.
+    #[error("{client} did not authenticate: {reason}")]
+    Unauthenticated {
+        /// Who asked.
+        client: String,
+        /// Why the proof failed.
+        reason: AuthFailure,
+    },
+    /// The client did not finish its request in time.
+    #[error("the client took longer than {after:?}")]
+    TimedOut {
+        /// The limit.
+        after: Duration,
+    },
+    /// The task that exports the descriptors ended without an answer.
+    #[error("exporting the descriptors stopped: {0}")]
+    ExportStopped(tokio::task::JoinError),
+}
+
+impl ServeFailure {
+    /// The failure of `action` with the operating system's `error`.
+    fn io(action: &'static str, source: std::io::Error) -> ServeFailure {
+        ServeFailure::Io { action, source }
+    }
+}
+
+/// Why the descriptors of a buffer could not be exported: sent to the client as its refusal.
+#[derive(Debug, thiserror::Error)]
+enum ExportRefused {
+    /// No VMM region of this engine starts at the address asked for.
+    #[error("no VMM region is registered at {addr:#x}; the descriptor is out of date, fetch the peer's descriptor again")]
+    NotRegistered {
+        /// The address asked for.
+        addr: u64,
+    },
+    /// The driver refused to export an allocation's handle.
+    #[error("{0}")]
+    Cuda(#[from] ferry_core::cuda::CudaError),
 }

@@ -34,7 +34,7 @@ pub(crate) fn create_ring() -> std::io::Result<(SharedMemory, OwnedFd)> {
 }
 
 /// Maps the ring a sender handed over, checking that it cannot change size under the mapping.
-pub(crate) fn map_ring(fd: &OwnedFd) -> Result<SharedMemory, String> {
+pub(crate) fn map_ring(fd: &OwnedFd) -> Result<SharedMemory, shared::RingRefused> {
     SharedMemory::map(fd, ring::RING_BYTES)
 }
 

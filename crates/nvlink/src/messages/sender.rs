@@ -216,7 +216,7 @@ impl MessageSender {
             Ok(true) => self
                 .memory
                 .gpu_page(context)
-                .map_err(str::to_owned)
+                .map_err(ToString::to_string)
                 .and_then(|page| page.device_addr(context).map_err(|error| error.to_string())),
             Ok(false) => Err("the driver or GPU has no 64-bit stream writes".into()),
             Err(error) => Err(error.to_string()),

@@ -2,7 +2,7 @@
 //! words, since the other process writes it at any time. The only `unsafe` of the message
 //! path lives here.
 
-use ferry_core::cuda::{Context, HostRegistration};
+use ferry_core::cuda::{Context, CudaError, HostRegistration};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 use std::os::fd::{AsFd, OwnedFd};
@@ -18,7 +18,7 @@ pub(crate) struct SharedMemory {
     len: usize,
     /// The mapping's first page registered with CUDA, once asked for ([`Self::gpu_page`]),
     /// or why it could not be.
-    gpu_page: OnceLock<Result<HostRegistration, String>>,
+    gpu_page: OnceLock<Result<HostRegistration, CudaError>>,
 }
 
 // SAFETY: the mapping is only ever reached through atomics, which any thread may use.
@@ -45,24 +45,26 @@ impl SharedMemory {
 
     /// Maps the memory file `fd` another process created, which must be sealed against
     /// resizing and be exactly `len` bytes long.
-    pub(crate) fn map(fd: &OwnedFd, len: usize) -> Result<SharedMemory, String> {
-        let seals = rustix::fs::fcntl_get_seals(fd)
-            .map_err(|error| format!("the message ring is not a sealable memory file: {error}"))?;
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> Result<SharedMemory, RingRefused> {
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(RingRefused::NotSealable)?;
         if !seals.contains(REQUIRED_SEALS) {
-            return Err(format!(
-                "the message ring's memory file is not sealed against resizing (seals {seals:?})"
-            ));
+            return Err(RingRefused::Unsealed {
+                seals: format!("{seals:?}"),
+            });
         }
         let size = rustix::fs::fstat(fd)
-            .map_err(|error| format!("reading the message ring's size failed: {error}"))?
+            .map_err(|error| RingRefused::Io {
+                action: "reading the message ring's size",
+                source: error.into(),
+            })?
             .st_size;
         if u64::try_from(size).ok() != Some(len as u64) {
-            return Err(format!(
-                "the message ring's memory file holds {size} bytes, not {len}"
-            ));
+            return Err(RingRefused::WrongSize { size, len });
         }
-        SharedMemory::map_fd(fd, len)
-            .map_err(|error| format!("mapping the message ring failed: {error}"))
+        SharedMemory::map_fd(fd, len).map_err(|source| RingRefused::Io {
+            action: "mapping the message ring",
+            source,
+        })
     }
 
     fn map_fd(fd: &OwnedFd, len: usize) -> std::io::Result<SharedMemory> {
@@ -89,17 +91,15 @@ impl SharedMemory {
 
     /// The mapping's first page registered with CUDA, so that GPUs can store into it
     /// (registered through `context` at the first call; later calls return that outcome).
-    pub(crate) fn gpu_page(&self, context: &Arc<Context>) -> Result<&HostRegistration, &str> {
+    pub(crate) fn gpu_page(&self, context: &Arc<Context>) -> Result<&HostRegistration, &CudaError> {
         self.gpu_page
             .get_or_init(|| {
                 let len = self.len.min(GPU_PAGE_BYTES);
                 // SAFETY: the first `len` bytes are mapped until `self` drops, and `drop`
                 // unregisters them before it unmaps.
                 unsafe { HostRegistration::new(Arc::clone(context), self.base.as_ptr(), len) }
-                    .map_err(|error| error.to_string())
             })
             .as_ref()
-            .map_err(String::as_str)
     }
 
     /// The mapping as 64-bit words.
@@ -134,4 +134,35 @@ impl Drop for SharedMemory {
 /// Wakes a thread of any process sleeping on `word` (a ring's futex word).
 pub(crate) fn futex_wake(word: &AtomicU32) {
     let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
+}
+
+/// Why a message ring another process handed over is not mapped: the sender hears it as its
+/// refusal and sends its notifications over TCP.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RingRefused {
+    /// The file is not a memory file that takes seals.
+    #[error("the message ring is not a sealable memory file: {0}")]
+    NotSealable(rustix::io::Errno),
+    /// The file could still change size under the mapping.
+    #[error("the message ring's memory file is not sealed against resizing (seals {seals})")]
+    Unsealed {
+        /// The seals it has.
+        seals: String,
+    },
+    /// The file is not one ring long.
+    #[error("the message ring's memory file holds {size} bytes, not {len}")]
+    WrongSize {
+        /// Its size.
+        size: i64,
+        /// A ring's size.
+        len: usize,
+    },
+    /// Looking at or mapping the file failed.
+    #[error("{action} failed: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
 }
