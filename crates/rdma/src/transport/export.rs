@@ -2,6 +2,7 @@
 //! registered it with. Peers address its bytes by the owner's virtual addresses (ferry
 //! registers GPU memory with the address as its iova), so the export needs no base.
 
+use super::refusal::Refusal;
 use ferry_core::Export;
 use serde::{Deserialize, Serialize};
 
@@ -46,27 +47,28 @@ impl RdmaExport {
     ///
     /// # Errors
     /// A reason naming what is wrong, for the log line and for `reach`'s answer.
-    pub(crate) fn from_export(export: &Export) -> Result<RdmaExport, String> {
+    pub(crate) fn from_export(export: &Export) -> Result<RdmaExport, Refusal> {
         if export.version != EXPORT_VERSION {
-            return Err(format!(
-                "the peer's rdma export has version {}, this build reads version {EXPORT_VERSION}: run the same ferry version on both sides",
-                export.version
-            ));
+            return Err(Refusal::ExportVersion {
+                version: export.version,
+            });
         }
-        let parsed: RdmaExport = serde_json::from_str(&export.data)
-            .map_err(|error| format!("the peer's rdma export is not valid: {error}"))?;
+        let parsed: RdmaExport =
+            serde_json::from_str(&export.data).map_err(|error| Refusal::ExportInvalid {
+                reason: error.to_string(),
+            })?;
         if parsed.keys.is_empty() || parsed.keys.len() > MAX_NICS {
-            return Err(format!(
-                "the peer's rdma export lists {} NICs, expected 1 to {MAX_NICS}",
-                parsed.keys.len()
-            ));
+            return Err(Refusal::ExportNics {
+                count: parsed.keys.len(),
+                most: MAX_NICS,
+            });
         }
         for key in &parsed.keys {
             if key.nic.is_empty() || key.nic.len() > MAX_NIC_NAME {
-                return Err(format!(
-                    "the peer's rdma export names a NIC of {} bytes, expected 1 to {MAX_NIC_NAME}",
-                    key.nic.len()
-                ));
+                return Err(Refusal::NicName {
+                    len: key.nic.len(),
+                    most: MAX_NIC_NAME,
+                });
             }
         }
         Ok(parsed)
@@ -115,7 +117,9 @@ mod tests {
         }])
         .to_export();
         other.version = 2;
-        let reason = RdmaExport::from_export(&other).expect_err("version 2");
+        let reason = RdmaExport::from_export(&other)
+            .expect_err("version 2")
+            .to_string();
         assert!(reason.contains("version 2"), "{reason}");
 
         let junk = Export {
@@ -125,11 +129,13 @@ mod tests {
         };
         assert!(RdmaExport::from_export(&junk)
             .expect_err("junk")
+            .to_string()
             .contains("not valid"));
 
         let none = export(Vec::new()).to_export();
         assert!(RdmaExport::from_export(&none)
             .expect_err("no NIC")
+            .to_string()
             .contains("0 NICs"));
 
         let long = export(vec![NicKey {
@@ -139,6 +145,7 @@ mod tests {
         .to_export();
         assert!(RdmaExport::from_export(&long)
             .expect_err("long")
+            .to_string()
             .contains("65 bytes"));
     }
 }

@@ -2,6 +2,7 @@
 //! length, then JSON. The client offers one QP endpoint per queue pair it wants (its NIC, the
 //! peer NIC it should end at); the server answers with its own endpoint for each, or refuses.
 
+use super::refusal::Refusal;
 use crate::device::{Gid, Mtu};
 use crate::qp::{Psn, QpEndpoint};
 use serde::{Deserialize, Serialize};
@@ -53,18 +54,18 @@ impl WireEndpoint {
     /// # Errors
     /// What is wrong, when the peer sent a PSN wider than 24 bits, an MTU verbs lacks or no
     /// READ depth.
-    pub(crate) fn read(&self) -> Result<RemoteQp, String> {
+    pub(crate) fn read(&self) -> Result<RemoteQp, Refusal> {
         if self.rd_atomic == 0 {
-            return Err("the peer answers no RDMA READ at all (READ depth 0)".to_owned());
+            return Err(Refusal::NoReads);
         }
-        let psn = Psn::new(self.psn).map_err(|error| error.to_string())?;
+        let psn = Psn::new(self.psn)?;
         let mtu = match self.mtu {
             256 => Mtu::Mtu256,
             512 => Mtu::Mtu512,
             1024 => Mtu::Mtu1024,
             2048 => Mtu::Mtu2048,
             4096 => Mtu::Mtu4096,
-            other => return Err(format!("the peer sent MTU {other}, not one verbs has")),
+            mtu => return Err(Refusal::Mtu { mtu }),
         };
         Ok(RemoteQp {
             endpoint: QpEndpoint {
@@ -103,18 +104,16 @@ impl ConnectRequest {
     ///
     /// # Errors
     /// What is wrong, to send back as the refusal.
-    pub(crate) fn check(&self) -> Result<Vec<RemoteQp>, String> {
+    pub(crate) fn check(&self) -> Result<Vec<RemoteQp>, Refusal> {
         if self.version != HANDSHAKE_VERSION {
-            return Err(format!(
-                "the peer speaks RDMA handshake version {}, this engine version {HANDSHAKE_VERSION}: run the same ferry version on both sides",
-                self.version
-            ));
+            return Err(Refusal::HandshakeVersion {
+                version: self.version,
+            });
         }
         if self.offers.is_empty() || self.offers.len() > MAX_QPS {
-            return Err(format!(
-                "the peer asked for {} queue pairs, expected 1 to {MAX_QPS}",
-                self.offers.len()
-            ));
+            return Err(Refusal::QueuePairs {
+                count: self.offers.len(),
+            });
         }
         self.offers
             .iter()
@@ -260,7 +259,7 @@ mod tests {
         };
         assert!(wide.read().is_err());
         let odd = WireEndpoint { mtu: 9000, ..good };
-        assert!(odd.read().expect_err("9000").contains("9000"));
+        assert!(odd.read().expect_err("9000").to_string().contains("9000"));
         let no_reads = WireEndpoint {
             rd_atomic: 0,
             ..good
@@ -268,6 +267,7 @@ mod tests {
         assert!(no_reads
             .read()
             .expect_err("depth 0")
+            .to_string()
             .contains("READ depth 0"));
     }
 }

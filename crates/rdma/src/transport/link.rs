@@ -233,7 +233,7 @@ impl<V: Verbs> Shared<V> {
             .keys
             .registry
             .lkeys(info.addr)
-            .map_err(|reason| self.unavailable(reason))?;
+            .map_err(|refusal| self.unavailable(refusal.to_string()))?;
         let exports = self
             .keys
             .peers
@@ -246,7 +246,7 @@ impl<V: Verbs> Shared<V> {
             })?;
         let export = exports
             .buffer(remote.addr)
-            .map_err(|reason| self.unavailable(reason))?;
+            .map_err(|refusal| self.unavailable(refusal.to_string()))?;
         let rkeys = self
             .remote_nics
             .iter()

@@ -21,6 +21,7 @@ mod nic;
 mod peers;
 mod plan;
 mod queue;
+mod refusal;
 mod registry;
 mod server;
 
@@ -244,7 +245,10 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             reason: format!("RDMA: {reason}"),
         };
         let exports = self.peers.of(peer);
-        let address = exports.side_channel.clone().map_err(unreachable)?;
+        let address = exports
+            .side_channel
+            .clone()
+            .map_err(|refusal| unreachable(refusal.to_string()))?;
         let remote_nics = exports.nics.clone();
         if remote_nics.is_empty() {
             return Err(unreachable(
@@ -338,7 +342,9 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             )));
         }
         for (lane, endpoint) in lanes.iter().zip(&endpoints) {
-            let remote = endpoint.read().map_err(unreachable)?;
+            let remote = endpoint
+                .read()
+                .map_err(|refusal| unreachable(refusal.to_string()))?;
             lane.queue
                 .connect(&remote, &self.config)
                 .map_err(|error| unreachable(error.to_string()))?;
@@ -491,12 +497,12 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
             return no(reason);
         }
         let exports = self.peers.of(peer);
-        if let Err(reason) = &exports.side_channel {
-            return no(reason.clone());
+        if let Err(refusal) = &exports.side_channel {
+            return no(refusal.to_string());
         }
         match exports.buffer(remote.addr) {
             Ok(_) => Reach::Yes { cost: COST },
-            Err(reason) => no(reason),
+            Err(refusal) => no(refusal.to_string()),
         }
     }
 

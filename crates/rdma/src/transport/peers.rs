@@ -3,6 +3,7 @@
 //! (`reach`, on every submit) and transfers look keys up here instead of parsing exports.
 
 use super::export::{RdmaExport, RDMA};
+use super::refusal::Refusal;
 use ferry_core::{InstanceId, SegmentDescriptor};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -13,11 +14,11 @@ use std::sync::Arc;
 pub(crate) struct PeerExports {
     generation: u64,
     /// The side channel's `host:port`, or why there is none.
-    pub(crate) side_channel: Result<String, String>,
+    pub(crate) side_channel: Result<String, Refusal>,
     /// The peer's NICs, from its buffers' exports, in first-seen order.
     pub(crate) nics: Vec<String>,
     /// Each buffer's export by the buffer's address, or why it cannot be used.
-    buffers: HashMap<u64, Result<Arc<RdmaExport>, String>>,
+    buffers: HashMap<u64, Result<Arc<RdmaExport>, Refusal>>,
 }
 
 impl PeerExports {
@@ -50,28 +51,26 @@ impl PeerExports {
     ///
     /// # Errors
     /// Why the buffer cannot be reached over RDMA: not registered with it, or a bad export.
-    pub(crate) fn buffer(&self, addr: u64) -> Result<&Arc<RdmaExport>, String> {
+    pub(crate) fn buffer(&self, addr: u64) -> Result<&Arc<RdmaExport>, Refusal> {
         match self.buffers.get(&addr) {
             Some(Ok(export)) => Ok(export),
-            Some(Err(reason)) => Err(reason.clone()),
-            None => Err("the peer did not register this buffer with RDMA".to_owned()),
+            Some(Err(refusal)) => Err(refusal.clone()),
+            None => Err(Refusal::NotRegistered),
         }
     }
 }
 
 /// The host peers dial for `peer`'s side channel: its `rdma` endpoint, whose host is the TCP
 /// endpoint's when it publishes only `:port`.
-fn side_channel(peer: &SegmentDescriptor) -> Result<String, String> {
-    let rdma = peer
-        .endpoint(RDMA)
-        .ok_or("the peer runs without RDMA (its `ferry probe` says why)")?;
+fn side_channel(peer: &SegmentDescriptor) -> Result<String, Refusal> {
+    let rdma = peer.endpoint(RDMA).ok_or(Refusal::NoRdma)?;
     if let Some(port) = rdma.strip_prefix(':') {
-        let control = peer
-            .endpoint(ferry_core::TCP)
-            .ok_or("the peer publishes no TCP endpoint to find its host by")?;
+        let control = peer.endpoint(ferry_core::TCP).ok_or(Refusal::NoHost)?;
         let (host, _) = control
             .rsplit_once(':')
-            .ok_or_else(|| format!("the peer's TCP endpoint {control:?} is not host:port"))?;
+            .ok_or_else(|| Refusal::BadEndpoint {
+                endpoint: control.to_owned(),
+            })?;
         return Ok(format!("{host}:{port}"));
     }
     Ok(rdma.to_owned())

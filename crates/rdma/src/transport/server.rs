@@ -6,8 +6,10 @@ use super::config::RdmaConfig;
 use super::handshake::{self, ConnectRequest, ConnectResponse, WireEndpoint};
 use super::nic::Nic;
 use super::queue::QueuePair;
+use super::refusal::Refusal;
 use crate::verbs::Verbs;
 use ferry_core::auth::Secret;
+use ferry_core::AuthFailure;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -50,20 +52,20 @@ pub(crate) async fn accept_loop<V: Verbs + 'static>(
 }
 
 /// Serves one peer: authentication, its queue pairs, then holds them until it hangs up.
-async fn serve<V: Verbs>(mut stream: TcpStream, service: &Service<V>) -> Result<(), String> {
+async fn serve<V: Verbs>(mut stream: TcpStream, service: &Service<V>) -> Result<(), ServeFailure> {
     handshake::keep_alive(&stream);
     let timeout = service.config.connect_timeout;
     let request = tokio::time::timeout(timeout, greet(&mut stream, service))
         .await
-        .map_err(|_| format!("the peer took longer than {timeout:?} to ask"))??;
+        .map_err(|_| ServeFailure::TimedOut { after: timeout })??;
     let queues = match accept(&request, service) {
         Ok((queues, endpoints)) => {
             send(&mut stream, &ConnectResponse::Accepted(endpoints)).await?;
             queues
         }
-        Err(reason) => {
-            send(&mut stream, &ConnectResponse::Refused(reason.clone())).await?;
-            return Err(reason);
+        Err(refusal) => {
+            send(&mut stream, &ConnectResponse::Refused(refusal.to_string())).await?;
+            return Err(refusal.into());
         }
     };
     tracing::debug!(client = %request.client, queue_pairs = queues.len(), "an RDMA peer connected");
@@ -78,40 +80,36 @@ async fn serve<V: Verbs>(mut stream: TcpStream, service: &Service<V>) -> Result<
 async fn greet<V: Verbs>(
     stream: &mut TcpStream,
     service: &Service<V>,
-) -> Result<ConnectRequest, String> {
+) -> Result<ConnectRequest, ServeFailure> {
     let mut flag = [0u8; 1];
     stream
         .read_exact(&mut flag)
         .await
-        .map_err(|error| format!("reading the request: {error}"))?;
+        .map_err(|error| ServeFailure::io("reading the request", error))?;
     match (flag[0], &service.secret) {
         (AUTHENTICATES, secret) => {
             ferry_core::auth::server(stream, secret.as_ref(), service.config.connect_timeout)
                 .await
-                .map_err(|failure| format!("authentication failed: {failure}"))?;
+                .map_err(ServeFailure::Unauthenticated)?;
         }
         (ANONYMOUS, None) => {}
         (ANONYMOUS, Some(_)) => {
-            let reason = "this engine requires a shared secret: configure the same secret (FERRY_SECRET) on both engines".to_owned();
-            send(stream, &ConnectResponse::Refused(reason.clone())).await?;
-            return Err(reason);
+            let refusal = ServeFailure::SecretRequired;
+            send(stream, &ConnectResponse::Refused(refusal.to_string())).await?;
+            return Err(refusal);
         }
-        (other, _) => {
-            return Err(format!(
-                "the request opened with byte {other}, not a ferry RDMA request"
-            ))
-        }
+        (byte, _) => return Err(ServeFailure::NotARequest { byte }),
     }
     handshake::receive(stream)
         .await
-        .map_err(|error| format!("reading the request: {error}"))
+        .map_err(|error| ServeFailure::io("reading the request", error))
 }
 
 /// Creates and connects a queue pair for each offer.
 fn accept<V: Verbs>(
     request: &ConnectRequest,
     service: &Service<V>,
-) -> Result<(Vec<QueuePair<V>>, Vec<WireEndpoint>), String> {
+) -> Result<(Vec<QueuePair<V>>, Vec<WireEndpoint>), Refusal> {
     let remotes = request.check()?;
     let mut queues = Vec::with_capacity(request.offers.len());
     let mut endpoints = Vec::with_capacity(request.offers.len());
@@ -120,25 +118,61 @@ fn accept<V: Verbs>(
             .nics
             .iter()
             .find(|nic| nic.name == offer.server_nic)
-            .ok_or_else(|| {
-                format!(
-                    "this engine does not use RDMA device {:?}",
-                    offer.server_nic
-                )
+            .ok_or_else(|| Refusal::UnknownNic {
+                nic: offer.server_nic.clone(),
             })?;
-        let queue = QueuePair::create(&service.verbs, nic, &service.config)
-            .map_err(|error| error.to_string())?;
-        queue
-            .connect(&remote, &service.config)
-            .map_err(|error| error.to_string())?;
-        endpoints.push(queue.wire_endpoint().map_err(|error| error.to_string())?);
+        let queue = QueuePair::create(&service.verbs, nic, &service.config)?;
+        queue.connect(&remote, &service.config)?;
+        endpoints.push(queue.wire_endpoint()?);
         queues.push(queue);
     }
     Ok((queues, endpoints))
 }
 
-async fn send(stream: &mut TcpStream, response: &ConnectResponse) -> Result<(), String> {
+async fn send(stream: &mut TcpStream, response: &ConnectResponse) -> Result<(), ServeFailure> {
     handshake::send(stream, response)
         .await
-        .map_err(|error| format!("answering the peer: {error}"))
+        .map_err(|error| ServeFailure::io("answering the peer", error))
+}
+
+/// Why serving one connection of the side channel failed: logged, and where it is a refusal,
+/// sent back to the peer first.
+#[derive(Debug, thiserror::Error)]
+enum ServeFailure {
+    /// The peer's request was refused, for this reason.
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    /// Reading from or writing to the peer failed.
+    #[error("{action} failed: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The peer did not prove it holds the engine's secret.
+    #[error("authentication failed: {0}")]
+    Unauthenticated(AuthFailure),
+    /// The peer asked without a secret, and this engine requires one.
+    #[error("this engine requires a shared secret: configure the same secret (FERRY_SECRET) on both engines")]
+    SecretRequired,
+    /// The connection does not start as a ferry RDMA request.
+    #[error("the request opened with byte {byte}, not a ferry RDMA request")]
+    NotARequest {
+        /// The first byte.
+        byte: u8,
+    },
+    /// The peer did not finish its request in time.
+    #[error("the peer took longer than {after:?} to ask")]
+    TimedOut {
+        /// The limit.
+        after: Duration,
+    },
+}
+
+impl ServeFailure {
+    /// The failure of `action` with the operating system's `error`.
+    fn io(action: &'static str, source: std::io::Error) -> ServeFailure {
+        ServeFailure::Io { action, source }
+    }
 }
