@@ -1,7 +1,8 @@
-//! Byte access to host memory: the one place above the FFI layers where ferry turns a
-//! registered address into a slice, and where it copies to or from an address a caller names
+//! Host memory: spans of registered host regions, which hand their bytes out only as raw
+//! sources and destinations (see `raw`), and copies to or from an address a caller names
 //! (Mooncake's `write_bytes_to_buffer`), checked against the process's mappings first.
 
+use super::raw::{RawDestination, RawSource};
 use super::region::{Location, RegionUse};
 use crate::error::Error;
 use std::alloc::{self, Layout};
@@ -31,36 +32,36 @@ impl HostSpan {
         })
     }
 
-    /// The bytes, for sending.
-    pub(crate) fn as_slice(&self) -> &[u8] {
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes, for sending or copying out.
+    pub(crate) fn source(&self) -> RawSource<'_> {
         // SAFETY: the span lies inside a registered host region (checked in `new`), and the
-        // RegionUse it holds keeps that registration alive; `Engine::register`'s contract makes
-        // registered memory valid for reads while registered.
-        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+        // RegionUse it holds keeps that registration alive while the source borrows the span;
+        // `Engine::register`'s contract keeps registered memory mapped and readable. Ferry
+        // forms no Rust reference to registered memory anywhere (all access is through
+        // `raw`), so none can alias the source.
+        unsafe { RawSource::new(self.addr as *const u8, self.len) }
     }
 
-    /// Copies `bytes` into the span without making a Rust reference to registered memory,
-    /// which a peer may be writing at the same time.
+    /// Room for received bytes.
+    pub(crate) fn destination(&mut self) -> RawDestination<'_> {
+        // SAFETY: as in `source`, and `Engine::register`'s contract makes the memory writable;
+        // `&mut self` keeps this span's own sources and destinations from overlapping in time.
+        unsafe { RawDestination::new(self.addr as *mut u8, self.len) }
+    }
+
+    /// Copies `bytes` into the span, as many as fit.
     pub(crate) fn copy_from(&mut self, bytes: &[u8]) {
-        let len = bytes.len().min(self.len);
-        // SAFETY: the span is valid for writes (see `as_mut_slice`); `bytes` is a separate
-        // caller-owned buffer, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.addr as *mut u8, len) }
+        self.destination().fill(bytes);
     }
 
-    /// Copies the span into `out` without making a Rust reference to registered memory.
+    /// Copies the span into `out`, as many bytes as both hold.
     pub(crate) fn copy_to(&self, out: &mut [u8]) {
-        let len = out.len().min(self.len);
-        // SAFETY: the span is valid for reads (see `as_slice`); `out` is a separate
-        // caller-owned buffer, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.addr as *const u8, out.as_mut_ptr(), len) }
-    }
-
-    /// The bytes, for receiving into.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `Engine::register`'s contract makes the memory valid for
-        // writes; `&mut self` keeps this span's own slices from aliasing each other.
-        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+        self.source().copy_to(out);
     }
 }
 

@@ -8,6 +8,7 @@
 mod host;
 mod locate;
 mod maps;
+mod raw;
 mod region;
 mod span;
 mod staging;
@@ -17,6 +18,7 @@ pub(crate) use host::OwnedBuffer;
 pub use host::{read_caller_memory, write_caller_memory};
 pub(crate) use locate::device_location;
 pub(crate) use maps::{first_unmapped_here, first_unmapped_strictly};
+pub(crate) use raw::{RawDestination, RawSource};
 pub use region::{ExportGuard, RegionUse};
 pub use region::{Location, Region, RegionInfo};
 pub(crate) use region::{OwnedMemory, RegionEntry};

@@ -4,6 +4,7 @@
 //! on meanwhile).
 
 use super::host::HostSpan;
+use super::raw::{RawDestination, RawSource};
 use super::region::{Location, RegionUse};
 use super::staging::Staging;
 use crate::cuda::{launch_all, Context, CudaError, Event, Launcher, Poller, Stream};
@@ -45,37 +46,39 @@ impl Span {
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Span::Host(span) => span.as_slice().len(),
+            Span::Host(span) => span.len(),
             Span::Staged(span) => span.len,
         }
     }
 
-    /// Makes the regions' current bytes readable through [`Span::as_slice`]: the copies from
+    /// Makes the regions' current bytes readable through [`Span::source`]: the copies from
     /// the GPU of every staged span are queued together and awaited once.
     pub(crate) async fn load_all(spans: &mut [Span]) -> Result<(), Error> {
         copy_all(spans, CopyWay::FromGpu).await
     }
 
-    /// Makes what was written through [`Span::receive_into`] land in the regions: the copies
+    /// Makes what was written through [`Span::destination`] land in the regions: the copies
     /// to the GPU of every staged span are queued together and awaited once. The bytes are
     /// visible in the regions when this returns.
     pub(crate) async fn store_all(spans: &mut [Span]) -> Result<(), Error> {
         copy_all(spans, CopyWay::ToGpu).await
     }
 
-    /// The bytes to send (after [`Span::load_all`] for GPU memory).
-    pub(crate) fn as_slice(&self) -> &[u8] {
+    /// The bytes to send (after [`Span::load_all`] for GPU memory): registered host memory in
+    /// place, or the staging buffer (ferry's own pinned memory) of GPU memory.
+    pub(crate) fn source(&self) -> RawSource<'_> {
         match self {
-            Span::Host(span) => span.as_slice(),
-            Span::Staged(span) => span.staged(),
+            Span::Host(span) => span.source(),
+            Span::Staged(span) => RawSource::from_slice(span.staged()),
         }
     }
 
-    /// Where received bytes go (then [`Span::store_all`] for GPU memory).
-    pub(crate) fn receive_into(&mut self) -> Result<&mut [u8], Error> {
+    /// Where received bytes go (then [`Span::store_all`] for GPU memory): registered host
+    /// memory in place, or the staging buffer of GPU memory, taken on the first call.
+    pub(crate) fn destination(&mut self) -> Result<RawDestination<'_>, Error> {
         match self {
-            Span::Host(span) => Ok(span.as_mut_slice()),
-            Span::Staged(span) => span.staged_mut(),
+            Span::Host(span) => Ok(span.destination()),
+            Span::Staged(span) => Ok(RawDestination::from_slice(span.staged_mut()?)),
         }
     }
 }

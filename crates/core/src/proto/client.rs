@@ -24,7 +24,10 @@
 //! While a read's data is arriving, [`ClientSession::read_target`] returns the not yet filled
 //! part of the request's destination itself whenever no received bytes are buffered and the
 //! part is at least as large as the input buffer, so block data lands where it belongs without
-//! a copy. On a sealed connection the tag is checked over the bytes as they landed.
+//! a copy. The destination is raw (address and length, filled by the read system call), never a
+//! slice: registered memory may be written by others meanwhile. On a sealed connection the tag
+//! is hashed over the bytes as they landed, read back through a small owned scratch buffer, and
+//! the request completes only once the tag after its data checked out.
 //!
 //! # Timeouts
 //!
@@ -35,6 +38,7 @@
 use super::input::Input;
 use super::{Closed, Landing};
 use crate::error::{ProtocolViolation, Refusal};
+use crate::memory::RawDestination;
 use crate::wire::seal::{Opener, KEY_LEN, TAG_LEN};
 use crate::wire::{self, Header, Kind, Limits, HEADER_LEN};
 use parking_lot::Mutex;
@@ -182,7 +186,7 @@ impl<R: Requests> ClientSession<R> {
 
     /// Where the driver should read the listener's next bytes; `None` while answers wait in
     /// [`Self::poll_event`] or once the session has ended: it must not read then.
-    pub(crate) fn read_target(&mut self) -> Option<&mut [u8]> {
+    pub(crate) fn read_target(&mut self) -> Option<RawDestination<'_>> {
         if self.closed.is_some() || self.ended || !self.events.is_empty() {
             return None;
         }
@@ -195,16 +199,16 @@ impl<R: Requests> ClientSession<R> {
                 let start = *filled;
                 if let Some(span) = request.destination() {
                     if span.len().saturating_sub(start) >= Input::CAPACITY {
-                        if let Ok(destination) = span.receive_into() {
+                        if let Ok(destination) = span.destination() {
                             self.direct = true;
-                            return destination.get_mut(start..);
+                            return Some(destination.after(start));
                         }
                     }
                 }
             }
         }
         let free = self.input.free();
-        (!free.is_empty()).then_some(free)
+        (!free.is_empty()).then(|| RawDestination::from_slice(free))
     }
 
     /// `len` bytes were read into the last [`Self::read_target`] at `now`.
@@ -216,11 +220,11 @@ impl<R: Requests> ClientSession<R> {
             {
                 let landed = request
                     .destination()
-                    .and_then(|span| span.receive_into().ok())
-                    .and_then(|destination| destination.get(*filled..)?.get(..len));
+                    .and_then(|span| span.destination().ok())
+                    .and_then(|destination| destination.into_source().range(*filled, len));
                 if let Some(landed) = landed {
                     if let Some(opener) = &mut self.opener {
-                        opener.update(landed);
+                        landed.digest(|bytes| opener.update(bytes));
                     }
                     *filled += landed.len();
                 }
@@ -379,17 +383,18 @@ impl<R: Requests> ClientSession<R> {
             return Ok(filled);
         };
         let destination = span
-            .receive_into()
+            .destination()
             .map_err(|error| Closed::Staging(error.to_string()))?;
-        let Some(rest) = destination.get_mut(filled..) else {
+        if filled > destination.remaining() {
             return Ok(filled);
-        };
-        let bytes = self.input.take(rest.len());
-        rest[..bytes.len()].copy_from_slice(bytes);
+        }
+        let mut rest = destination.after(filled);
+        let bytes = self.input.take(rest.remaining());
+        rest.fill(bytes);
         if let Some(opener) = &mut self.opener {
             opener.update(bytes);
         }
-        Ok(filled + bytes.len())
+        Ok(rest.filled())
     }
 
     /// A whole header arrived: checks it, finds its request and starts on its body.

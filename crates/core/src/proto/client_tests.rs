@@ -85,14 +85,14 @@ fn block_sized_read_data_is_read_straight_into_its_destination() {
         &Header::new(Kind::ReadData, id, 100_000).encode(),
         usize::MAX,
     );
-    let target = client.session.read_target().expect("the session reads");
+    let mut target = client.session.read_target().expect("the session reads");
     assert_eq!(
-        target.len(),
+        target.remaining(),
         100_000,
         "the whole destination, not the 16 KiB input buffer"
     );
     let data = pattern(1, 100_000);
-    target.copy_from_slice(&data);
+    target.fill(&data);
     client.session.handle_read(client.now, data.len());
     client.answer_events();
     assert_eq!(client.outcomes, vec![(id, Outcome::Done)]);

@@ -32,6 +32,10 @@
 //! of GPU memory) whenever no received bytes are buffered and the part is at least as large as
 //! the session's input buffer; block-sized payloads so land straight in their destination.
 //! Smaller pieces go through the 16 KiB input buffer, so many small frames cost one read.
+//! Targets and the bytes [`ServerSession::poll_transmit`] offers are raw (address and length,
+//! `crate::memory::RawDestination` and `RawSource`), never slices: registered memory may be
+//! written by others at any time, and only the read and write system calls and a few copies
+//! in `crate::memory` touch it.
 //!
 //! # What a destination holds
 //!

@@ -2,6 +2,7 @@
 //! bytes of read answers sent from their source without a copy.
 
 use super::Landing;
+use crate::memory::RawSource;
 use crate::wire::Header;
 use std::collections::VecDeque;
 
@@ -76,13 +77,13 @@ impl<S: Landing> Output<S> {
         self.chunks.push_back(Chunk::Span(span));
     }
 
-    /// The next bytes to write.
-    pub(super) fn front(&self) -> Option<&[u8]> {
+    /// The next bytes to write: this session's own, or a read answer's span in place.
+    pub(super) fn front(&self) -> Option<RawSource<'_>> {
         let bytes = match self.chunks.front()? {
-            Chunk::Bytes(bytes) => bytes.as_slice(),
-            Chunk::Span(span) => span.as_slice(),
+            Chunk::Bytes(bytes) => RawSource::from_slice(bytes),
+            Chunk::Span(span) => span.source(),
         };
-        bytes.get(self.sent..)
+        bytes.after(self.sent)
     }
 
     /// Records that `len` bytes of [`Self::front`] were written.
@@ -92,7 +93,7 @@ impl<S: Landing> Output<S> {
         while let Some(front) = self.chunks.front() {
             let (size, owned) = match front {
                 Chunk::Bytes(bytes) => (bytes.len(), true),
-                Chunk::Span(span) => (span.as_slice().len(), false),
+                Chunk::Span(span) => (span.len(), false),
             };
             if self.sent >= size {
                 self.chunks.pop_front();

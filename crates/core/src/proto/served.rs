@@ -1,6 +1,7 @@
 //! What a session needs from the engine it serves, and its limits.
 
 use crate::error::Error;
+use crate::memory::{RawDestination, RawSource};
 use crate::wire::Limits;
 use std::time::Duration;
 
@@ -8,10 +9,11 @@ use std::time::Duration;
 pub(crate) trait Landing {
     /// Length in bytes.
     fn len(&self) -> usize;
-    /// Where received bytes go; for GPU memory a staging buffer, taken on the first call.
-    fn receive_into(&mut self) -> Result<&mut [u8], Error>;
-    /// The bytes to send, once loaded.
-    fn as_slice(&self) -> &[u8];
+    /// Where received bytes go; for GPU memory a staging buffer, taken on the first call. Raw,
+    /// never a slice: registered memory may be written by others at any time.
+    fn destination(&mut self) -> Result<RawDestination<'_>, Error>;
+    /// The bytes to send, once loaded; raw, as [`Self::destination`].
+    fn source(&self) -> RawSource<'_>;
 }
 
 /// What a session needs from the engine it serves.

@@ -13,6 +13,7 @@ pub(crate) const MAX_COPIED_ANSWERS: usize = 256 << 10;
 use super::{Closed, Event, Landing, Served, SessionConfig};
 use crate::auth::FrameKeys;
 use crate::error::Refusal;
+use crate::memory::{RawDestination, RawSource};
 use crate::wire::seal::{Opener, Sealer, TAG_LEN};
 use crate::wire::{self, Header, Kind, HEADER_LEN};
 use std::sync::Arc;
@@ -157,7 +158,7 @@ impl<M: Served> ServerSession<M> {
     }
 
     /// The next bytes to write to the peer.
-    pub(crate) fn poll_transmit(&self) -> Option<&[u8]> {
+    pub(crate) fn poll_transmit(&self) -> Option<RawSource<'_>> {
         self.output.front()
     }
 
@@ -224,7 +225,7 @@ impl<M: Served> ServerSession<M> {
     /// Where the driver should read the peer's next bytes; `None` while the session waits for
     /// an event's answer, holds a full buffer of frames it will take once the peer has read
     /// its answers, or has ended: it must not read then.
-    pub(crate) fn read_target(&mut self) -> Option<&mut [u8]> {
+    pub(crate) fn read_target(&mut self) -> Option<RawDestination<'_>> {
         if self.closed.is_some() || self.ended || matches!(self.state, State::Waiting { .. }) {
             return None;
         }
@@ -240,19 +241,24 @@ impl<M: Served> ServerSession<M> {
                 let start = *filled;
                 if let Some(span) = spans.get_mut(*index) {
                     if span.len() - start >= Input::CAPACITY {
-                        if let Ok(destination) = span.receive_into() {
+                        if let Ok(destination) = span.destination() {
                             self.direct = true;
-                            return destination.get_mut(start..);
+                            return Some(destination.after(start));
                         }
                     }
                 }
             }
         }
         let free = self.input.free();
-        (!free.is_empty()).then_some(free)
+        (!free.is_empty()).then(|| RawDestination::from_slice(free))
     }
 
     /// `len` bytes were read into the last [`Self::read_target`].
+    ///
+    /// On a sealed connection, bytes read straight into their destination are hashed into the
+    /// frame's tag by reading them back through a small owned scratch buffer, never a slice of
+    /// registered memory; nothing the tag covers is acted on (stored, acknowledged) before the
+    /// tag at the frame's end checked out.
     pub(crate) fn handle_read(&mut self, now: Instant, len: usize) {
         if std::mem::take(&mut self.direct) {
             if let State::Land {
@@ -264,11 +270,11 @@ impl<M: Served> ServerSession<M> {
             {
                 if let (Some(opener), Some(span)) = (&mut self.opener, spans.get_mut(*index)) {
                     if let Some(landed) = span
-                        .receive_into()
+                        .destination()
                         .ok()
-                        .and_then(|destination| destination.get(*filled..*filled + len))
+                        .and_then(|destination| destination.into_source().range(*filled, len))
                     {
-                        opener.update(landed);
+                        landed.digest(|bytes| opener.update(bytes));
                     }
                 }
                 *filled += len;
@@ -333,10 +339,12 @@ impl<M: Served> ServerSession<M> {
                         id,
                         u32::try_from(span.len()).unwrap_or(u32::MAX),
                     );
-                    let tag = self
-                        .sealer
-                        .as_mut()
-                        .map(|sealer| sealer.seal(&header.encode(), span.as_slice()));
+                    // Tagged through a scratch buffer: the span is registered memory.
+                    let tag = self.sealer.as_mut().map(|sealer| {
+                        sealer.begin(&header.encode());
+                        span.source().digest(|bytes| sealer.update(bytes));
+                        sealer.finish()
+                    });
                     self.queue(now, |output| {
                         output.frame_from(header, span);
                         if let Some(tag) = tag {

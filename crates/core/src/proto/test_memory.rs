@@ -4,6 +4,7 @@
 use super::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::auth::FrameKeys;
 use crate::error::Error;
+use crate::memory::{RawDestination, RawSource};
 use crate::wire::seal::{Opener, KEY_LEN, TAG_LEN};
 use crate::wire::{Header, Limits, HEADER_LEN};
 use parking_lot::Mutex;
@@ -27,12 +28,12 @@ impl Landing for TestSpan {
         self.staging.len()
     }
 
-    fn receive_into(&mut self) -> Result<&mut [u8], Error> {
-        Ok(&mut self.staging)
+    fn destination(&mut self) -> Result<RawDestination<'_>, Error> {
+        Ok(RawDestination::from_slice(&mut self.staging))
     }
 
-    fn as_slice(&self) -> &[u8] {
-        &self.staging
+    fn source(&self) -> RawSource<'_> {
+        RawSource::from_slice(&self.staging)
     }
 }
 
@@ -184,8 +185,9 @@ impl Harness {
     /// Writes every queued answer to the peer.
     pub(crate) fn transmit(&mut self) {
         while let Some(bytes) = self.session.poll_transmit() {
-            let len = bytes.len();
-            self.sent.extend_from_slice(bytes);
+            let start = self.sent.len();
+            self.sent.resize(start + bytes.len(), 0);
+            let len = bytes.copy_to(&mut self.sent[start..]);
             self.session.handle_transmitted(self.now, len);
         }
     }
@@ -196,11 +198,14 @@ impl Harness {
         let mut taken = 0;
         while taken < bytes.len() {
             self.pump();
-            let Some(target) = self.session.read_target() else {
+            let Some(mut target) = self.session.read_target() else {
                 break;
             };
-            let len = target.len().min(chunk.max(1)).min(bytes.len() - taken);
-            target[..len].copy_from_slice(&bytes[taken..taken + len]);
+            let len = target
+                .remaining()
+                .min(chunk.max(1))
+                .min(bytes.len() - taken);
+            target.fill(&bytes[taken..taken + len]);
             taken += len;
             self.now += Duration::from_millis(1);
             self.session.handle_read(self.now, len);

@@ -141,11 +141,14 @@ impl Client {
         let mut taken = 0;
         while taken < bytes.len() {
             self.answer_events();
-            let Some(target) = self.session.read_target() else {
+            let Some(mut target) = self.session.read_target() else {
                 break;
             };
-            let len = target.len().min(chunk.max(1)).min(bytes.len() - taken);
-            target[..len].copy_from_slice(&bytes[taken..taken + len]);
+            let len = target
+                .remaining()
+                .min(chunk.max(1))
+                .min(bytes.len() - taken);
+            target.fill(&bytes[taken..taken + len]);
             taken += len;
             self.now += Duration::from_millis(1);
             self.session.handle_read(self.now, len);

@@ -363,8 +363,8 @@ fn answers_the_peer_does_not_read_are_given_up_on() {
     let mut bytes = hello("peer");
     bytes.extend(frame(Kind::DescriptorRequest, 1, &[]));
     // Fed by hand so that nothing is written.
-    let target = harness.session.read_target().unwrap();
-    target[..bytes.len()].copy_from_slice(&bytes);
+    let mut target = harness.session.read_target().unwrap();
+    assert_eq!(target.fill(&bytes), bytes.len());
     harness.session.handle_read(harness.now, bytes.len());
     assert!(harness.session.poll_transmit().is_some());
     harness.now += Duration::from_secs(5);
@@ -387,9 +387,9 @@ fn block_sized_data_is_read_straight_into_its_destination() {
     harness.feed(&hello("peer"), usize::MAX);
     // Header and address first, exactly: the data must then be asked for in one piece.
     harness.feed(&whole[..wire::HEADER_LEN + 8], usize::MAX);
-    let target = harness.session.read_target().unwrap();
-    assert_eq!(target.len(), data.len(), "the whole span is offered");
-    target.copy_from_slice(&data);
+    let mut target = harness.session.read_target().unwrap();
+    assert_eq!(target.remaining(), data.len(), "the whole span is offered");
+    target.fill(&data);
     harness.session.handle_read(harness.now, data.len());
     harness.pump();
     assert_eq!(acks(&harness), vec![(1, Ok(()))]);
@@ -422,8 +422,8 @@ fn a_peer_that_asks_faster_than_it_reads_is_answered_one_frame_at_a_time() {
         ));
     }
     // All eight requests arrive at once and the peer reads nothing back.
-    let target = harness.session.read_target().unwrap();
-    target[..bytes.len()].copy_from_slice(&bytes);
+    let mut target = harness.session.read_target().unwrap();
+    assert_eq!(target.fill(&bytes), bytes.len());
     harness.session.handle_read(harness.now, bytes.len());
     harness.answer_events();
     assert!(
@@ -459,11 +459,10 @@ fn a_peer_that_pipelines_descriptor_requests_and_reads_nothing_gets_a_bounded_ba
             harness.session.poll_event().is_none(),
             "a descriptor request raises no event"
         );
-        let Some(target) = harness.session.read_target() else {
+        let Some(mut target) = harness.session.read_target() else {
             break;
         };
-        let len = target.len().min(bytes.len() - taken);
-        target[..len].copy_from_slice(&bytes[taken..taken + len]);
+        let len = target.fill(&bytes[taken..]);
         taken += len;
         harness.session.handle_read(harness.now, len);
     }

@@ -10,17 +10,15 @@ use super::tracker::Ticket;
 use super::FrameTags;
 use crate::auth::Secret;
 use crate::error::{AuthFailure, Error, Result};
-use crate::memory::Span;
+use crate::memory::{RawSource, Span};
 use crate::proto::{Answer, ClientSession, Closed, Request};
 use crate::wire::seal::{self, Sealer};
 use crate::wire::{self, Header, Hello, Limits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -186,7 +184,8 @@ fn fail_all(awaiting: &AwaitingMap, alive: &AtomicBool, error: impl Fn() -> Erro
 
 /// Sends header, prefix and data as one gathered write (several when the kernel takes less),
 /// so block data goes from registered memory to the socket without a copy; on a sealed
-/// connection with the frame's tags where [`crate::wire::seal`] puts them.
+/// connection with the frame's tags where [`crate::wire::seal`] puts them, hashed over the
+/// data through a small owned scratch buffer rather than a slice of registered memory.
 async fn write_frame(
     writer: &mut OwnedWriteHalf,
     sealer: Option<&mut Sealer>,
@@ -200,31 +199,23 @@ async fn write_frame(
         sealer.update(prefix);
         let before_data = seal::tags_prefix(header.kind).then(|| sealer.prefix_tag());
         for span in data {
-            sealer.update(span.as_slice());
+            span.source().digest(|bytes| sealer.update(bytes));
         }
         (before_data, sealer.finish())
     });
-    let mut slices = Vec::with_capacity(4 + data.len());
-    slices.push(IoSlice::new(&encoded));
+    let mut sources = Vec::with_capacity(4 + data.len());
+    sources.push(RawSource::from_slice(&encoded));
     if !prefix.is_empty() {
-        slices.push(IoSlice::new(prefix));
+        sources.push(RawSource::from_slice(prefix));
     }
     if let Some((Some(before_data), _)) = &tags {
-        slices.push(IoSlice::new(before_data));
+        sources.push(RawSource::from_slice(before_data));
     }
-    slices.extend(data.iter().map(|span| IoSlice::new(span.as_slice())));
+    sources.extend(data.iter().map(Span::source));
     if let Some((_, last)) = &tags {
-        slices.push(IoSlice::new(last));
+        sources.push(RawSource::from_slice(last));
     }
-    let mut remaining: &mut [IoSlice<'_>] = &mut slices;
-    while !remaining.is_empty() {
-        let written = writer.write_vectored(remaining).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut remaining, written);
-    }
-    Ok(())
+    RawSource::write_all(writer.as_ref(), &mut sources).await
 }
 
 async fn write_loop(
@@ -302,7 +293,7 @@ enum Stopped {
 /// Pumps the socket and the timer into the connection's [`ClientSession`] and completes each
 /// request as its answer says; every check of what the listener sent is the session's.
 async fn read_loop(
-    mut reader: OwnedReadHalf,
+    reader: OwnedReadHalf,
     mut session: ClientSession<Mutex<HashMap<u64, Awaiting>>>,
     awaiting: AwaitingMap,
     alive: Arc<AtomicBool>,
@@ -317,10 +308,10 @@ async fn read_loop(
             break Stopped::Closed(closed.clone());
         }
         let deadline = session.poll_timeout();
-        let Some(target) = session.read_target() else {
+        let Some(mut target) = session.read_target() else {
             continue;
         };
-        let read = until(deadline, reader.read(target)).await;
+        let read = until(deadline, target.read(reader.as_ref())).await;
         let now = Instant::now();
         match read {
             Some(Ok(0)) => session.handle_end(now),

@@ -5,7 +5,7 @@
 
 use super::admission::{Admission, AdmissionLimits, Refused, Ticket};
 use crate::descriptor::SegmentDescriptor;
-use crate::memory::{RegionTable, Span};
+use crate::memory::{RawDestination, RawSource, RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::telemetry::{self, Throttle};
@@ -14,7 +14,6 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -48,12 +47,12 @@ impl Landing for Span {
         Span::len(self)
     }
 
-    fn receive_into(&mut self) -> Result<&mut [u8], crate::Error> {
-        Span::receive_into(self)
+    fn destination(&mut self) -> Result<RawDestination<'_>, crate::Error> {
+        Span::destination(self)
     }
 
-    fn as_slice(&self) -> &[u8] {
-        Span::as_slice(self)
+    fn source(&self) -> RawSource<'_> {
+        Span::source(self)
     }
 }
 
@@ -275,11 +274,11 @@ impl Driver {
                 continue;
             }
             let deadline = self.session.poll_timeout();
-            let Some(target) = self.session.read_target() else {
+            let Some(mut target) = self.session.read_target() else {
                 continue;
             };
             let read = tokio::select! {
-                read = until(deadline, self.stream.read(target)) => read,
+                read = until(deadline, target.read(&self.stream)) => read,
                 () = self.admitted.evicted() => return Ok(Ended::Evicted),
             };
             let now = Instant::now();
@@ -342,7 +341,7 @@ impl Driver {
             let Some(bytes) = self.session.poll_transmit() else {
                 return Ok(());
             };
-            let written = until(deadline, self.stream.write(bytes)).await;
+            let written = until(deadline, RawSource::write(&self.stream, &[bytes])).await;
             let now = Instant::now();
             match written {
                 Some(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
@@ -403,9 +402,8 @@ mod tests {
 
     fn feed(session: &mut ServerSession<ServerContext>, now: Instant, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            let target = session.read_target().expect("the session reads");
-            let len = target.len().min(bytes.len());
-            target[..len].copy_from_slice(&bytes[..len]);
+            let mut target = session.read_target().expect("the session reads");
+            let len = target.fill(bytes);
             session.handle_read(now, len);
             bytes = &bytes[len..];
         }
@@ -442,14 +440,14 @@ mod tests {
         bytes.extend_from_slice(&(addr + 4096).to_le_bytes());
         feed(&mut session, now, &bytes);
 
-        let target = session.read_target().unwrap();
+        let mut target = session.read_target().unwrap();
         assert_eq!(
-            target.as_ptr() as u64,
+            target.next_addr(),
             addr + 4096,
             "the data is read into the registered memory itself"
         );
-        assert_eq!(target.len(), data.len());
-        target.copy_from_slice(&data);
+        assert_eq!(target.remaining(), data.len());
+        target.fill(&data);
         session.handle_read(now, data.len());
         let Some(Event::Store(spans)) = session.poll_event() else {
             panic!("a complete write asks for its bytes to be stored");
@@ -458,7 +456,7 @@ mod tests {
         session.handle_stored(now, Ok(()));
         let answer = session.poll_transmit().unwrap();
         let mut raw = [0u8; HEADER_LEN];
-        raw.copy_from_slice(&answer[..HEADER_LEN]);
+        assert_eq!(answer.copy_to(&mut raw), HEADER_LEN);
         let ack = Header::decode(&raw, &wire::Limits::default()).unwrap();
         assert_eq!((ack.kind, ack.id, ack.len), (Kind::Ack, 9, 0));
         let mut landed = vec![0u8; data.len()];

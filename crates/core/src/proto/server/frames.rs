@@ -363,14 +363,15 @@ fn land<S: Landing>(
     let Some(span) = spans.get_mut(*index) else {
         return Ok(false);
     };
-    let destination = span.receive_into()?;
-    let bytes = input.take(destination.len() - *filled);
-    destination[*filled..*filled + bytes.len()].copy_from_slice(bytes);
+    let mut destination = span.destination()?.after(*filled);
+    let bytes = input.take(destination.remaining());
+    destination.fill(bytes);
+    // Hashed from the buffered copy, ferry's own memory.
     if let Some(opener) = opener {
         opener.update(bytes);
     }
-    *filled += bytes.len();
-    if *filled < destination.len() {
+    *filled = destination.filled();
+    if destination.remaining() > 0 {
         return Ok(!bytes.is_empty());
     }
     *index += 1;
