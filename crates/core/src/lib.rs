@@ -80,7 +80,9 @@ pub use memory::{
     read_caller_memory, write_caller_memory, Location, Region, RegionInfo, RegionUse,
 };
 pub use metadata::{MetadataStore, PeerToPeer};
-pub use notify::{InboxHandle, Notification, Notifications, Reserved, MAX_NOTIFICATION_BYTES};
+pub use notify::{
+    InboxHandle, InboxRefusal, Notification, Notifications, Reserved, MAX_NOTIFICATION_BYTES,
+};
 pub use peer::Peer;
 pub use route::Route;
 pub use tcp::{FrameTags, TcpConfig, TCP};

@@ -9,6 +9,36 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Why the inbox takes no notification now: the sender hears it as its refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InboxRefusal {
+    /// As many notifications as the inbox holds are unread.
+    #[error("the receiver's notification inbox is full ({unread} unread); it must read its notifications before more can be delivered")]
+    FullCount {
+        /// How many the inbox holds.
+        unread: usize,
+    },
+    /// The unread notifications hold as many bytes as the inbox allows.
+    #[error("the receiver's notification inbox is full ({held} of its {max} bytes unread, this one needs {bytes}); it must read its notifications before more can be delivered")]
+    FullBytes {
+        /// Bytes unread.
+        held: usize,
+        /// Bytes the inbox allows.
+        max: usize,
+        /// Bytes this notification needs.
+        bytes: usize,
+    },
+    /// The engine is stopping.
+    #[error("the engine is shutting down and takes no notifications")]
+    ShuttingDown,
+    /// The notification is longer than any notification may be.
+    #[error("a notification of {bytes} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit")]
+    TooLarge {
+        /// Its length.
+        bytes: usize,
+    },
+}
+
 /// Largest notification payload, in bytes.
 pub const MAX_NOTIFICATION_BYTES: usize = 64 << 10;
 
@@ -66,27 +96,24 @@ impl Inbox {
     }
 
     /// Takes room for a notification of `from` and `payload` bytes, or says why there is none.
-    pub(crate) fn reserve(&self, from: &str, payload: &[u8]) -> Result<Room, String> {
-        let permit = self.sender.clone().try_reserve_owned().map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => format!(
-                "the receiver's notification inbox is full ({} unread); it must read its notifications before more can be delivered",
-                self.sender.max_capacity()
-            ),
-            mpsc::error::TrySendError::Closed(_) => {
-                "the engine is shutting down and takes no notifications".to_owned()
-            }
-        })?;
+    pub(crate) fn reserve(&self, from: &str, payload: &[u8]) -> Result<Room, InboxRefusal> {
+        let permit = self
+            .sender
+            .clone()
+            .try_reserve_owned()
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => InboxRefusal::FullCount {
+                    unread: self.sender.max_capacity(),
+                },
+                mpsc::error::TrySendError::Closed(_) => InboxRefusal::ShuttingDown,
+            })?;
         let bytes = from.len() + payload.len();
         let max = self.max_bytes;
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&total| total <= max)
             })
-            .map_err(|held| {
-                format!(
-                    "the receiver's notification inbox is full ({held} of its {max} bytes unread, this one needs {bytes}); it must read its notifications before more can be delivered"
-                )
-            })?;
+            .map_err(|held| InboxRefusal::FullBytes { held, max, bytes })?;
         Ok(Room {
             permit: Some(permit),
             held: Arc::clone(&self.held),
@@ -130,12 +157,15 @@ impl InboxHandle {
     /// shutting down. Never waits. Answer the sender first, then [`Reserved::deliver`]: a
     /// receiver that acts on the notification at once (and exits, say) must not cut the
     /// sender off before it heard the answer.
-    pub fn reserve(&self, from: &str, payload: Vec<u8>) -> std::result::Result<Reserved, String> {
+    pub fn reserve(
+        &self,
+        from: &str,
+        payload: Vec<u8>,
+    ) -> std::result::Result<Reserved, InboxRefusal> {
         if payload.len() > MAX_NOTIFICATION_BYTES {
-            return Err(format!(
-                "a notification of {} bytes exceeds the {MAX_NOTIFICATION_BYTES}-byte limit",
-                payload.len()
-            ));
+            return Err(InboxRefusal::TooLarge {
+                bytes: payload.len(),
+            });
         }
         let room = self.inbox.reserve(from, &payload)?;
         Ok(Reserved {
@@ -332,8 +362,18 @@ mod tests {
         let room = inbox.reserve("ab", &[1; 60]).unwrap();
         assert_eq!(held.load(Ordering::Acquire), 62);
         let refused = inbox.reserve("ab", &[2; 40]).err().unwrap();
+        assert_eq!(
+            refused,
+            InboxRefusal::FullBytes {
+                held: 62,
+                max: 100,
+                bytes: 42
+            }
+        );
         assert!(
-            refused.contains("inbox is full (62 of its 100 bytes unread, this one needs 42)"),
+            refused
+                .to_string()
+                .contains("inbox is full (62 of its 100 bytes unread, this one needs 42)"),
             "{refused}"
         );
         drop(room);

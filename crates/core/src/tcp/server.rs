@@ -326,7 +326,9 @@ impl Driver {
                             self.session.handle_delivery(Instant::now(), Ok(()));
                             deliveries.push((room, Notification { from, payload }));
                         }
-                        Err(reason) => self.session.handle_delivery(Instant::now(), Err(reason)),
+                        Err(refusal) => self
+                            .session
+                            .handle_delivery(Instant::now(), Err(refusal.to_string())),
                     }
                 }
             }

@@ -376,7 +376,7 @@ impl Reading {
                     reserved.deliver();
                     Verdict::Delivered
                 }
-                Err(reason) => Verdict::Refused(reason),
+                Err(refusal) => Verdict::Refused(refusal.to_string()),
             };
             self.unsent.extend(verdict.encode());
             self.flush()?;
