@@ -19,7 +19,7 @@ impl ServeChild {
     /// the GPU-to-GPU transports.
     pub(crate) fn start(
         bytes: u64,
-        gpu: u32,
+        gpu: Option<u32>,
         echo: bool,
         gpu_links: bool,
         metadata: &str,
@@ -30,11 +30,12 @@ impl ServeChild {
             "serve",
             "--bytes",
             &bytes.to_string(),
-            "--gpu",
-            &gpu.to_string(),
             "--metadata",
             metadata,
         ]);
+        if let Some(gpu) = gpu {
+            command.args(["--gpu", &gpu.to_string()]);
+        }
         if echo {
             command.arg("--echo");
         }

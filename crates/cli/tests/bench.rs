@@ -23,8 +23,44 @@ fn a_bench_on_gpus_this_machine_lacks_fails_at_once_saying_it_needs_them() {
         stderr.contains("error: ferry bench needs CUDA GPUs (GPU0, GPU4096) but found "),
         "{stderr}"
     );
+    assert!(stderr.contains("`ferry bench --host`"), "{stderr}");
     assert!(!stderr.contains("serve process"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
+    let output = std::process::Command::new(ferry_bin())
+        .args([
+            "bench",
+            "--host",
+            "--block-bytes",
+            "4096",
+            "--blocks",
+            "256",
+            "--iterations",
+            "2",
+        ])
+        .output()
+        .expect("ferry bench runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("memcpy (host memory, 1 GiB, one process, same run)"),
+        "{stdout}"
+    );
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.starts_with("blocks-"))
+        .collect();
+    assert_eq!(rows.len(), 2, "a write and a read row: {stdout}");
+    for row in rows {
+        assert!(row.contains(" tcp "), "{row}");
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
 }
 
 #[test]

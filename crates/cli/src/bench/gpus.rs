@@ -9,7 +9,8 @@ use ferry::cuda::Driver;
 #[error(
     "ferry bench needs CUDA GPUs ({wanted}) but found {found} ({status}); run it on a machine \
      with NVIDIA GPUs and their driver, or pick GPUs this process sees with \
-     --prefill-gpu/--decode-gpu (--prefill-gpus/--decode-gpus) and CUDA_VISIBLE_DEVICES"
+     --prefill-gpu/--decode-gpu (--prefill-gpus/--decode-gpus) and CUDA_VISIBLE_DEVICES; \
+     `ferry bench --host` measures host memory over TCP with no GPU"
 )]
 pub(crate) struct MissingGpus {
     /// The ordinals asked for, as `GPU0, GPU1`.

@@ -62,7 +62,9 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     if options.plot.is_some() {
         options.single_cap("--plot")?;
     }
-    gpus::check(&[options.prefill_gpu, options.decode_gpu])?;
+    if !options.host {
+        gpus::check(&[options.prefill_gpu, options.decode_gpu])?;
+    }
     let shapes: Vec<(Workload, Shape)> = options
         .workloads()
         .iter()
@@ -96,14 +98,15 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     let caps = options.kernel_max_sms.len().max(1);
     let total = (rows.len() * options.paths.len() + sweep_rows.len() * sweep_paths.len()) * caps;
     let progress = progress_bar(total as u64 + 1);
+    let decode_gpu = (!options.host).then_some(options.decode_gpu);
     progress.set_message(format!(
-        "starting the decode process ({:.1} GiB on GPU{})",
+        "starting the decode process ({:.1} GiB {})",
         area as f64 / GIB as f64,
-        options.decode_gpu
+        decode_gpu.map_or_else(|| "of host memory".to_owned(), |gpu| format!("on GPU{gpu}"))
     ));
     let mut decode = ServeChild::start(
         area,
-        options.decode_gpu,
+        decode_gpu,
         true,
         !options.rdma,
         &options.metadata,
@@ -111,9 +114,13 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     )?;
     // Over RDMA there is no copy to compare with: the baseline is the port's line rate.
     let line_rate = options.rdma.then(rdma::line_rate_gbps).flatten();
-    let peer_copy_gbps = match options.rdma {
-        true => None,
-        false => {
+    let peer_copy_gbps = match (options.rdma, options.host) {
+        (true, _) => None,
+        (false, true) => {
+            progress.set_message("memcpy baseline");
+            Some(host_copy(options.rounds()))
+        }
+        (false, false) => {
             progress.set_message("peer_copy baseline");
             Some(peer_copy(
                 &[(options.prefill_gpu, options.decode_gpu)],
@@ -138,6 +145,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
     progress.inc(1);
     let baseline = peer_copy_gbps.or(line_rate);
     let mut report = Report {
+        host_memory: options.host,
         prefill_gpu: options.prefill_gpu,
         decode_gpu: options.decode_gpu,
         peer_copy_gbps,
@@ -253,6 +261,24 @@ fn peer_copy(pairs: &[(u32, u32)], iterations: usize) -> Result<f64, BoxError> {
         }
     }
     Ok(median(&samples))
+}
+
+/// The same-run baseline of host memory: GB/s of one in-process copy of 1 GiB between two
+/// buffers whose pages were touched first, the median of `iterations` rounds (at least 10)
+/// after two warm-up rounds.
+fn host_copy(iterations: usize) -> f64 {
+    let source = vec![7u8; GIB as usize];
+    let mut target = vec![0u8; GIB as usize];
+    let mut samples = Vec::new();
+    for round in 0..iterations.max(10) + 2 {
+        let started = Instant::now();
+        target.copy_from_slice(&source);
+        std::hint::black_box(&mut target);
+        if round >= 2 {
+            samples.push(GIB as f64 / started.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    median(&samples)
 }
 
 /// Runs `work` on this thread while `gemm` multiplies back to back on a thread of its own

@@ -83,6 +83,13 @@ pub(crate) struct Options {
     /// with `--features rdma` and a host where `ferry probe` lists an RDMA device.
     #[arg(long, conflicts_with_all = ["tcp", "paths", "plot"])]
     pub(crate) rdma: bool,
+    /// Move host memory over TCP instead of GPU memory: needs no GPU (nor CUDA). Both
+    /// processes register host memory, every row but `kv-layerwise` (which waits on a GPU
+    /// stream) runs over TCP, and the baseline is one in-process `memcpy` of 1 GiB.
+    #[arg(long, conflicts_with_all = [
+        "rdma", "plot", "contend", "prefill_gpus", "decode_gpus", "kernel_max_sms",
+    ])]
+    pub(crate) host: bool,
     /// `write` (prefill pushes), `read` (prefill pulls) or `both`: every row that honours the
     /// direction runs as a write and then as a read (`small-write` and `kv-layerwise` always
     /// write; under `both` the `--plot` sweep writes, one line per path; the multi-pair mode
@@ -210,7 +217,7 @@ impl Options {
 
     /// The one transport every transfer must take, when one other than NVLink was asked for.
     pub(super) fn only_transport(&self) -> Option<&'static str> {
-        match (self.rdma, self.tcp) {
+        match (self.rdma, self.tcp || self.host) {
             (true, _) => Some(RDMA),
             (false, true) => Some(TCP),
             (false, false) => None,
@@ -234,6 +241,13 @@ impl Options {
     pub(super) fn workloads(&self) -> Vec<Workload> {
         match self.block_bytes.zip(self.blocks) {
             Some((bytes, count)) => vec![Workload::Blocks { bytes, count }],
+            // Its layers wait on a GPU stream, which host memory has none of.
+            None if self.host => self
+                .workloads
+                .iter()
+                .copied()
+                .filter(|workload| *workload != Workload::KvLayerwise)
+                .collect(),
             None => self.workloads.clone(),
         }
     }

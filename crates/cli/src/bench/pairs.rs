@@ -147,7 +147,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .map(|&gpu| {
             ServeChild::start(
                 sharded.decode_area(),
-                gpu,
+                Some(gpu),
                 false,
                 true,
                 &options.metadata,

@@ -106,6 +106,9 @@ pub(crate) fn sms(cap: Option<u32>) -> String {
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct Report {
+    /// Whether both sides moved host memory (`--host`), not GPU memory; the GPU numbers
+    /// are then unused and the baseline is an in-process `memcpy`.
+    pub(crate) host_memory: bool,
     pub(crate) prefill_gpu: u32,
     pub(crate) decode_gpu: u32,
     /// Same-run baseline: one in-process copy of a contiguous 1 GiB buffer, GB/s; absent over
@@ -124,6 +127,11 @@ impl Report {
     pub(crate) fn table(&self) -> String {
         let mut out = String::new();
         let _ = match (self.peer_copy_gbps, self.line_rate_gbps) {
+            (Some(gbps), _) if self.host_memory => writeln!(
+                out,
+                "memcpy (host memory, 1 GiB, one process, same run): {gbps:.1} GB/s; host memory \
+                 moves over TCP between the two processes"
+            ),
             (Some(gbps), _) => writeln!(
                 out,
                 "peer_copy (GPU{} -> GPU{}, 1 GiB, one process, same run): {gbps:.1} GB/s",
@@ -304,6 +312,7 @@ pub(crate) mod tests {
     /// A run with two rows, one unverified, and a sweep of two paths at two sizes.
     pub(crate) fn report() -> Report {
         Report {
+            host_memory: false,
             prefill_gpu: 0,
             decode_gpu: 1,
             peer_copy_gbps: Some(400.0),

@@ -62,8 +62,9 @@ pub(super) struct Side {
     /// The copy kernel's multiprocessor cap; `None` for all.
     pub(super) cap: Option<u32>,
     /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` and
-    /// records the event a layer's blocks start after.
-    pub(super) computing: Stream,
+    /// records the event a layer's blocks start after; `None` with host memory (`--host`),
+    /// which runs no `kv-layerwise`.
+    pub(super) computing: Option<Stream>,
     /// The word the host raises as each layer's compute ends (`kv-layerwise`).
     pub(super) gate: Region,
 }
@@ -95,15 +96,20 @@ impl Side {
             });
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
-        let builder = builder.rdma((!options.tcp).then(ferry::RdmaConfig::default));
+        let builder =
+            builder.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));
         let engine = builder.build_blocking()?;
-        let gpu = options.prefill_gpu;
-        let local = engine.allocate_device(gpu, area)?;
-        let zeros = engine.allocate_device(gpu, GIB.min(area))?;
-        let check = engine.allocate_device(gpu, check)?;
-        let gate = engine.allocate_device(gpu, 4096)?;
+        let gpu = (!options.host).then_some(options.prefill_gpu);
+        let allocate = |bytes: u64| match gpu {
+            Some(gpu) => engine.allocate_device(gpu, bytes),
+            None => engine.allocate(bytes),
+        };
+        let local = allocate(area)?;
+        let zeros = allocate(GIB.min(area))?;
+        let check = allocate(check)?;
+        let gate = allocate(4096)?;
         gate.write_at(0, &[0u8; 4096])?;
-        let computing = Stream::new(Context::get(gpu)?)?;
+        let computing = gpu.map(|gpu| Stream::new(Context::get(gpu)?)).transpose()?;
         let peer = engine.connect_blocking(&decode.name)?;
         decode.reply_to(engine.name())?;
         let inbox = std::cell::RefCell::new(engine.notifications()?);
@@ -321,6 +327,10 @@ impl Side {
         compute: Duration,
         rounds: usize,
     ) -> Result<(Timing, Vec<f64>, f64), BoxError> {
+        let computing = self
+            .computing
+            .as_ref()
+            .ok_or("kv-layerwise needs a GPU stream; it does not run with --host")?;
         let layers = paged.pools / 2;
         // A layer's K and V pools; layer `index` starts this far into both areas.
         let layer = Paged {
@@ -337,11 +347,10 @@ impl Side {
             let mut last = None;
             let mut queue = || -> Result<(), BoxError> {
                 for index in 0..layers {
-                    self.computing
-                        .wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
-                    let computed = self.computing.record_event()?;
+                    computing.wait_value32(&self.gate, 0, gate + index as u32 + 1)?;
+                    let computed = computing.record_event()?;
                     if index + 1 == layers {
-                        last = Some(self.computing.record_event()?);
+                        last = Some(computing.record_event()?);
                     }
                     let copy = self.block_copy_at(&layer, layer_at(index));
                     transfers.push(
