@@ -190,25 +190,15 @@ impl<R: Requests> ClientSession<R> {
         if self.closed.is_some() || self.ended || !self.events.is_empty() {
             return None;
         }
-        self.direct = false;
-        if self.input.is_empty() {
-            if let State::Data {
+        let landing = match &mut self.state {
+            State::Data {
                 request, filled, ..
-            } = &mut self.state
-            {
-                let start = *filled;
-                if let Some(span) = request.destination() {
-                    if span.len().saturating_sub(start) >= Input::CAPACITY {
-                        if let Ok(destination) = span.destination() {
-                            self.direct = true;
-                            return Some(destination.after(start));
-                        }
-                    }
-                }
-            }
-        }
-        let free = self.input.free();
-        (!free.is_empty()).then(|| RawDestination::from_slice(free))
+            } => request.destination().map(|span| (span, *filled)),
+            _ => None,
+        };
+        let target = self.input.read_target(landing);
+        self.direct = target.as_ref().is_some_and(|(_, direct)| *direct);
+        target.map(|(destination, _)| destination)
     }
 
     /// `len` bytes were read into the last [`Self::read_target`] at `now`.

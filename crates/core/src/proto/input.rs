@@ -1,5 +1,8 @@
 //! Bytes read from the peer and not yet handled.
 
+use super::served::Landing;
+use crate::memory::RawDestination;
+
 /// A fixed buffer the driver reads into when the bytes are not going straight into a
 /// destination. Everything in it is handled before the next read, except while the session
 /// waits for an event's answer.
@@ -32,6 +35,27 @@ impl Input {
         let len = max.min(self.end - start);
         self.start += len;
         &self.buffer[start..start + len]
+    }
+
+    /// Where the next socket read goes, and whether it goes straight into `landing` (a data
+    /// piece filled up to byte `filled`): with nothing buffered and at least a buffer's worth
+    /// of the piece left, the read fills it in place, with no copy; otherwise it goes into
+    /// this buffer's free room. `None` when the buffer is full.
+    pub(super) fn read_target<'a, L: Landing>(
+        &'a mut self,
+        landing: Option<(&'a mut L, usize)>,
+    ) -> Option<(RawDestination<'a>, bool)> {
+        if self.is_empty() {
+            if let Some((span, filled)) = landing {
+                if span.len().saturating_sub(filled) >= Self::CAPACITY {
+                    if let Ok(destination) = span.destination() {
+                        return Some((destination.after(filled), true));
+                    }
+                }
+            }
+        }
+        let free = self.free();
+        (!free.is_empty()).then(|| (RawDestination::from_slice(free), false))
     }
 
     /// The free space to read into; empty only when the buffer is full.

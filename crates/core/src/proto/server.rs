@@ -229,28 +229,18 @@ impl<M: Served> ServerSession<M> {
         if self.closed.is_some() || self.ended || matches!(self.state, State::Waiting { .. }) {
             return None;
         }
-        self.direct = false;
-        if self.input.is_empty() {
-            if let State::Land {
+        let landing = match &mut self.state {
+            State::Land {
                 spans,
                 index,
                 filled,
                 ..
-            } = &mut self.state
-            {
-                let start = *filled;
-                if let Some(span) = spans.get_mut(*index) {
-                    if span.len() - start >= Input::CAPACITY {
-                        if let Ok(destination) = span.destination() {
-                            self.direct = true;
-                            return Some(destination.after(start));
-                        }
-                    }
-                }
-            }
-        }
-        let free = self.input.free();
-        (!free.is_empty()).then(|| RawDestination::from_slice(free))
+            } => spans.get_mut(*index).map(|span| (span, *filled)),
+            _ => None,
+        };
+        let target = self.input.read_target(landing);
+        self.direct = target.as_ref().is_some_and(|(_, direct)| *direct);
+        target.map(|(destination, _)| destination)
     }
 
     /// `len` bytes were read into the last [`Self::read_target`].
