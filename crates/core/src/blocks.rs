@@ -45,31 +45,54 @@ impl BlockLayout {
         self.pool_bytes.saturating_sub(self.block_stride) + self.offset + len
     }
 
-    fn check(&self, side: Side, len: u64) -> Result<(), String> {
+    fn check(&self, side: Side, len: u64) -> Result<(), LayoutProblem> {
         if self.block_stride == 0 || self.pool_bytes % self.block_stride != 0 {
-            return Err(format!(
-                "the {side} block stride {} does not divide the {side} pool of {} bytes; pass the pool size in whole blocks",
-                self.block_stride, self.pool_bytes
-            ));
+            return Err(LayoutProblem::StrideDoesNotDivide {
+                side,
+                stride: self.block_stride,
+                pool_bytes: self.pool_bytes,
+            });
         }
         if self.blocks() > u64::from(u32::MAX) {
-            return Err(format!(
-                "the {side} pool holds {} blocks, more than block ids (u32) can name",
-                self.blocks()
-            ));
+            return Err(LayoutProblem::TooManyBlocks {
+                side,
+                blocks: self.blocks(),
+            });
         }
         if self
             .offset
             .checked_add(len)
             .is_none_or(|end| end > self.block_stride)
         {
-            return Err(format!(
-                "the sub-range {}..+{len} lies outside the {side} block of {} bytes",
-                self.offset, self.block_stride
-            ));
+            return Err(LayoutProblem::OutsideBlock {
+                side,
+                offset: self.offset,
+                len,
+                stride: self.block_stride,
+            });
         }
         Ok(())
     }
+}
+
+/// Why a [`BlockLayout`] cannot carry a copy of some length per block.
+#[derive(Debug, thiserror::Error)]
+enum LayoutProblem {
+    #[error("the {side} block stride {stride} does not divide the {side} pool of {pool_bytes} bytes; pass the pool size in whole blocks")]
+    StrideDoesNotDivide {
+        side: Side,
+        stride: u64,
+        pool_bytes: u64,
+    },
+    #[error("the {side} pool holds {blocks} blocks, more than block ids (u32) can name")]
+    TooManyBlocks { side: Side, blocks: u64 },
+    #[error("the sub-range {offset}..+{len} lies outside the {side} block of {stride} bytes")]
+    OutsideBlock {
+        side: Side,
+        offset: u64,
+        len: u64,
+        stride: u64,
+    },
 }
 
 /// Where a pool's size comes from.
@@ -280,8 +303,11 @@ impl BlockCopy {
                 self.remote_ids.len()
             )));
         }
-        self.local.check(Side::Local, self.len).map_err(fail)?;
-        self.remote.check(Side::Remote, self.len).map_err(fail)?;
+        for (layout, side) in [(&self.local, Side::Local), (&self.remote, Side::Remote)] {
+            layout
+                .check(side, self.len)
+                .map_err(|problem| fail(problem.to_string()))?;
+        }
         // One pass per side against the smallest pool's block count: when every id is below
         // it, no pool can refuse an id and only the pools' extents are left to check. Else the
         // exact walk below finds the first offending pool and index.

@@ -306,9 +306,9 @@ impl<M: Served> ServerSession<M> {
     }
 
     /// Answers [`Event::Store`]: whether the bytes are in memory, or why not.
-    pub(crate) fn handle_stored(&mut self, now: Instant, outcome: Result<(), String>) {
+    pub(crate) fn handle_stored(&mut self, now: Instant, outcome: Result<(), Refusal>) {
         if let State::Waiting { id } = self.state {
-            self.ack(now, id, outcome.map_err(Refusal::Other));
+            self.ack(now, id, outcome);
             self.finish_frame(now);
             self.process(now);
         }
@@ -319,7 +319,7 @@ impl<M: Served> ServerSession<M> {
         &mut self,
         now: Instant,
         span: M::Span,
-        outcome: Result<(), String>,
+        outcome: Result<(), Refusal>,
     ) {
         if let State::Waiting { id } = self.state {
             match outcome {
@@ -342,7 +342,7 @@ impl<M: Served> ServerSession<M> {
                         }
                     });
                 }
-                Err(reason) => self.ack(now, id, Err(Refusal::Other(reason))),
+                Err(refusal) => self.ack(now, id, Err(refusal)),
             }
             self.finish_frame(now);
             self.process(now);
@@ -350,7 +350,7 @@ impl<M: Served> ServerSession<M> {
     }
 
     /// Answers [`Event::Notify`]: taken into the inbox, or why not.
-    pub(crate) fn handle_delivery(&mut self, now: Instant, outcome: Result<(), String>) {
+    pub(crate) fn handle_delivery(&mut self, now: Instant, outcome: Result<(), Refusal>) {
         self.handle_stored(now, outcome);
     }
 

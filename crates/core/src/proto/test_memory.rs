@@ -3,7 +3,7 @@
 
 use super::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
 use crate::auth::FrameKeys;
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::memory::{RawDestination, RawSource};
 use crate::wire::seal::{Opener, KEY_LEN, TAG_LEN};
 use crate::wire::{Header, Limits, HEADER_LEN};
@@ -173,7 +173,7 @@ impl Harness {
                         self.delivered.push(payload);
                         Ok(())
                     } else {
-                        Err("the test inbox is full".to_owned())
+                        Err(Refusal::Other("the test inbox is full".to_owned()))
                     };
                     self.session.handle_delivery(self.now, outcome);
                 }

@@ -5,6 +5,7 @@
 
 use super::admission::{Admission, AdmissionLimits, Refused, Ticket};
 use crate::descriptor::SegmentDescriptor;
+use crate::error::Refusal;
 use crate::memory::{RawDestination, RawSource, RegionTable, Span};
 use crate::notify::{Inbox, Notification, Room};
 use crate::proto::{Closed, Event, Landing, Served, ServerSession, SessionConfig};
@@ -302,7 +303,7 @@ impl Driver {
                 Event::Store(mut spans) => {
                     let stored = Span::store_all(&mut spans)
                         .await
-                        .map_err(|error| error.to_string());
+                        .map_err(|error| Refusal::Other(error.to_string()));
                     if stored.is_ok() {
                         let bytes = spans.iter().map(|span| span.len() as u64).sum();
                         telemetry::served(super::TCP, "write", bytes);
@@ -313,7 +314,7 @@ impl Driver {
                 Event::Load(mut span) => {
                     let loaded = Span::load_all(std::slice::from_mut(&mut span))
                         .await
-                        .map_err(|error| error.to_string());
+                        .map_err(|error| Refusal::Other(error.to_string()));
                     if loaded.is_ok() {
                         telemetry::served(super::TCP, "read", span.len() as u64);
                     }
@@ -326,9 +327,10 @@ impl Driver {
                             self.session.handle_delivery(Instant::now(), Ok(()));
                             deliveries.push((room, Notification { from, payload }));
                         }
-                        Err(refusal) => self
-                            .session
-                            .handle_delivery(Instant::now(), Err(refusal.to_string())),
+                        Err(refusal) => self.session.handle_delivery(
+                            Instant::now(),
+                            Err(Refusal::Other(refusal.to_string())),
+                        ),
                     }
                 }
             }
