@@ -5,7 +5,8 @@
 #   - the host-memory pytest suite and the GPU pytest files (crates/python/tests/gpu);
 #   - examples/python/run_gpu.sh, when the repository has it;
 #   - python -m ferry_kv.bench on CUDA: ferry alone, ferry through NIXL's API (pull and push)
-#     beside it, then ferry and Mooncake in the same run
+#     beside it, with NIXL's own agent through the same calls when its files were carried
+#     (scripts/python-carry.sh --nixl), then ferry and Mooncake in the same run
 #     when Mooncake's files were carried; GPU 0 -> GPU 0 and, with two GPUs, GPU 0 -> GPU 1;
 #   - the native `ferry bench --workloads kv-llama70b-4k` on the same GPUs.
 # Usage: scripts/gpu-python.sh LOG_DIR [all|tests|bench]
@@ -94,14 +95,19 @@ if [ "$parts" = tests ]; then
   exit $status
 fi
 
+# Folders unpacked below, removed on exit; libcudart's folder (from the Python nvidia package),
+# which Mooncake's engine and UCX's CUDA module link.
+unpacked=()
+trap 'rm -rf "${unpacked[@]}"' EXIT
+cudart=$("$python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+
 # Mooncake, when carried: its package on PYTHONPATH, the system libraries it links (from
-# nixl's wheel) and libcudart (from the Python nvidia package) on LD_LIBRARY_PATH.
+# nixl's wheel) and libcudart on LD_LIBRARY_PATH.
 mooncake_env=()
 if [ -f "$dist/mooncake-0.3.14.tar.xz" ]; then
   mooncake_dir=$(mktemp -d /tmp/ferry-mooncake.XXXXXX)
-  trap 'rm -rf "$mooncake_dir"' EXIT
+  unpacked+=("$mooncake_dir")
   tar -C "$mooncake_dir" -xJf "$dist/mooncake-0.3.14.tar.xz"
-  cudart=$("$python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
   mooncake_env=(env
     "PYTHONPATH=$mooncake_dir/mooncake/site${PYTHONPATH:+:$PYTHONPATH}"
     "LD_LIBRARY_PATH=$mooncake_dir/mooncake/lib${cudart:+:$cudart}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
@@ -109,6 +115,28 @@ if [ -f "$dist/mooncake-0.3.14.tar.xz" ]; then
     "$python" -c 'import mooncake.engine as m; print(m.__file__); assert m.__file__.endswith(".so")'
 else
   echo "---- Mooncake was not carried (scripts/python-carry.sh --mooncake): ferry-only bench rows" | tee -a "$summary"
+fi
+
+# NIXL's own package, when carried, for the nixl bench step only: its unpacked wheel on
+# PYTHONPATH (its libraries find each other, the UCX plugin and UCX's modules through $ORIGIN
+# run paths) and libcudart on LD_LIBRARY_PATH. The bench imports it as nixl_cu13._api, a name
+# ferry's `nixl` hook does not answer for.
+nixl_env=()
+if [ -f "$dist/nixl-cu13-1.5.1.tar.xz" ]; then
+  nixl_dir=$(mktemp -d /tmp/ferry-nixl.XXXXXX)
+  unpacked+=("$nixl_dir")
+  tar -C "$nixl_dir" -xJf "$dist/nixl-cu13-1.5.1.tar.xz"
+  nixl_env=(env
+    "PYTHONPATH=$nixl_dir/nixl/site${PYTHONPATH:+:$PYTHONPATH}"
+    "LD_LIBRARY_PATH=$cudart${LD_LIBRARY_PATH:+${cudart:+:}$LD_LIBRARY_PATH}")
+  step "NIXL's own agent with UCX" "${nixl_env[@]}" "$python" -c '
+import nixl_cu13._api as m
+print(m.__file__)
+assert "/ferry-nixl." in m.__file__, "not the carried package"
+agent = m.nixl_agent("check", m.nixl_agent_config(backends=["UCX"]))
+assert "UCX" in agent.backends, agent.get_plugin_list()'
+else
+  echo "---- NIXL was not carried (scripts/python-carry.sh --nixl): its own bench rows are skipped" | tee -a "$summary"
 fi
 
 pairs=("0 0")
@@ -119,8 +147,13 @@ for pair in "${pairs[@]}"; do
   bench=("$python" -m ferry_kv.bench --device cuda --prefill-gpu "$prefill" --decode-gpu "$decode")
   step "bench ferry $where" timeout 600 "${bench[@]}" --engines ferry \
     --json "$logs/bench-ferry-$prefill-$decode.json"
-  step "bench nixl $where" timeout 600 "${bench[@]}" --api nixl \
-    --json "$logs/bench-nixl-$prefill-$decode.json"
+  if [ ${#nixl_env[@]} -gt 0 ]; then
+    step "bench nixl+nixl-own $where" timeout 900 "${nixl_env[@]}" "${bench[@]}" --api nixl \
+      --require-all --json "$logs/bench-nixl-$prefill-$decode.json"
+  else
+    step "bench nixl $where" timeout 600 "${bench[@]}" --api nixl \
+      --json "$logs/bench-nixl-$prefill-$decode.json"
+  fi
   if [ ${#mooncake_env[@]} -gt 0 ]; then
     step "bench ferry+mooncake $where" timeout 900 "${mooncake_env[@]}" "${bench[@]}" \
       --engines ferry,mooncake --require-all --json "$logs/bench-both-$prefill-$decode.json"

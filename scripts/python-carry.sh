@@ -7,22 +7,31 @@
 #   mooncake-*.tar.xz  with --mooncake: what `from mooncake.engine import TransferEngine` needs
 #                      from Mooncake's wheel, plus the system libraries engine.so links that
 #                      the GPU machine lacks (from NVIDIA's nixl wheel, under plain names)
-# Usage: scripts/python-carry.sh [--mooncake]
+#   nixl-cu13-*.tar.xz with --nixl: NIXL's own package from nixl-cu13's wheel for Python 3.12,
+#                      unpacked (nixl_cu13/, its two .libs folders with the UCX plugin and UCX,
+#                      its dist-info; not nixl_ep_cu13, headers or scripts), for the bench's
+#                      nixl-own-* rows, which import nixl_cu13._api by that name
+# Usage: scripts/python-carry.sh [--mooncake] [--nixl]
+# The options are independent. The runner carries at most 64 MiB with the working tree: the
+# ferry files (~10 MB), Mooncake's (~19 MB) and NIXL's (~18.5 MB) fit together, and a call
+# that needs only one of the two can leave the other out.
 # Needs maturin and pip (MATURIN / PIP override them, e.g. a venv's), cargo, strip, xz.
 # Downloaded wheels are cached in ${FERRY_CARRY_CACHE:-~/.cache/ferry-carry}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mooncake=0
+nixl=0
 for argument in "$@"; do
   case $argument in
     --mooncake) mooncake=1 ;;
-    *) echo "python-carry.sh: unknown argument $argument (use --mooncake)" >&2; exit 2 ;;
+    --nixl) nixl=1 ;;
+    *) echo "python-carry.sh: unknown argument $argument (use --mooncake, --nixl)" >&2; exit 2 ;;
   esac
 done
 
-MOONCAKE_WHEEL=mooncake-transfer-engine-cuda13==0.3.14
-NIXL_WHEEL=nixl-cu13==1.5.1
+MOONCAKE_WHEEL="mooncake-transfer-engine-cuda13==0.3.14"
+NIXL_WHEEL="nixl-cu13==1.5.1"
 maturin=${MATURIN:-maturin}
 pip=${PIP:-pip}
 target=${CARGO_TARGET_DIR:-target}
@@ -31,6 +40,8 @@ cache=${FERRY_CARRY_CACHE:-$HOME/.cache/ferry-carry}
 
 rm -rf "$out"
 mkdir -p "$out" "$cache"
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT
 
 (cd crates/python && "$maturin" build --release --quiet -o "../../$out")
 cargo build --release -p ferry-cli --bin ferry
@@ -44,8 +55,6 @@ if [ "$mooncake" = 1 ]; then
   # Wheels for the GPU machine's Python 3.12, whatever Python runs here.
   "$pip" download --quiet --no-deps --only-binary=:all: --python-version 312 \
     --platform manylinux_2_28_x86_64 -d "$cache" "$MOONCAKE_WHEEL" "$NIXL_WHEEL"
-  staging=$(mktemp -d)
-  trap 'rm -rf "$staging"' EXIT
   python3 - "$cache" "$staging/mooncake" <<'EOF'
 """Extracts from the cached wheels what Mooncake's engine needs into DEST:
 site/  mooncake/{__init__,engine,libasio,libetcd_wrapper} and the wheel's bundled .libs folder
@@ -66,7 +75,7 @@ missing = wanted - set(mooncake.namelist())
 if missing:
     sys.exit(f"Mooncake's wheel lacks {sorted(missing)}")
 
-nixl = zipfile.ZipFile(glob.glob(os.path.join(cache, "nixl_cu13-1.5.1-*.whl"))[0])
+nixl = zipfile.ZipFile(glob.glob(os.path.join(cache, "nixl_cu13-1.5.1-cp312-*.whl"))[0])
 folder = "nixl_cu13.libs/"
 os.makedirs(lib)
 
@@ -97,6 +106,32 @@ for soname, prefix in {"libibverbs.so.1": "libibverbs-", "libmlx5.so.1": "libmlx
     os.symlink(hashed, os.path.join(lib, soname))
 EOF
   tar -C "$staging" -cJf "$out/mooncake-0.3.14.tar.xz" mooncake
+fi
+
+if [ "$nixl" = 1 ]; then
+  "$pip" download --quiet --no-deps --only-binary=:all: --python-version 312 \
+    --platform manylinux_2_28_x86_64 -d "$cache" "$NIXL_WHEEL"
+  python3 - "$cache" "$staging/nixl/site" <<'EOF'
+"""Extracts NIXL's own package from the cached cp312 wheel into DEST, laid out as pip installs
+it: nixl_cu13/, .nixl_cu13.mesonpy.libs/ (libnixl, and the backend plugins it looks for next to
+itself), nixl_cu13.libs/ (UCX and the bundled system libraries, found through $ORIGIN run
+paths) and the dist-info. The rest of the wheel (nixl_ep_cu13, asio headers, scripts) is not
+needed."""
+import glob, os, sys, zipfile
+
+cache, dest = sys.argv[1], sys.argv[2]
+wheels = glob.glob(os.path.join(cache, "nixl_cu13-1.5.1-cp312-*.whl"))
+if len(wheels) != 1:
+    sys.exit(f"expected one nixl_cu13-1.5.1-cp312 wheel in {cache}, found {wheels}")
+wheel = zipfile.ZipFile(wheels[0])
+kept = ("nixl_cu13/", ".nixl_cu13.mesonpy.libs/", "nixl_cu13.libs/", "nixl_cu13-1.5.1.dist-info/")
+names = [name for name in wheel.namelist() if name.startswith(kept)]
+if ".nixl_cu13.mesonpy.libs/plugins/libplugin_UCX.so" not in names:
+    sys.exit(f"{wheels[0]} has no UCX plugin where libnixl looks for it")
+for name in names:
+    wheel.extract(name, dest)
+EOF
+  tar -C "$staging" -cJf "$out/nixl-cu13-1.5.1.tar.xz" nixl
 fi
 
 du -sh "$out"

@@ -1,7 +1,9 @@
 """``python -m ferry_kv.bench`` on host memory with a tiny shape, and the pieces it trusts to
-judge its own result: the merging of adjacent entries and the block-by-block check."""
+judge its own result: the merging of adjacent entries, the block-by-block check and the
+ratios; NIXL's own rows where its package cannot be loaded (CI has none)."""
 
 import ctypes
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +11,7 @@ import sys
 
 import pytest
 
+from ferry_kv import bench
 from ferry_kv._bench_pools import CtypesPools
 from ferry_kv._bench_workers import merged_runs
 
@@ -93,7 +96,87 @@ def test_bench_nixl_rows_pull_and_push_through_nixl_s_api_and_verify(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads(report.read_text())["rows"]
-    assert [row["engine"] for row in rows] == ["nixl-pull", "nixl-push", "ferry"]
+    assert [row["engine"] for row in rows] == [
+        "nixl-pull", "nixl-own-pull", "nixl-push", "nixl-own-push", "ferry"]
+    # NIXL's own rows run where its package is installed, and are skipped (saying why) elsewhere.
+    own_installed = importlib.util.find_spec("nixl_cu13") is not None
     for row in rows:
+        if row["engine"].startswith("nixl-own-") and not own_installed:
+            assert "nixl_cu13" in row["skipped"], row
+            continue
         assert row["verified"] is True and row["problems"] == [], row
         assert row["gbps_p50"] > 0 and len(row["seconds"]) == 2
+
+
+# Stand-ins for NIXL's own package on PYTHONPATH: one that cannot load, one whose agent found
+# no UCX plugin.
+BROKEN_NIXL = {
+    "__init__.py": 'raise ImportError("libnixl.so: cannot open shared object file")\n',
+}
+NIXL_WITHOUT_UCX = {
+    "__init__.py": "",
+    "_api.py": (
+        "class nixl_agent_config:\n"
+        "    def __init__(self, **options):\n"
+        "        pass\n"
+        "class nixl_agent:\n"
+        "    backends = {}\n"
+        "    def __init__(self, name, config):\n"
+        "        pass\n"
+        "    def get_plugin_list(self):\n"
+        "        return ['POSIX']\n"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "package, reason",
+    [
+        (BROKEN_NIXL, "NIXL's own nixl_cu13._api (wheel nixl-cu13) is not importable: "
+                      "libnixl.so: cannot open shared object file"),
+        (NIXL_WITHOUT_UCX, "the NIXL agent has no UCX backend (plugins found: ['POSIX'])"),
+    ],
+    ids=["cannot-load", "no-ucx-plugin"],
+)
+def test_bench_nixl_own_rows_say_why_they_cannot_run_and_fail_require_all(tmp_path, package, reason):
+    folder = tmp_path / "site" / "nixl_cu13"
+    folder.mkdir(parents=True)
+    for name, text in package.items():
+        (folder / name).write_text(text)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    args = [arg for arg in TINY if arg not in ("--engines", "ferry")]
+    report = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "ferry_kv.bench", *args,
+               "--engines", "nixl-own-pull,nixl-own-push", "--json", str(report)]
+    env = {**os.environ, "PYTHONPATH": path}
+
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(report.read_text())["rows"]
+    assert rows == [{"engine": "nixl-own-pull", "skipped": reason},
+                    {"engine": "nixl-own-push", "skipped": reason}]
+    assert f"nixl-own-pull skipped: {reason}" in result.stdout
+
+    result = subprocess.run([*command, "--require-all"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+
+
+def test_bench_api_nixl_takes_nixl_s_own_rows_and_engines_are_checked():
+    args = bench.parse_args(["--device", "cpu", "--api", "nixl"])
+    assert args.engines == ["nixl-pull", "nixl-own-pull", "nixl-push", "nixl-own-push", "ferry"]
+    args = bench.parse_args(["--device", "cpu", "--engines", "nixl-own-push, nixl-own-pull"])
+    assert args.engines == ["nixl-own-push", "nixl-own-pull"]
+    with pytest.raises(SystemExit) as exit:
+        bench.parse_args(["--device", "cpu", "--engines", "nixl-own"])
+    assert exit.value.code == 2
+
+
+def test_ratios_pair_ferry_with_the_other_engine_of_the_same_api_and_pattern():
+    def row(engine, p50, verified=True):
+        return {"engine": engine, "gbps_p50": p50, "gbps_mean": p50 / 2, "verified": verified}
+
+    rows = [row("nixl-pull", 100.0), row("nixl-own-pull", 4.0), row("nixl-push", 90.0),
+            row("nixl-own-push", 3.0, verified=False), row("ferry", 80.0),
+            {"engine": "mooncake", "skipped": "not installed"}]
+    assert bench.ratios(rows) == {"nixl-pull/nixl-own-pull": {"gbps_p50": 25.0, "gbps_mean": 25.0}}

@@ -1,36 +1,74 @@
-"""The processes of ``ferry_kv.bench``'s NIXL rows: ferry through NIXL's API, called as vLLM's
-``NixlConnector`` calls it. One region per pool tensor, prepared as NIXL's strided rows
-``(base, block, devID, block, pool_blocks)``, and vLLM's descriptor ids ``tensor * pool_blocks
-+ block``; one ``make_prepped_xfer`` per request with a ``"req:1"`` notification, posted with
-``transfer`` and polled with ``check_xfer_state`` until ``"DONE"``.
+"""The processes of ``ferry_kv.bench``'s NIXL rows: NIXL's API called as vLLM's ``NixlConnector``
+calls it, on ferry's agent (``nixl-pull``, ``nixl-push``) or on NIXL's own (``nixl-own-pull``,
+``nixl-own-push``), through the same code. One region per pool tensor, prepared as NIXL's
+strided rows ``(base, block, devID, block, pool_blocks)``, and vLLM's descriptor ids ``tensor *
+pool_blocks + block``; one ``make_prepped_xfer`` per request with a ``"req:1"`` notification,
+posted with ``transfer`` and polled with ``check_xfer_state`` until ``"DONE"``.
 
-- ``nixl-push``: the prefill WRITEs (vLLM's ``NixlPushConnector``). Same messages as the
-  Mooncake rows (``_bench_workers``): the decode is ready first, the prefill times.
-- ``nixl-pull``: the decode READs (vLLM's default ``NixlConnector``). The prefill is ready
-  first; the decode times, poisons its own pools before the last request and checks them.
+- ``nixl-push``, ``nixl-own-push``: the prefill WRITEs (vLLM's ``NixlPushConnector``). Same
+  messages as the Mooncake rows (``_bench_workers``): the decode is ready first, the prefill
+  times.
+- ``nixl-pull``, ``nixl-own-pull``: the decode READs (vLLM's default ``NixlConnector``). The
+  prefill is ready first; the decode times, poisons its own pools before the last request and
+  checks them.
+
+NIXL's own agent comes from ``nixl_cu13._api``, imported by that name: ferry's import hook
+answers for ``nixl``, ``nixl._api`` and ``nixl._bindings`` only, so this import cannot pick up
+ferry's agent whatever ``FERRY_NIXL`` says, and NIXL's ``nixl`` meta package (which picks
+``nixl_cu12`` or ``nixl_cu13`` by the CUDA version torch was built for) is not needed. Its agent
+uses the UCX backend, as vLLM's default; UCX picks the transport (cuda_ipc between GPUs of one
+host; cma, shared memory or TCP for host memory) and reads its usual ``UCX_*`` variables.
 """
 
+import importlib
 import os
 import time
 
 import numpy as np
 
 from ._bench_pools import make_pools
-from ._bench_workers import _run_worker, request_block_ids, serve_checks
+from ._bench_workers import EngineUnavailable, _run_worker, request_block_ids, serve_checks
 
-def _agent(config, name, pools):
-    """A NIXL agent with ``pools`` registered as vLLM registers them, and the strided rows of
-    its regions."""
-    os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
-    from .nixl import nixl_agent, nixl_agent_config
+OWN_PACKAGE = "nixl_cu13"
+BACKEND = "UCX"
 
-    agent = nixl_agent(name, nixl_agent_config(num_threads=4, capture_telemetry=True))
+
+def _api(config):
+    """``(nixl_agent, nixl_agent_config)`` of ``config.engine``: ferry's (``nixl-pull``,
+    ``nixl-push``) or NIXL's own (``nixl-own-*``). Raises EngineUnavailable when NIXL's own
+    package cannot be imported here."""
+    if not config.engine.startswith("nixl-own-"):
+        os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
+        from .nixl import nixl_agent, nixl_agent_config
+
+        return nixl_agent, nixl_agent_config
+    try:
+        module = importlib.import_module(f"{OWN_PACKAGE}._api")
+    except (ImportError, OSError) as error:
+        raise EngineUnavailable(
+            f"NIXL's own {OWN_PACKAGE}._api (wheel nixl-cu13) is not importable: {error}"
+        )
+    return module.nixl_agent, module.nixl_agent_config
+
+
+def _agent(config, api, name, pools):
+    """A NIXL agent of ``api`` (see ``_api``) with ``pools`` registered as vLLM registers them,
+    and the strided rows of its regions. Raises EngineUnavailable when NIXL's own agent has no
+    UCX plugin."""
+    nixl_agent, nixl_agent_config = api
+    agent = nixl_agent(
+        name, nixl_agent_config(num_threads=4, capture_telemetry=True, backends=[BACKEND])
+    )
+    if BACKEND not in agent.backends:
+        raise EngineUnavailable(
+            f"the NIXL agent has no {BACKEND} backend (plugins found: {agent.get_plugin_list()})"
+        )
     mem = "VRAM" if config.device.startswith("cuda") else "DRAM"
     device = _device(config)
     descs = agent.get_reg_descs(
         [(addr, length, device, "") for addr, length in zip(pools.addresses, pools.lengths)], mem
     )
-    agent.register_memory(descs, backends=["UCX"])
+    agent.register_memory(descs, backends=[BACKEND])
     return agent, mem, _rows(pools.addresses, config, device)
 
 
@@ -43,14 +81,16 @@ def _rows(addresses, config, device):
 
 def _side(config, role):
     """``role``'s pools (the prefill's hold the pattern, the decode's the poison) and its agent,
-    lists' memory type and rows (see ``_agent``)."""
+    lists' memory type and rows (see ``_agent``). The agent's package is imported first, so that
+    an engine that cannot run here says so before any pool is made."""
+    api = _api(config)
     pools = make_pools(config.memory, config.tensors, config.pool_blocks, config.block_bytes,
                        config.device, config.seed)
     if role == "prefill":
         pools.fill_pattern()
     else:
         pools.poison()
-    return pools, _agent(config, role, pools)
+    return pools, _agent(config, api, role, pools)
 
 
 def _ready(conn, side):

@@ -1,7 +1,8 @@
 """``python -m ferry_kv.bench``: the ``kv-llama70b-4k`` workload through the Mooncake-compatible
 API, the way SGLang calls it, for ferry and (when importable) Mooncake itself, in the same run;
 with ``--api nixl``, through NIXL's API the way vLLM's NixlConnector calls it (decode pulling,
-prefill pushing; see ``_bench_nixl``), beside ferry through Mooncake's.
+prefill pushing; see ``_bench_nixl``), on ferry's agent and (when its ``nixl_cu13`` package is
+importable) NIXL's own, beside ferry through Mooncake's.
 
 Per request: ``2 x layers`` pool tensors (K and V per layer), ``blocks`` blocks of 32 KiB each
 picked at random from a pool of ``pool_blocks`` (source and destination ids distinct random
@@ -13,8 +14,10 @@ every block of every tensor is checked after it: the destination blocks must hol
 blocks' pattern, all others the poison.
 
 Prints one row per engine (GB/s decimal: median of the timed requests, and total bytes over
-total seconds), whether the bytes verified, and the ratio ferry / Mooncake. Exits non-zero when
-an engine that ran failed or did not verify (and, with ``--require-all``, when one was skipped).
+total seconds), whether the bytes verified, and the ratios of ferry to the other project's
+engine on the same API and pattern (ferry / Mooncake, nixl-pull / nixl-own-pull, nixl-push /
+nixl-own-push). Exits non-zero when an engine that ran failed or did not verify (and, with
+``--require-all``, when one was skipped).
 """
 
 import argparse
@@ -29,8 +32,13 @@ from . import _bench_nixl as nixl_workers
 from . import _bench_workers as workers
 
 BLOCK_BYTES = 32 * 1024
-ENGINES = ("ferry", "mooncake", "nixl-pull", "nixl-push")
-APIS = {"mooncake": "ferry,mooncake", "nixl": "nixl-pull,nixl-push,ferry"}
+ENGINES = ("ferry", "mooncake", "nixl-pull", "nixl-push", "nixl-own-pull", "nixl-own-push")
+APIS = {
+    "mooncake": "ferry,mooncake",
+    "nixl": "nixl-pull,nixl-own-pull,nixl-push,nixl-own-push,ferry",
+}
+# (ferry's row, the other project's engine's row on the same API and pattern).
+RATIOS = (("ferry", "mooncake"), ("nixl-pull", "nixl-own-pull"), ("nixl-push", "nixl-own-push"))
 # Each engine's two processes: the one started first (it reports "ready"), and the one given
 # its session and addresses.
 PROCESSES = {
@@ -38,7 +46,11 @@ PROCESSES = {
     "mooncake": (workers.decode_main, workers.prefill_main),
     "nixl-push": (nixl_workers.sink_main, nixl_workers.writer_main),
     "nixl-pull": (nixl_workers.source_main, nixl_workers.reader_main),
+    "nixl-own-push": (nixl_workers.sink_main, nixl_workers.writer_main),
+    "nixl-own-pull": (nixl_workers.source_main, nixl_workers.reader_main),
 }
+# Engines whose decode reads: the prefill is the process started first.
+PULL = ("nixl-pull", "nixl-own-pull")
 
 
 def parse_args(argv):
@@ -49,13 +61,18 @@ def parse_args(argv):
     )
     parser.add_argument("--api", choices=sorted(APIS), default="mooncake",
                         help="which API's rows to run when --engines is not given: mooncake "
-                             "(ferry and Mooncake through it), nixl (ferry through NIXL's API, "
-                             "decode pulling and prefill pushing, beside ferry through Mooncake's)")
+                             "(ferry and Mooncake through it), nixl (ferry's and NIXL's own "
+                             "agent through NIXL's API, decode pulling and prefill pushing, "
+                             "beside ferry through Mooncake's; NIXL's own rows need its "
+                             "nixl_cu13 package, from the nixl-cu13 wheel, importable)")
     parser.add_argument("--engines",
                         help="comma-separated engines to run: ferry (through Mooncake's API), "
-                             "mooncake, nixl-pull, nixl-push (ferry through NIXL's API)")
+                             "mooncake, nixl-pull, nixl-push (ferry through NIXL's API), "
+                             "nixl-own-pull, nixl-own-push (NIXL's own agent, UCX backend, "
+                             "through the same calls)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="pool memory: torch CUDA tensors, or host memory (moves over TCP)")
+                        help="pool memory: torch CUDA tensors, or host memory (ferry moves it over "
+                             "TCP, NIXL's own agent as UCX picks)")
     parser.add_argument("--prefill-gpu", type=int, default=0, help="GPU of the prefill process")
     parser.add_argument("--decode-gpu", type=int, default=1, help="GPU of the decode process")
     parser.add_argument("--host-memory", choices=("auto", "torch", "ctypes"), default="auto",
@@ -161,7 +178,7 @@ def run_engine(context, engine, args, memory):
     row = {"engine": engine}
     finished = False
     first, second = PROCESSES[engine]
-    pull = engine == "nixl-pull"
+    pull = engine in PULL
     first_config, second_config = (
         (prefill_config, decode_config) if pull else (decode_config, prefill_config))
     decode_conn, decode_end = context.Pipe()
@@ -238,7 +255,7 @@ def describe(args, memory):
     """One line naming the shape and the placement."""
     request_bytes = 2 * args.layers * args.blocks * BLOCK_BYTES
     where = (f"cuda: prefill GPU {args.prefill_gpu} -> decode GPU {args.decode_gpu}"
-             if args.device == "cuda" else f"host memory ({memory}) over TCP")
+             if args.device == "cuda" else f"host memory ({memory}), ferry over TCP")
     return (f"kv-llama70b-4k: {args.layers} layers x {{K,V}}, {args.blocks} blocks of 32 KiB per "
             f"request from a pool of {args.pool_blocks} per tensor, "
             f"{request_bytes / 2**30:.3g} GiB per request; {where}; {args.warmup} warm-up + "
@@ -246,30 +263,34 @@ def describe(args, memory):
 
 
 def ratios(rows):
-    """ferry / Mooncake for p50 and mean, when both ran and verified."""
+    """``{"ferry/mooncake": {"gbps_p50": ..., "gbps_mean": ...}, ...}``: each pair of
+    ``RATIOS`` where both rows ran and verified."""
     by_engine = {row["engine"]: row for row in rows if row.get("verified")}
-    if "ferry" not in by_engine or "mooncake" not in by_engine:
-        return None
-    ferry, mooncake = by_engine["ferry"], by_engine["mooncake"]
-    return {key: ferry[key] / mooncake[key] for key in ("gbps_p50", "gbps_mean")}
+    return {
+        f"{ferry}/{other}": {
+            key: by_engine[ferry][key] / by_engine[other][key] for key in ("gbps_p50", "gbps_mean")
+        }
+        for ferry, other in RATIOS
+        if ferry in by_engine and other in by_engine
+    }
 
 
-def print_table(args, memory, rows, ratio):
-    """The human-readable report."""
+def print_table(args, memory, rows, pairs):
+    """The human-readable report; ``pairs`` from ``ratios``."""
     print(describe(args, memory))
-    print(f"{'engine':<10} {'GB/s p50':>9} {'GB/s mean':>10}  {'verified':<8} entries/request")
+    print(f"{'engine':<13} {'GB/s p50':>9} {'GB/s mean':>10}  {'verified':<8} entries/request")
     for row in rows:
         if "skipped" in row:
-            print(f"{row['engine']:<10} skipped: {row['skipped']}")
+            print(f"{row['engine']:<13} skipped: {row['skipped']}")
         elif "error" in row:
-            print(f"{row['engine']:<10} FAILED: {row['error']}")
+            print(f"{row['engine']:<13} FAILED: {row['error']}")
         else:
-            print(f"{row['engine']:<10} {row['gbps_p50']:>9.2f} {row['gbps_mean']:>10.2f}  "
+            print(f"{row['engine']:<13} {row['gbps_p50']:>9.2f} {row['gbps_mean']:>10.2f}  "
                   f"{'yes' if row['verified'] else 'NO':<8} {row['entries_per_request']}")
             for problem in row["problems"]:
-                print(f"           {problem}")
-    if ratio is not None:
-        print(f"ratio ferry/mooncake: p50 {ratio['gbps_p50']:.2f}, mean {ratio['gbps_mean']:.2f}")
+                print(f"              {problem}")
+    for pair, ratio in pairs.items():
+        print(f"ratio {pair}: p50 {ratio['gbps_p50']:.2f}, mean {ratio['gbps_mean']:.2f}")
 
 
 def main(argv=None):
@@ -282,8 +303,8 @@ def main(argv=None):
         # Each engine's run starts two processes and takes seconds: say what is running.
         print(f"running {engine}...", file=sys.stderr, flush=True)
         rows.append(run_engine(context, engine, args, memory))
-    ratio = ratios(rows)
-    print_table(args, memory, rows, ratio)
+    pairs = ratios(rows)
+    print_table(args, memory, rows, pairs)
     if args.json:
         report = {
             "workload": "kv-llama70b-4k",
@@ -291,7 +312,7 @@ def main(argv=None):
             "options": {key: value for key, value in vars(args).items() if key != "json"},
             "memory": memory,
             "rows": rows,
-            "ratio_ferry_over_mooncake": ratio,
+            "ratios": pairs,
         }
         with open(args.json, "w") as file:
             json.dump(report, file, indent=2)
