@@ -3,9 +3,12 @@
 # each layout with cudaMalloc and with VMM memory, every block verified by the decode side.
 # Runs as root on the GPU machine, from the folder scripts/gpu-build.sh fills (dist/gpu/).
 # Usage: containers.sh [LOG_DIR] [PREFILL_GPU DECODE_GPU]   (GPUs 0 0 by default)
-# MEMORY="cuda vmm" (the default) picks the memory kinds; "host" runs the layouts without a GPU.
+# MEMORY="cuda vmm" (the default) picks the memory kinds; "host" runs the layouts without a GPU
+# (the notification path still crosses the fd socket, so the socket-directory rows mean
+# something there too). LAYOUTS="pod-dir-secret pod-dir ..." runs only the layouts named.
 # Writes LOG_DIR/containers.txt (one row per case) and LOG_DIR/containers.log (all output);
-# exits non-zero when any case failed to verify, hung, or fell back to TCP without saying why.
+# exits non-zero when any case failed to verify, hung, fell back to TCP without saying why, or
+# (the socket-directory rows) did not take the path its layout must take.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${1:-${OUT:-$here/logs}}
@@ -35,6 +38,18 @@ decode_pod='hostname decode-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$
 prefill_pod='hostname prefill-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
 own_hostname='hostname "ferry-$$" && exec "$0" "$@"'
 netns_ready=false
+# The two-pod rows' hostPath volume: one directory both "pods" see at the same path, where each
+# engine serves its fd socket as a file (FERRY_SOCKET_DIR). Sticky and open to all users, as a
+# hostPath shared by pods of different runAsUser is; at most 63 bytes long.
+sockets="$work/sockets"
+mkdir -p "$sockets"
+chmod 1777 "$sockets"
+# The two-pod rows' shared secret, as a Kubernetes Secret would put it in FERRY_SECRET.
+secret=$("$bin/ferry" secret)
+# A pod's own host name and private /tmp, then the program as user $2 (a pod's runAsUser).
+pod_as() {
+  echo "hostname $1 && mount -t tmpfs ferry-tmp /tmp && exec setpriv --reuid=$2 --regid=$2 --clear-groups \"\$0\" \"\$@\""
+}
 # Inside each network namespace; `env -u` keeps a wrapped ip's library path out of ferry.
 in_d=(ip netns exec ferry-d env -u LD_LIBRARY_PATH)
 in_p=(ip netns exec ferry-p env -u LD_LIBRARY_PATH)
@@ -57,10 +72,16 @@ teardown_netns() {
   ip netns del ferry-p 2>/dev/null
 }
 
+# Whether LAYOUT is one LAYOUTS asks for (all when LAYOUTS is unset).
+wanted() {
+  [ -z "${LAYOUTS:-}" ] || [[ " $LAYOUTS " == *" $1 "* ]]
+}
+
 # run_case LAYOUT MEMORY LISTEN DECODE_WRAPPER... -- PREFILL_WRAPPER...
 run_case() {
   local layout=$1 memory=$2 listen=$3
   shift 3
+  wanted "$layout" || return 0
   local decode_wrap=() prefill_wrap=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do decode_wrap+=("$1"); shift; done
   shift
@@ -97,7 +118,7 @@ run_case() {
     kill -0 "$decode_pid" 2>/dev/null || break
     sleep 0.1
   done
-  local probe_route="-" transport="-" verified="false" outcome="FAIL" reason="-"
+  local probe_route="-" transport="-" verified="false" outcome="FAIL" reason="-" notify="-"
   if [ -z "$segment" ]; then
     reason="decode did not start"
   else
@@ -115,10 +136,28 @@ run_case() {
     grep -q '^verified: true' "$case_dir/decode.out" && verified=true
     reason=$(grep -ho 'mapping the peer.s [^)]*([^)]*)' "$case_dir/prefill.err" | sort -u | head -1)
     reason=${reason:--}
+    # Notifications go through the shared-memory ring handed over the fd socket unless either
+    # side logged that they took the control connection instead.
+    notify=ring
+    grep -q 'notifications to this peer go over the control connection' \
+      "$case_dir/prefill.err" "$case_dir/decode.err" && notify=tcp
+    # What the socket-directory rows must show: with a secret (or one user) the directory
+    # carries VMM memory and notifications; users that differ without a secret share nothing.
+    local must_transport="" must_notify=""
+    case $layout in
+      pod-dir-secret | pod-dir-same-uid) must_notify=ring
+        [ "$memory" = vmm ] && must_transport=nvlink ;;
+      pod-dir) must_notify=tcp
+        [ "$memory" = vmm ] && must_transport=tcp ;;
+    esac
     if [ "$prefill_status" -ne 0 ] || [ "$decode_status" -ne 0 ] || [ "$verified" != true ]; then
       reason="prefill exit $prefill_status, decode exit $decode_status; $reason"
     elif [ "$memory" != host ] && [[ "$transport" == *tcp* ]] && [ "$reason" = - ]; then
       reason="fell back to tcp without a logged cause"
+    elif [ -n "$must_transport" ] && [ "${transport% }" != "$must_transport" ]; then
+      reason="took ${transport% } where this layout must take $must_transport; $reason"
+    elif [ -n "$must_notify" ] && [ "$notify" != "$must_notify" ]; then
+      reason="notifications took $notify where this layout must take $must_notify; $reason"
     else
       outcome=ok
     fi
@@ -130,9 +169,10 @@ run_case() {
     grep -v '^$' "$file" | tail -n 40 >>"$log"
   done
   [ "$outcome" = ok ] || status=1
-  printf '%-4s %-10s %-6s transport=%-8s probe=%-8s verified=%-5s %3ss  %s\n' \
-    "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$verified" \
+  printf '%-4s %-16s %-6s transport=%-8s probe=%-8s notify=%-4s verified=%-5s %3ss  %s\n' \
+    "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$notify" "$verified" \
     "$((SECONDS - started))" "$reason" >>"$table"
+  rm -f "$sockets"/ferry-*.sock
 }
 
 for memory in ${MEMORY:-cuda vmm}; do
@@ -158,6 +198,25 @@ for memory in ${MEMORY:-cuda vmm}; do
     run_case pod-host-pid "$memory" 10.231.0.1:0 \
       "${in_d[@]}" unshare -m -i -u sh -c "$decode_pod" -- \
       "${in_p[@]}" unshare -m -i -u sh -c "$prefill_pod"
+    # Two pods of different users sharing one socket directory (a hostPath volume) and a
+    # secret: docs/containers.md's pod YAML pair. Nothing else shared.
+    run_case pod-dir-secret "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
+      "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as prefill-pod 1002)"
+    # The same without a secret: users that differ share nothing (TCP, with the cause).
+    run_case pod-dir "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
+      "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as prefill-pod 1002)"
+    # Without a secret but with one user: the socket files (mode 0o600) serve that user.
+    run_case pod-dir-same-uid "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
+      "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as prefill-pod 1001)"
     teardown_netns
   else
     echo "FAIL net/pod  $memory  network namespaces could not be set up (see containers.log)" >>"$table"

@@ -24,6 +24,7 @@ mod secret;
 mod secret_file;
 mod serve;
 mod serve_child;
+mod socket_dir;
 
 #[derive(Subcommand)]
 enum Command {
@@ -47,6 +48,8 @@ enum Command {
         metadata: String,
         #[command(flatten)]
         secret: secret_file::SecretFile,
+        #[command(flatten)]
+        socket_dir: socket_dir::SocketDirArg,
     },
     /// Run an engine that owns one host buffer peers can read and write, and print every
     /// notification it receives. Prints `segment: NAME` and `buffer: ADDR LEN` first, then
@@ -78,7 +81,8 @@ fn main() -> ExitCode {
             peer,
             metadata,
             secret,
-        } => probe::run(peer.as_deref(), &metadata, &secret),
+            socket_dir,
+        } => probe::run(peer.as_deref(), &metadata, &secret, &socket_dir),
         Command::Serve(options) => serve::run(&options),
         Command::Secret => secret::run(),
     };

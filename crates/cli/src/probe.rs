@@ -2,17 +2,19 @@
 //! buffers get from here and why ([`ferry::probe`] writes the report).
 
 /// Prints [`ferry::probe::machine`] and, with `peer`, [`ferry::probe::routes`] from an engine
-/// with `metadata` and the secret.
+/// with `metadata`, the secret and the socket directory.
 pub(crate) fn run(
     peer: Option<&str>,
     metadata: &str,
     secret: &crate::secret_file::SecretFile,
+    socket_dir: &crate::socket_dir::SocketDirArg,
 ) -> Result<(), Box<dyn std::error::Error>> {
     print!("{}", ferry::probe::machine()?);
     if let Some(name) = peer {
         let engine = secret
             .apply(ferry::Engine::builder())?
             .metadata(ferry::metadata::from_url(metadata)?)
+            .nvlink(socket_dir.config(ferry::NvlinkConfig::default()))
             .build_blocking()?;
         print!("{}", ferry::probe::routes(&engine, name)?);
     }

@@ -52,6 +52,8 @@ pub(crate) struct Options {
     pub(crate) metrics_public: bool,
     #[command(flatten)]
     pub(crate) secret: crate::secret_file::SecretFile,
+    #[command(flatten)]
+    pub(crate) socket_dir: crate::socket_dir::SocketDirArg,
 }
 
 /// Runs the engine until `--notifications` arrived, or forever.
@@ -68,6 +70,7 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
         ferry::Engine::builder()
             .listen(options.listen.clone())
             .gpu_links(!options.no_gpu_links)
+            .nvlink(options.socket_dir.config(ferry::NvlinkConfig::default()))
             .metadata(ferry::metadata::from_url(&options.metadata)?),
     )?;
     if let Some(host) = &options.advertise {

@@ -16,7 +16,7 @@ impl ServeChild {
     /// Starts `ferry serve` with a `bytes`-byte buffer on GPU `gpu` and reads its address;
     /// with `echo`, it answers every notification with one carrying the time it held it, to
     /// the engine named with [`Self::reply_to`]; without `gpu_links`, its engine leaves out
-    /// the GPU-to-GPU transports.
+    /// the GPU-to-GPU transports. Its engine takes `secret` and `socket_dir` as this one's.
     pub(crate) fn start(
         bytes: u64,
         gpu: Option<u32>,
@@ -24,6 +24,7 @@ impl ServeChild {
         gpu_links: bool,
         metadata: &str,
         secret: &crate::secret_file::SecretFile,
+        socket_dir: &crate::socket_dir::SocketDirArg,
     ) -> Result<ServeChild, Box<dyn std::error::Error>> {
         let mut command = Command::new(std::env::current_exe()?);
         command.args([
@@ -43,6 +44,7 @@ impl ServeChild {
             command.arg("--no-gpu-links");
         }
         command.args(secret.args());
+        command.args(socket_dir.args());
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

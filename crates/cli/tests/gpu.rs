@@ -1371,6 +1371,7 @@ fn vmm_piece_lists_that_do_not_match_the_allocations_are_refused_and_a_good_tran
         .clone();
     let Some(Export::VmmFd {
         socket,
+        socket_path,
         region,
         offset,
         pieces,
@@ -1382,6 +1383,7 @@ fn vmm_piece_lists_that_do_not_match_the_allocations_are_refused_and_a_good_tran
     let with = |pieces: Vec<u64>| ferry::BufferDescriptor {
         exports: vec![Export::VmmFd {
             socket: socket.clone(),
+            socket_path: socket_path.clone(),
             region,
             offset,
             pieces,

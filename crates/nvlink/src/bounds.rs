@@ -151,8 +151,9 @@ pub(crate) fn block_extent(highest: u32, stride: u64, offset: u64, len: u64) -> 
         .checked_add(len)
 }
 
-/// Checks that an fd-passing export names the fd socket of the engine it came from: a peer
-/// must not point this engine at another engine's memory.
+/// Checks that an fd-passing export names the fd socket of the engine it came from, by its
+/// abstract name and by its socket file (where it has one): a peer must not point this engine
+/// at another engine's memory.
 pub(crate) fn export_owner(export: &GpuExport, owner: InstanceId) -> Result<(), ProtocolViolation> {
     match export {
         GpuExport::VmmFd { socket, .. } if *socket != crate::fd_socket_name(owner) => {
@@ -163,8 +164,52 @@ pub(crate) fn export_owner(export: &GpuExport, owner: InstanceId) -> Result<(), 
                 ),
             })
         }
+        GpuExport::VmmFd {
+            socket_path: Some(path),
+            ..
+        } => socket_path(path, owner, "export.socket_path"),
         _ => Ok(()),
     }
+}
+
+/// Checks a peer's socket path (its descriptor's field `field`): an absolute path with no
+/// `..` part, short enough for a socket, whose file is `ferry-<owner>.sock`, the peer engine's
+/// own. Which directory it lies in is the peer's word (each pod may mount the shared volume
+/// elsewhere, though it must be the same path for peers to reach it); that the socket there
+/// is really bound under this path, not reached through a link, is checked as it is
+/// connected to.
+pub(crate) fn socket_path(
+    path: &str,
+    owner: InstanceId,
+    field: &'static str,
+) -> Result<(), ProtocolViolation> {
+    let problem = |problem: String| Err(violation(field, problem));
+    let file = crate::fd_passing::socket_file_name(owner);
+    let as_path = std::path::Path::new(path);
+    if !as_path.is_absolute() {
+        return problem(format!("{path:?} is not an absolute path"));
+    }
+    if as_path
+        .components()
+        .any(|component| component == std::path::Component::ParentDir)
+    {
+        return problem(format!("{path:?} climbs out of its directory with `..`"));
+    }
+    if path.len() > crate::fd_passing::MAX_SOCKET_PATH || path.contains('\0') {
+        return problem(format!(
+            "{path:?} is no socket path: longer than {} bytes or holding a NUL",
+            crate::fd_passing::MAX_SOCKET_PATH
+        ));
+    }
+    let named = path
+        .strip_suffix(file.as_str())
+        .is_some_and(|dir| dir.ends_with('/'));
+    if !named {
+        return problem(format!(
+            "{path:?} names a socket file other than {file:?}, that of the peer's engine {owner}"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -325,6 +370,7 @@ mod tests {
         let owner = InstanceId::from_u128(7);
         let export = |socket: String| GpuExport::VmmFd {
             socket,
+            socket_path: None,
             region: 0x1000,
             offset: 0,
             pieces: vec![4096],
@@ -332,5 +378,50 @@ mod tests {
         assert!(export_owner(&export(crate::fd_socket_name(owner)), owner).is_ok());
         let other = crate::fd_socket_name(InstanceId::from_u128(8));
         assert_eq!(field(export_owner(&export(other), owner)), "export.socket");
+    }
+
+    #[test]
+    fn an_fd_exports_socket_path_must_be_its_own_engines_file_in_a_plain_absolute_path() {
+        let owner = InstanceId::from_u128(7);
+        let own = crate::fd_passing::socket_file_name(owner);
+        let third = crate::fd_passing::socket_file_name(InstanceId::from_u128(8));
+        let export = |path: String| GpuExport::VmmFd {
+            socket: crate::fd_socket_name(owner),
+            socket_path: Some(path),
+            region: 0x1000,
+            offset: 0,
+            pieces: vec![4096],
+        };
+        for good in [
+            format!("/run/ferry/{own}"),
+            format!("/{own}"),
+            format!("/a/./b/{own}"),
+        ] {
+            assert!(export_owner(&export(good.clone()), owner).is_ok(), "{good}");
+        }
+        let refused = [
+            // Another engine's socket, in the same directory or as a prefix of the name.
+            (format!("/run/ferry/{third}"), "other than"),
+            (format!("/run/ferry/x{own}"), "other than"),
+            (format!("/run/ferry/{own}/"), "other than"),
+            (format!("/run/ferry/{own}.old"), "other than"),
+            ("/run/ferry/".to_owned(), "other than"),
+            // Out of the directory, or not a path to a directory at all.
+            (format!("/run/ferry/../other/{own}"), "climbs out"),
+            (format!("run/ferry/{own}"), "not an absolute path"),
+            (own.clone(), "not an absolute path"),
+            (String::new(), "not an absolute path"),
+            (format!("/{}/{own}", "d".repeat(70)), "longer than"),
+            (format!("/run/\0/{own}"), "NUL"),
+        ];
+        for (path, expected) in refused {
+            match export_owner(&export(path.clone()), owner) {
+                Err(ProtocolViolation::Descriptor { field, problem }) => {
+                    assert_eq!(field, "export.socket_path", "{path}");
+                    assert!(problem.contains(expected), "{path}: {problem}");
+                }
+                other => panic!("{path}: expected a refusal, got {other:?}"),
+            }
+        }
     }
 }

@@ -1,8 +1,12 @@
-//! How the nvlink transport spreads its copies: the settings a server may tune.
+//! How the nvlink transport spreads its copies, and where its fd socket is: the settings a
+//! server may tune.
 
 use crate::plan::CopyPath;
+use parking_lot::Mutex;
+use std::path::Path;
 
-/// How the nvlink transport spreads copies.
+/// How the nvlink transport spreads copies, and where peers of other network namespaces
+/// reach its fd socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NvlinkConfig {
     /// Streams per local GPU and peer that copies are dealt over (each peer link has its own,
@@ -34,6 +38,50 @@ pub struct NvlinkConfig {
     /// the peer's other notifications back for as long as its copies take; its notification
     /// goes once this host has seen them end. 0 turns GPU-published notifications off.
     pub gpu_notification_max_bytes: u64,
+    /// A directory engines of other network namespaces also reach this engine's fd socket
+    /// through (set it with [`Self::socket_dir`]); `None` (the default) for the
+    /// `FERRY_SOCKET_DIR` environment variable ([`crate::SOCKET_DIR_ENV`]), and without that
+    /// for the abstract socket only.
+    ///
+    /// Two pods of one node have their own network namespaces, where abstract Unix sockets
+    /// live, so neither reaches the other's fd socket and VMM GPU memory and shared-memory
+    /// notifications between them fall back to TCP. Mount one hostPath volume at the same
+    /// path in both pods and name it here: the engine then also binds
+    /// `<dir>/ferry-<instance>.sock`, publishes its path, and removes the file when it stops.
+    /// Peers of other users are served only with a shared secret (the socket file is then
+    /// mode 0o666; 0o600 without one). The directory must be an absolute path of at most 63
+    /// bytes, exist, and let this process create files in it: otherwise building the engine
+    /// fails, with the reason (a [`crate::SocketDirError`]) and what to do.
+    ///
+    /// A `&'static Path` keeps this config `Copy`; [`Self::socket_dir`] takes any path and
+    /// keeps one copy of each distinct directory for the rest of the process.
+    pub socket_dir: Option<&'static Path>,
+}
+
+impl NvlinkConfig {
+    /// This config with socket directory `dir` (see [`Self::socket_dir`](field@Self::socket_dir)).
+    /// Each distinct directory is kept once for the life of the process, however many
+    /// configs name it.
+    #[must_use]
+    pub fn socket_dir(self, dir: impl AsRef<Path>) -> NvlinkConfig {
+        NvlinkConfig {
+            socket_dir: Some(interned(dir.as_ref())),
+            ..self
+        }
+    }
+}
+
+/// `dir`, kept for the rest of the process: the copy kept for an equal path before, or a
+/// new one.
+fn interned(dir: &Path) -> &'static Path {
+    static KEPT: Mutex<Vec<&'static Path>> = Mutex::new(Vec::new());
+    let mut kept = KEPT.lock();
+    if let Some(known) = kept.iter().find(|known| **known == dir) {
+        return known;
+    }
+    let leaked: &'static Path = Box::leak(dir.to_path_buf().into_boxed_path());
+    kept.push(leaked);
+    leaked
 }
 
 impl Default for NvlinkConfig {
@@ -46,6 +94,25 @@ impl Default for NvlinkConfig {
             kernel_max_sms: None,
             shared_memory_notifications: true,
             gpu_notification_max_bytes: 4 << 20,
+            socket_dir: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_directory_is_kept_once_and_the_config_stays_copy() {
+        let first = NvlinkConfig::default().socket_dir("/run/ferry-config-test");
+        let second =
+            NvlinkConfig::default().socket_dir(std::path::PathBuf::from("/run/ferry-config-test"));
+        let (a, b) = (first.socket_dir.unwrap(), second.socket_dir.unwrap());
+        assert_eq!(a, Path::new("/run/ferry-config-test"));
+        assert!(std::ptr::eq(a, b), "the same directory was kept twice");
+        let copied = first;
+        assert_eq!(copied, first);
+        assert_eq!(NvlinkConfig::default().socket_dir, None);
     }
 }

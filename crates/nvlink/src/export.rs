@@ -10,6 +10,11 @@ use ferry_core::{BufferDescriptor, Error, Export, ExportGuard, ProtocolViolation
 use serde::{Deserialize, Serialize};
 
 /// The format of [`GpuExport`] this build writes and reads.
+///
+/// Fields added later are optional and left out when empty (`VmmFd::socket_path`), and
+/// readers ignore fields they do not know, so builds of one version read each other's exports:
+/// an older build's export simply has no socket path, and an older build reads a newer one's
+/// without it. The version changes only for a change that older readers would misread.
 pub const EXPORT_VERSION: u32 = 1;
 
 /// How a process elsewhere maps one registered GPU buffer.
@@ -24,10 +29,17 @@ pub enum GpuExport {
         offset: u64,
     },
     /// VMM allocations (one or more, back to back) shared as POSIX file descriptors, which the
-    /// owner hands out over its fd-passing socket to processes of the same user.
+    /// owner hands out over its fd-passing socket: to processes of the same user, or of any
+    /// user that proves the engines' shared secret.
     VmmFd {
         /// The owner's abstract Unix socket name.
         socket: String,
+        /// The owner's fd socket as a file in its socket directory, for processes of another
+        /// network namespace (another pod) that mount that directory at the same path; `None`
+        /// when the owner has no socket directory (or is older than socket directories).
+        /// Must name the file `ferry-<instance>.sock` of the owner's own instance id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        socket_path: Option<String>,
         /// The registered buffer's address, which names it to the socket.
         region: u64,
         /// Offset of the buffer's first byte from the first allocation's first byte.
@@ -119,6 +131,7 @@ pub(crate) fn export_local(
         let (pieces, handles) = vmm_pieces(addr, len, pointer, POSIX_FD_HANDLE)?;
         let export = GpuExport::VmmFd {
             socket: server.name().to_owned(),
+            socket_path: server.socket_path().map(str::to_owned),
             region: addr,
             offset: addr - pointer.allocation_base,
             pieces,
@@ -247,15 +260,84 @@ mod tests {
 
     #[test]
     fn an_export_reads_back_as_written_and_only_for_its_transport() {
-        let export = GpuExport::VmmFd {
-            socket: "ferry-x".into(),
-            region: 0x1000,
-            offset: 16,
-            pieces: vec![2 << 20, 2 << 20],
+        for socket_path in [None, Some("/run/ferry/ferry-x.sock".to_owned())] {
+            let export = GpuExport::VmmFd {
+                socket: "ferry-x".into(),
+                socket_path,
+                region: 0x1000,
+                offset: 16,
+                pieces: vec![2 << 20, 2 << 20],
+            };
+            let buffer = buffer(vec![export.to_export("nvlink")]);
+            assert_eq!(GpuExport::of(&buffer, "nvlink").unwrap(), Some(export));
+            assert_eq!(GpuExport::of(&buffer, "mnnvl").unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn exports_with_and_without_a_socket_path_read_across_builds() {
+        // What a build older than socket directories writes: read with no path.
+        let old =
+            r#"{"kind":"vmm_fd","socket":"ferry-x","region":4096,"offset":0,"pieces":[2097152]}"#;
+        let export = |data: &str| Export {
+            transport: "nvlink".into(),
+            version: EXPORT_VERSION,
+            data: data.into(),
         };
-        let buffer = buffer(vec![export.to_export("nvlink")]);
-        assert_eq!(GpuExport::of(&buffer, "nvlink").unwrap(), Some(export));
-        assert_eq!(GpuExport::of(&buffer, "mnnvl").unwrap(), None);
+        assert_eq!(
+            GpuExport::of(&buffer(vec![export(old)]), "nvlink").unwrap(),
+            Some(GpuExport::VmmFd {
+                socket: "ferry-x".into(),
+                socket_path: None,
+                region: 0x1000,
+                offset: 0,
+                pieces: vec![2 << 20],
+            })
+        );
+        // Without a path, this build writes exactly what the older one did.
+        let written = GpuExport::VmmFd {
+            socket: "ferry-x".into(),
+            socket_path: None,
+            region: 0x1000,
+            offset: 0,
+            pieces: vec![2 << 20],
+        }
+        .to_export("nvlink");
+        assert_eq!(written.data, old);
+        assert_eq!(written.version, EXPORT_VERSION);
+        // With a path, the fields an older build knows are all there: it reads the export
+        // as before and ignores the path (serde's default for unknown fields).
+        #[derive(Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        enum OlderGpuExport {
+            VmmFd {
+                socket: String,
+                region: u64,
+                offset: u64,
+                pieces: Vec<u64>,
+            },
+        }
+        let newer = GpuExport::VmmFd {
+            socket: "ferry-x".into(),
+            socket_path: Some("/run/ferry/ferry-x.sock".into()),
+            region: 0x1000,
+            offset: 0,
+            pieces: vec![2 << 20],
+        }
+        .to_export("nvlink");
+        assert!(newer
+            .data
+            .contains(r#""socket_path":"/run/ferry/ferry-x.sock""#));
+        let OlderGpuExport::VmmFd {
+            socket,
+            region,
+            offset,
+            pieces,
+        } = serde_json::from_str(&newer.data).unwrap();
+        assert_eq!(
+            (socket.as_str(), region, offset, pieces),
+            ("ferry-x", 0x1000, 0, vec![2 << 20])
+        );
     }
 
     #[test]

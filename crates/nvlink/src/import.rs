@@ -3,7 +3,7 @@
 
 use crate::bounds;
 use crate::export::GpuExport;
-use crate::fd_passing::{confirm_ipc, fetch_fds, ImportError};
+use crate::fd_passing::{confirm_ipc, fetch_fds, FdSocket, ImportError};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{
     AllocationHandle, Context, CudaError, IpcHandle, IpcMapping, VmmMapping, FABRIC_HANDLE_LEN,
@@ -81,12 +81,14 @@ impl PeerMapping {
             }
             GpuExport::VmmFd {
                 socket,
+                socket_path,
                 region,
                 offset,
                 pieces,
             } => {
                 let sizes = bounds::vmm_pieces(pieces, pieces.len()).map_err(OpenError::Peer)?;
-                let fds = fetch_fds(socket, *region, pieces.len(), secret)
+                let socket = FdSocket::new(socket.clone(), socket_path.clone());
+                let fds = fetch_fds(&socket, *region, pieces.len(), secret)
                     .await
                     .map_err(OpenError::Local)?;
                 if fds.len() != pieces.len() {
@@ -131,13 +133,13 @@ impl PeerMapping {
     }
 }
 
-/// The engine a descriptor's buffer belongs to, as this engine's fd socket names it, and the
-/// buffer's address there; `silent` remembers when the engine's socket last failed to answer,
-/// so that a link to an engine that accepts but never answers does not wait out the timeout
-/// once per buffer.
+/// The engine a descriptor's buffer belongs to, as its fd socket names it, and the buffer's
+/// address there; `silent` remembers when the engine's socket last failed to answer, so that
+/// a link to an engine that accepts but never answers does not wait out the timeout once per
+/// buffer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Owner<'a> {
-    pub(crate) socket: &'a str,
+    pub(crate) socket: &'a FdSocket,
     pub(crate) region: u64,
     pub(crate) silent: &'a Mutex<Option<Instant>>,
 }
@@ -156,7 +158,7 @@ impl Owner<'_> {
             .is_some_and(|since| since.elapsed() < SILENT_FOR);
         let asked = match recently_silent {
             true => Err(ImportError::NoAnswer {
-                socket: self.socket.to_owned(),
+                socket: self.socket.to_string(),
             }),
             false => confirm_ipc(self.socket, self.region, handle, secret).await,
         };
@@ -166,7 +168,7 @@ impl Owner<'_> {
                 Err(OpenError::Peer(ProtocolViolation::Descriptor {
                     field: "export.handle",
                     problem: format!(
-                        "is not the IPC handle its engine exported for the buffer at {:#x} (its fd socket {:?} says so): the descriptor carries another engine's memory",
+                        "is not the IPC handle its engine exported for the buffer at {:#x} (its fd socket {} says so): the descriptor carries another engine's memory",
                         self.region, self.socket
                     ),
                 }))
@@ -256,8 +258,9 @@ mod tests {
             let server = server(secret.clone());
             let _vouched = server.vouch(0x1000, ours);
             let silent = Mutex::new(None);
+            let address = server.address();
             let owner = |region| Owner {
-                socket: server.name(),
+                socket: &address,
                 region,
                 silent: &silent,
             };
@@ -277,8 +280,9 @@ mod tests {
             assert!(stale.to_string().contains("out of date"), "{stale}");
             // An owner that cannot be asked: with a secret, the signed descriptor vouches
             // for it; without one, the handle is not mapped and the remedy is named.
+            let nowhere = FdSocket::new("ferry-no-such-engine".into(), None);
             let gone = Owner {
-                socket: "ferry-no-such-engine",
+                socket: &nowhere,
                 region: 0x1000,
                 silent: &silent,
             };
@@ -298,11 +302,11 @@ mod tests {
         let server = server(None);
         let handle = IpcHandle([3; 64]);
         let vouched = server.vouch(0x1000, handle);
-        confirm_ipc(server.name(), 0x1000, &handle, None)
+        confirm_ipc(&server.address(), 0x1000, &handle, None)
             .await
             .unwrap();
         drop(vouched);
-        let error = confirm_ipc(server.name(), 0x1000, &handle, None).await;
+        let error = confirm_ipc(&server.address(), 0x1000, &handle, None).await;
         assert!(
             matches!(
                 error,

@@ -47,7 +47,7 @@ mod trial;
 
 pub use export::{GpuExport, EXPORT_VERSION};
 pub use fabric_probe::{probe_fabric, FabricSupport};
-pub use fd_passing::{fd_socket_name, FDS_PER_MESSAGE};
+pub use fd_passing::{fd_socket_name, SocketDirError, FDS_PER_MESSAGE, SOCKET_DIR_ENV};
 pub use gemm::{Gemm, GemmRate, GEMM_TILE};
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};

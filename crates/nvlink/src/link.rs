@@ -2,7 +2,7 @@ use crate::args::ArgumentPool;
 use crate::bounds::{self, MappedBuffer};
 use crate::config::NvlinkConfig;
 use crate::export::GpuExport;
-use crate::fd_passing::{fd_socket_name, ImportError};
+use crate::fd_passing::{FdSocket, ImportError};
 use crate::import::{OpenError, Opened, Owner, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::messages::MessageSender;
@@ -37,6 +37,8 @@ pub(crate) struct NvlinkLink {
     peer: String,
     /// The peer engine's instance id: exports must name its own fd socket.
     instance: InstanceId,
+    /// The peer engine's fd socket, which confirms its IPC handles.
+    socket: FdSocket,
     /// The peer is this engine of this process: remote addresses are usable as they are,
     /// for ranges that engine registered.
     local_peer: Option<InstanceId>,
@@ -93,6 +95,7 @@ impl NvlinkLink {
             transport,
             peer,
             instance,
+            socket: FdSocket::of(instance),
             local_peer,
             config,
             gpus,
@@ -104,6 +107,14 @@ impl NvlinkLink {
             alive: AtomicBool::new(true),
             messages: Err(NoRing::NotOpened { transport }),
         }
+    }
+
+    /// The link asking the peer engine's fd socket at `socket` (its abstract name and, where
+    /// its descriptor gives one, its file in a socket directory) to confirm IPC handles; by
+    /// the abstract name only when not given.
+    pub(crate) fn with_socket(mut self, socket: FdSocket) -> NvlinkLink {
+        self.socket = socket;
+        self
     }
 
     /// The link with `messages` as its path for notifications (or the reason it has none).

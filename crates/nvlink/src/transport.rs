@@ -1,6 +1,8 @@
 pub use crate::config::NvlinkConfig;
 use crate::export::{export_local, GpuExport};
-use crate::fd_passing::{fd_socket_name, open_messages, FdServer};
+use crate::fd_passing::{
+    configured_socket_dir, open_messages, FdServer, FdSocket, SocketDir, SOCKET_DIR_ENV,
+};
 use crate::link::{NoRing, NvlinkLink};
 use crate::trial::{ExportKind, Trials};
 use ferry_core::auth::Secret;
@@ -105,21 +107,39 @@ impl Transport for NvlinkTransport {
         NVLINK
     }
 
+    /// The fd socket's file in the socket directory, when the engine binds one: the place
+    /// peers of other network namespaces hand this engine message rings and confirm its IPC
+    /// handles at (its VMM exports carry it too).
     fn endpoint(&self) -> Option<Endpoint> {
-        None
+        let path = self.attached.get()?.fds.as_ref()?.socket_path()?;
+        Some(Endpoint {
+            transport: NVLINK.to_owned(),
+            address: path.to_owned(),
+        })
     }
 
     fn prefers_blocks(&self) -> bool {
         true
     }
 
+    /// Starts the engine's fd socket: the abstract one (a failure is logged, and VMM memory
+    /// and notifications of this host's peers then take TCP), and with a socket directory
+    /// ([`NvlinkConfig::socket_dir`], else `FERRY_SOCKET_DIR`) its file there too.
+    ///
+    /// # Errors
+    /// [`Error::Io`] whose source is a [`crate::SocketDirError`] when the socket directory
+    /// cannot be used: the operator asked for it, so the engine is not built without it.
     fn attach(&self, engine: &EngineContext) -> Result<()> {
         if self.attached.get().is_some() {
             return Err(Error::ApiMisuse(
                 "this nvlink transport already serves an engine; create one per engine".into(),
             ));
         }
-        let fds = FdServer::start(
+        let dir = configured_socket_dir(self.config.socket_dir, std::env::var_os(SOCKET_DIR_ENV))
+            .map(|dir| SocketDir::check(&dir))
+            .transpose()
+            .map_err(socket_dir_error)?;
+        let mut fds = FdServer::start(
             engine.instance,
             engine.secret.clone(),
             &engine.runtime,
@@ -129,6 +149,9 @@ impl Transport for NvlinkTransport {
             tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared, and notifications from this host's peers come over TCP");
         })
         .ok();
+        if let (Some(server), Some(dir)) = (fds.as_mut(), &dir) {
+            server.serve_in(dir).map_err(socket_dir_error)?;
+        }
         let attached = Attached {
             secret: engine.secret.clone(),
             fds,
@@ -171,7 +194,7 @@ impl Transport for NvlinkTransport {
             });
         let ordinals: Vec<u32> = self.gpus.iter().map(|gpu| gpu.ordinal).collect();
         self.trials
-            .try_peer(peer, exports, &ordinals, self.secret())
+            .try_peer(peer, exports, &ordinals, &peer_socket(peer), self.secret())
             .await;
     }
 
@@ -249,15 +272,13 @@ impl Transport for NvlinkTransport {
 
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let local_peer = self.same_process(peer).then_some(peer.instance);
+        let socket = peer_socket(peer);
         let messages = match self.attached.get() {
-            Some(attached) if self.carries_notifications(peer) => open_messages(
-                &fd_socket_name(peer.instance),
-                &peer.name,
-                &attached.name,
-                self.secret(),
-            )
-            .await
-            .map_err(NoRing::from),
+            Some(attached) if self.carries_notifications(peer) => {
+                open_messages(&socket, &peer.name, &attached.name, self.secret())
+                    .await
+                    .map_err(NoRing::from)
+            }
             _ => Err(NoRing::NotCarried),
         };
         Ok(Arc::new(
@@ -270,10 +291,38 @@ impl Transport for NvlinkTransport {
                 Arc::clone(&self.gpus),
                 self.secret().cloned(),
             )
+            .with_socket(socket)
             .with_messages(messages),
         ))
     }
 }
+
+/// `peer`'s fd socket: its abstract name, and the file its descriptor's `nvlink` endpoint
+/// names when that is the peer engine's own ([`crate::bounds::socket_path`]). An endpoint
+/// naming anything else is not used (and logged): the peer is then reached by name only.
+fn peer_socket(peer: &SegmentDescriptor) -> FdSocket {
+    let path = peer.endpoint(NVLINK).and_then(|path| {
+        crate::bounds::socket_path(path, peer.instance, "endpoints")
+            .inspect_err(|violation| {
+                tracing::warn!(peer = %peer.name, %violation, "the peer's nvlink endpoint is not its own fd socket; it is reached by its abstract socket only");
+            })
+            .ok()
+            .map(|()| path.to_owned())
+    });
+    FdSocket::new(crate::fd_socket_name(peer.instance), path)
+}
+
+/// The error that stops an engine whose socket directory cannot be used: [`Error::Io`] with
+/// the [`crate::SocketDirError`] as its source, which says what to do.
+fn socket_dir_error(error: crate::SocketDirError) -> Error {
+    Error::Io {
+        what: "starting nvlink's fd socket in the socket directory".into(),
+        source: std::io::Error::other(error),
+    }
+}
+
+#[cfg(test)]
+mod socket_dir_tests;
 
 #[cfg(test)]
 mod tests {
@@ -455,7 +504,8 @@ mod tests {
     #[test]
     fn an_export_that_does_not_map_here_is_declined_with_the_cause() {
         let vmm = Some(GpuExport::VmmFd {
-            socket: fd_socket_name(OTHER_PROCESS),
+            socket: crate::fd_socket_name(OTHER_PROCESS),
+            socket_path: None,
             region: 0x9000,
             offset: 0,
             pieces: vec![4096],

@@ -9,6 +9,7 @@
 //! and is logged once with its cause.
 
 use crate::export::GpuExport;
+use crate::fd_passing::FdSocket;
 use crate::import::{OpenError, Owner, PeerMapping};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
@@ -36,17 +37,12 @@ impl Failed {
     }
 }
 
-/// Maps an export of engine `InstanceId`'s buffer at `u64` into GPU `ordinal` of this process
-/// and releases it again, proving the secret to the peer's fd socket where one is asked;
-/// `Err` holds why it could not be mapped.
+/// Maps an export of the buffer at `u64` of the engine behind fd socket `FdSocket` (which
+/// confirms its IPC handles) into GPU `ordinal` of this process and releases it again,
+/// proving the secret to the peer's fd socket where one is asked; `Err` holds why it could
+/// not be mapped.
 pub(crate) type Mapper = Arc<
-    dyn Fn(
-            u32,
-            GpuExport,
-            InstanceId,
-            u64,
-            Option<Secret>,
-        ) -> BoxFuture<'static, Result<(), Failed>>
+    dyn Fn(u32, GpuExport, FdSocket, u64, Option<Secret>) -> BoxFuture<'static, Result<(), Failed>>
         + Send
         + Sync,
 >;
@@ -56,8 +52,9 @@ pub(crate) type Mapper = Arc<
 pub(crate) enum ExportKind {
     /// Legacy CUDA IPC handles: need the driver to reach the exporting process.
     CudaIpc,
-    /// VMM allocations handed out as file descriptors over the peer's abstract Unix socket:
-    /// need a shared network namespace (abstract sockets live in it) and the same user.
+    /// VMM allocations handed out as file descriptors over the peer's fd socket: need a
+    /// shared network namespace (abstract sockets live in it) or a socket directory both
+    /// mount, and the same user or a shared secret.
     VmmFd,
     /// FABRIC handles (mnnvl's).
     Fabric,
@@ -137,7 +134,8 @@ impl Trials {
 
     /// Tries one of `exports` (the peer's, as this transport reads them, each with its
     /// buffer's address) of each kind into
-    /// each GPU of `ordinals` that was not tried yet for `peer`, and keeps the verdicts.
+    /// each GPU of `ordinals` that was not tried yet for `peer`, and keeps the verdicts; the
+    /// peer's fd socket `socket` confirms its IPC handles.
     /// Exports naming another engine's fd socket are left untried: that is the peer's lie,
     /// not a layout's limit, and a transfer routed to one fails with the violation.
     pub(crate) async fn try_peer(
@@ -145,6 +143,7 @@ impl Trials {
         peer: &SegmentDescriptor,
         exports: impl IntoIterator<Item = (GpuExport, u64)>,
         ordinals: &[u32],
+        socket: &FdSocket,
         secret: Option<&Secret>,
     ) {
         let mut samples: HashMap<ExportKind, (GpuExport, u64)> = HashMap::new();
@@ -165,7 +164,7 @@ impl Trials {
                 let verdict = (self.map)(
                     ordinal,
                     export.clone(),
-                    peer.instance,
+                    socket.clone(),
                     region,
                     secret.cloned(),
                 )
@@ -196,17 +195,16 @@ impl Trials {
     }
 }
 
-/// The real trial: maps the export of engine `owner`'s buffer at `region` into GPU
-/// `ordinal`'s context and unmaps it at once.
+/// The real trial: maps the export of the buffer at `region` of the engine behind `socket`
+/// into GPU `ordinal`'s context and unmaps it at once.
 async fn map_and_release(
     ordinal: u32,
     export: GpuExport,
-    owner: InstanceId,
+    socket: FdSocket,
     region: u64,
     secret: Option<Secret>,
 ) -> Result<(), Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
-    let socket = crate::fd_socket_name(owner);
     let silent = Mutex::new(None);
     let owner = Owner {
         socket: &socket,
@@ -258,10 +256,15 @@ mod tests {
     fn vmm(owner: u128) -> GpuExport {
         GpuExport::VmmFd {
             socket: crate::fd_socket_name(InstanceId::from_u128(owner)),
+            socket_path: None,
             region: 0x1000,
             offset: 0,
             pieces: vec![2 << 20],
         }
+    }
+
+    fn socket(instance: u128) -> FdSocket {
+        FdSocket::of(InstanceId::from_u128(instance))
     }
 
     /// IPC handles open, fd sockets are out of reach (as in separate network namespaces);
@@ -286,7 +289,13 @@ mod tests {
         let trials = Trials::new(ipc_only(Arc::clone(&tried)));
         for _ in 0..3 {
             trials
-                .try_peer(&peer(1), [(ipc(), 1), (vmm(1), 2), (ipc(), 3)], &[0], None)
+                .try_peer(
+                    &peer(1),
+                    [(ipc(), 1), (vmm(1), 2), (ipc(), 3)],
+                    &[0],
+                    &socket(1),
+                    None,
+                )
                 .await;
             assert_eq!(
                 trials.verdict(0, InstanceId::from_u128(1), ExportKind::CudaIpc),
@@ -303,10 +312,14 @@ mod tests {
         }
         assert_eq!(tried.load(Ordering::SeqCst), 2);
         // Another engine (a restart under the same name and PID) is tried afresh.
-        trials.try_peer(&peer(2), [(ipc(), 1)], &[0], None).await;
+        trials
+            .try_peer(&peer(2), [(ipc(), 1)], &[0], &socket(2), None)
+            .await;
         assert_eq!(tried.load(Ordering::SeqCst), 3);
         // Another local GPU is tried on its own.
-        trials.try_peer(&peer(1), [(ipc(), 1)], &[0, 1], None).await;
+        trials
+            .try_peer(&peer(1), [(ipc(), 1)], &[0, 1], &socket(1), None)
+            .await;
         assert_eq!(tried.load(Ordering::SeqCst), 4);
         assert_eq!(
             trials.verdict(1, InstanceId::from_u128(1), ExportKind::CudaIpc),
@@ -319,7 +332,9 @@ mod tests {
         let trials = Trials::new(Arc::new(|_, _, _, _, _| {
             Box::pin(async { panic!("another engine's socket must not be connected to") })
         }));
-        trials.try_peer(&peer(2), [(vmm(1), 1)], &[0], None).await;
+        trials
+            .try_peer(&peer(2), [(vmm(1), 1)], &[0], &socket(2), None)
+            .await;
         assert_eq!(
             trials.verdict(0, InstanceId::from_u128(2), ExportKind::VmmFd),
             None

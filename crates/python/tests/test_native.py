@@ -11,9 +11,11 @@ import base64
 import asyncio
 import ctypes
 import gc
+import pathlib
 import select
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -401,6 +403,19 @@ def test_a_closed_engine_refuses_work() -> None:
         inbox.recv(timeout=WAIT)
     assert list(inbox) == []
     region.close()
+
+
+def test_an_engine_serves_its_fd_socket_in_a_socket_directory_until_it_closes() -> None:
+    # Under /tmp: a socket path must stay within the kernel's 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="ferry-", dir="/tmp") as folder:
+        directory = pathlib.Path(folder)
+        with Engine(socket_dir=directory, transfer_timeout=TRANSFER):
+            sockets = [path.name for path in directory.iterdir() if path.is_socket()]
+            assert len(sockets) == 1, sockets
+            assert sockets[0].startswith("ferry-") and sockets[0].endswith(".sock"), sockets
+        assert [path for path in directory.iterdir() if path.is_socket()] == []
+        with pytest.raises(FerryError, match="socket directory .* cannot be read"):
+            Engine(socket_dir=str(directory / "not-mounted"))
 
 
 CHILD = textwrap.dedent(

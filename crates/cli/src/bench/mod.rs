@@ -111,6 +111,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         !options.rdma,
         &options.metadata,
         &options.secret,
+        &options.socket_dir,
     )?;
     // Over RDMA there is no copy to compare with: the baseline is the port's line rate.
     let line_rate = options.rdma.then(rdma::line_rate_gbps).flatten();

@@ -115,6 +115,8 @@ pub(crate) struct Options {
     pub(crate) metadata: String,
     #[command(flatten)]
     pub(crate) secret: crate::secret_file::SecretFile,
+    #[command(flatten)]
+    pub(crate) socket_dir: crate::socket_dir::SocketDirArg,
 }
 
 /// A cap on the copy kernel's multiprocessors; `None` for all of them.

@@ -152,6 +152,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
                 true,
                 &options.metadata,
                 &options.secret,
+                &options.socket_dir,
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -486,6 +487,7 @@ impl RankChild {
             ])
             .args(["--metadata", &options.metadata])
             .args(options.secret.args())
+            .args(options.socket_dir.args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

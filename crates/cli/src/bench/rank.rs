@@ -67,6 +67,8 @@ pub(crate) struct RankOptions {
     pub(crate) metadata: String,
     #[command(flatten)]
     pub(crate) secret: crate::secret_file::SecretFile,
+    #[command(flatten)]
+    pub(crate) socket_dir: crate::socket_dir::SocketDirArg,
 }
 
 /// The sharded cache both sides use: `kv-llama70b-4k` split by heads.
@@ -116,14 +118,14 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         .apply(Engine::builder())?
         .metadata(ferry::metadata::from_url(&options.metadata)?)
         .transfer_timeout(Duration::from_secs(60))
-        .nvlink(NvlinkConfig {
+        .nvlink(options.socket_dir.config(NvlinkConfig {
             streams_per_gpu: options.streams.max(1),
             copy_path: options.path,
             kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
             kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
             kernel_max_sms: options.kernel_max_sms,
             ..NvlinkConfig::default()
-        })
+        }))
         .build_blocking()?;
     let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;
     let sent = fill(&pools, &sharded, options.data_seed)?;

@@ -85,7 +85,7 @@ impl Side {
             .metadata(ferry::metadata::from_url(&options.metadata)?)
             .gpu_links(only.is_none())
             .transfer_timeout(Duration::from_secs(60))
-            .nvlink(NvlinkConfig {
+            .nvlink(options.socket_dir.config(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
@@ -93,7 +93,8 @@ impl Side {
                 kernel_max_sms: cap,
                 shared_memory_notifications: !options.notify_over_tcp,
                 gpu_notification_max_bytes: options.gpu_notification_max_bytes,
-            });
+                socket_dir: None,
+            }));
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
         let builder =

@@ -1,6 +1,7 @@
 //! The asking end of the fd-passing socket: fetching a peer's descriptors, confirming its IPC
 //! handles, handing it a message ring.
 
+use super::credentials::admits;
 use super::*;
 use crate::messages::MessageSender;
 use ferry_core::auth::Secret;
@@ -9,21 +10,22 @@ use std::os::fd::OwnedFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-/// Asks engine `socket`'s fd socket whether `handle` is the IPC handle it exported for its
-/// buffer at `region`, proving `secret` when there is one.
+/// Asks an engine's fd socket `target` whether `handle` is the IPC handle it exported for
+/// its buffer at `region`, proving `secret` when there is one.
 ///
 /// # Errors
 /// [`ImportError::Disowned`] when the engine says it is not; the others when it could not be
 /// asked.
 pub(crate) async fn confirm_ipc(
-    socket: &str,
+    target: &FdSocket,
     region: u64,
     handle: &IpcHandle,
     secret: Option<&Secret>,
 ) -> Result<(), ImportError> {
+    let socket = &target.to_string();
     let asked = async {
         let failed = |action| socket_error(socket, action);
-        let mut stream = connect(socket, secret, CONFIRM_IPC).await?;
+        let mut stream = connect(target, secret, CONFIRM_IPC).await?;
         let mut request = region.to_le_bytes().to_vec();
         request.extend_from_slice(&handle.0);
         stream
@@ -54,35 +56,36 @@ pub(crate) async fn confirm_ipc(
         })
 }
 
-/// Asks the peer's fd socket `socket` for the descriptors of the buffer registered at
+/// Asks the peer's fd socket `target` for the descriptors of the buffer registered at
 /// `region`, with room for `count` of them (what the peer sends beyond is dropped by the
 /// kernel), proving `secret` first when there is one.
 ///
 /// # Cancel safety
 /// Cancel safe: dropped half-way, the connection closes and nothing is kept.
 pub(crate) async fn fetch_fds(
-    socket: &str,
+    target: &FdSocket,
     region: u64,
     count: usize,
     secret: Option<&Secret>,
 ) -> Result<Vec<OwnedFd>, ImportError> {
-    tokio::time::timeout(TIMEOUT, fetch(socket, region, count, secret))
+    tokio::time::timeout(TIMEOUT, fetch(target, region, count, secret))
         .await
         .unwrap_or_else(|_| {
             Err(ImportError::TimedOut {
-                socket: socket.to_owned(),
+                socket: target.to_string(),
             })
         })
 }
 
 async fn fetch(
-    socket: &str,
+    target: &FdSocket,
     region: u64,
     count: usize,
     secret: Option<&Secret>,
 ) -> Result<Vec<OwnedFd>, ImportError> {
+    let socket = &target.to_string();
     let failed = |action| socket_error(socket, action);
-    let mut stream = connect(socket, secret, FETCH_FDS).await?;
+    let mut stream = connect(target, secret, FETCH_FDS).await?;
     stream
         .write_u64_le(region)
         .await
@@ -115,25 +118,27 @@ async fn fetch(
     Ok(fds)
 }
 
-/// Connects to the peer's fd socket `socket`, proves `secret` when there is one, and sends
-/// `request`.
+/// Connects to the peer's fd socket `target` (by name, else by path: [`FdSocket::connect`]),
+/// checks who serves it, proves `secret` when there is one, and sends `request`.
 pub(super) async fn connect(
-    socket: &str,
+    target: &FdSocket,
     secret: Option<&Secret>,
     request: u8,
 ) -> Result<UnixStream, ImportError> {
+    let socket = &target.to_string();
     let failed = |action| socket_error(socket, action);
-    let mut stream = connect_nonblocking(socket).map_err(failed("connecting to"))?;
+    let mut stream = target.connect()?;
     // The socket's name is only a name: after its engine is gone, a process of another user
-    // could have bound it. The server checks the client's user; the client checks the server's.
+    // could have bound it. Without a secret the server checks the client's user and the
+    // client the server's; with one, the handshake proves the server holds it.
     let server = stream
         .peer_cred()
         .map_err(failed("reading the credentials of"))?;
     let own = rustix::process::getuid().as_raw();
-    if server.uid() != own {
+    if !admits(server.uid(), own, secret.is_some()) {
         return Err(ImportError::Refused {
             reason: format!(
-                "the socket is served by uid {}, not by this engine's uid {own}: it is not the peer engine's",
+                "the socket is served by uid {}, not by this engine's uid {own}, and without a shared secret only the same user is trusted: it is not the peer engine's, or the engines run as different users and need a shared secret",
                 server.uid()
             ),
         });
@@ -157,44 +162,22 @@ pub(super) async fn connect(
     Ok(stream)
 }
 
-/// Connects to the abstract socket `name` without ever blocking: a listener whose backlog is
-/// full (its engine stopped accepting) is an error at once, not a thread asleep.
-fn connect_nonblocking(name: &str) -> std::io::Result<UnixStream> {
-    let socket = rustix::net::socket_with(
-        rustix::net::AddressFamily::UNIX,
-        rustix::net::SocketType::STREAM,
-        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
-        None,
-    )?;
-    let address = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())?;
-    match rustix::net::connect(&socket, &address) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::AGAIN) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WouldBlock,
-                "its backlog is full: the engine behind it is not accepting",
-            ))
-        }
-        Err(error) => return Err(error.into()),
-    }
-    UnixStream::from_std(std::os::unix::net::UnixStream::from(socket))
-}
-
-/// Hands the peer behind fd socket `socket` (engine `peer`) a fresh message ring to read,
+/// Hands the peer behind fd socket `target` (engine `peer`) a fresh message ring to read,
 /// naming this engine `name` as the sender, proving `secret` first when there is one.
 ///
 /// # Cancel safety
 /// Cancel safe: dropped half-way, the connection closes and the peer drops the ring.
 pub(crate) async fn open_messages(
-    socket: &str,
+    target: &FdSocket,
     peer: &str,
     name: &str,
     secret: Option<&Secret>,
 ) -> Result<MessageSender, ImportError> {
+    let socket = &target.to_string();
     let opened = async {
         let failed = |action| socket_error(socket, action);
         let (memory, fd) = crate::messages::create_ring().map_err(failed("making a ring for"))?;
-        let mut stream = connect(socket, secret, OPEN_MESSAGES).await?;
+        let mut stream = connect(target, secret, OPEN_MESSAGES).await?;
         let name = &name.as_bytes()[..name.len().min(MAX_SENDER_NAME)];
         stream
             .write_u16_le(name.len() as u16)

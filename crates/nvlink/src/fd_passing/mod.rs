@@ -1,10 +1,26 @@
-//! The fd-passing socket: hands the file descriptors of registered VMM memory to processes of
-//! the same user over an abstract Unix socket (SCM_RIGHTS), so they can map it, and takes
-//! message rings from them ([`crate::messages`]). The server ([`FdServer`], in `server`)
-//! serves this engine's shares and reads the rings handed to it; the client (in `client`)
-//! asks a peer's ([`fetch_fds`]), confirms its IPC handles ([`confirm_ipc`]) and hands it
-//! rings ([`open_messages`]); this module holds the protocol's constants and the descriptor
+//! The fd-passing socket: hands the file descriptors of registered VMM memory to peer
+//! processes over a Unix socket (SCM_RIGHTS), so they can map it, and takes message rings
+//! from them ([`crate::messages`]). The server ([`FdServer`], in `server`) serves this
+//! engine's shares and reads the rings handed to it; the client (in `client`) asks a peer's
+//! ([`fetch_fds`]), confirms its IPC handles ([`confirm_ipc`]) and hands it rings
+//! ([`open_messages`]); this module holds the protocol's constants and the descriptor
 //! passing both ends share.
+//!
+//! # Where the socket is
+//! Every server binds the abstract socket [`fd_socket_name`], which lives in the network
+//! namespace: processes of one namespace reach each other through it. With a socket
+//! directory (`dir`: [`crate::NvlinkConfig::socket_dir`] or [`SOCKET_DIR_ENV`]) it also binds
+//! the file `<dir>/ferry-<instance>.sock` (`socket_file`), which processes of other network
+//! namespaces that mount the same directory reach (two pods of one node with a shared
+//! hostPath volume). Exports and the descriptor's `nvlink` endpoint carry the file's path;
+//! a client tries the abstract name first and the file where nothing listens under the name
+//! (`address`).
+//!
+//! # Who may connect
+//! Both ends read the other's user from the kernel (`SO_PEERCRED`) before anything else. With
+//! a shared secret any user may go on, and the handshake below is the credential; without
+//! one, only the same user (`credentials`). The socket file's permissions follow the same
+//! rule: 0o666 with a secret, 0o600 without.
 //!
 //! # Protocol
 //! 1. The client sends one byte: 1 when it will authenticate, 0 when it has no secret. With 1,
@@ -27,15 +43,27 @@
 //!    socket closes.
 //!
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
-//! address is read); one without a secret refuses a client that does, in the handshake.
+//! address is read); one without a secret refuses a client that does, in the handshake. The
+//! protocol is the same over the abstract socket and the socket file.
 
+mod address;
 mod client;
+mod credentials;
+mod dir;
+#[cfg(test)]
+mod dir_tests;
 mod registered;
 mod server;
+mod socket_file;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use address::FdSocket;
 pub(crate) use client::{confirm_ipc, fetch_fds, open_messages};
+pub(crate) use dir::{
+    configured as configured_socket_dir, socket_file_name, SocketDir, MAX_SOCKET_PATH,
+};
+pub use dir::{SocketDirError, SOCKET_DIR_ENV};
 pub(crate) use server::{FdServer, Share};
 
 use ferry_core::{AuthFailure, InstanceId};
@@ -84,17 +112,39 @@ pub fn fd_socket_name(owner: InstanceId) -> String {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ImportError {
     /// The socket could not be named, reached, written or read.
-    #[error("{action} the peer's fd socket {socket:?} failed: {source}")]
+    #[error("{action} the peer's fd socket {socket} failed: {source}")]
     Socket {
-        /// The peer's socket name.
+        /// The peer's socket: its name, and its path where it has one.
         socket: String,
         /// What was being done.
         action: &'static str,
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// Nothing listens under the socket's abstract name in this network namespace, and its
+    /// file in the socket directory could not be connected to either.
+    #[error("the peer's fd socket is reachable neither by its name {name:?} ({by_name}) nor by its file {path} ({by_path}); engines in different network namespaces reach each other through a socket directory both mount at the same path (FERRY_SOCKET_DIR), and without a shared secret they must run as the same user")]
+    Unreachable {
+        /// The socket's abstract name.
+        name: String,
+        /// The socket's path in the socket directory.
+        path: String,
+        /// Why connecting by name failed.
+        by_name: std::io::Error,
+        /// Why connecting by path failed.
+        by_path: std::io::Error,
+    },
+    /// The socket reached is bound under another name than the one asked for: a link that
+    /// carries the peer's socket name leads to another engine's socket.
+    #[error("the fd socket at {asked} is bound as {bound}, another socket: a link in the socket directory leads to another engine's socket, which this engine does not ask")]
+    BoundElsewhere {
+        /// The name or path connected to.
+        asked: String,
+        /// What the socket reached is bound as.
+        bound: String,
+    },
     /// The handshake failed.
-    #[error("authenticating with the peer's fd socket {socket:?} failed: {reason}")]
+    #[error("authenticating with the peer's fd socket {socket} failed: {reason}")]
     Auth {
         /// The peer's socket name.
         socket: String,
@@ -108,26 +158,26 @@ pub(crate) enum ImportError {
         reason: String,
     },
     /// The socket closed before any answer.
-    #[error("the peer's fd socket {socket:?} closed without answering")]
+    #[error("the peer's fd socket {socket} closed without answering")]
     NoAnswer {
         /// The peer's socket name.
         socket: String,
     },
     /// The peer took too long.
-    #[error("the peer's fd socket {socket:?} did not answer within {TIMEOUT:?}")]
+    #[error("the peer's fd socket {socket} did not answer within {TIMEOUT:?}")]
     TimedOut {
         /// The peer's socket name.
         socket: String,
     },
     /// The engine a descriptor names says the IPC handle in it is not its own.
-    #[error("the engine serving fd socket {socket:?} did not export the IPC handle its descriptor carries")]
+    #[error("the engine serving fd socket {socket} did not export the IPC handle its descriptor carries")]
     Disowned {
         /// The engine's socket name.
         socket: String,
     },
     /// The engine a descriptor names has no buffer registered at the address it names (any
     /// more: the descriptor is older than a deregistration).
-    #[error("the engine serving fd socket {socket:?} has no buffer registered at {region:#x}; its descriptor is out of date")]
+    #[error("the engine serving fd socket {socket} has no buffer registered at {region:#x}; its descriptor is out of date")]
     NotRegistered {
         /// The engine's socket name.
         socket: String,
@@ -135,7 +185,7 @@ pub(crate) enum ImportError {
         region: u64,
     },
     /// Without a secret, an IPC handle is mapped only when its owner confirms it.
-    #[error("the peer's IPC handle could not be confirmed with its engine ({reason}); without a secret only handles their engine confirms are mapped: give both engines a secret (descriptors are then signed) or let them reach each other's fd socket (one network namespace)")]
+    #[error("the peer's IPC handle could not be confirmed with its engine ({reason}); without a secret only handles their engine confirms are mapped: give both engines a secret (descriptors are then signed) or let them reach each other's fd socket (one network namespace, or a socket directory both mount)")]
     Unconfirmed {
         /// Why the owner could not be asked.
         reason: Box<ImportError>,

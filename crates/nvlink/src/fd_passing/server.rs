@@ -1,7 +1,10 @@
 //! The serving end of the fd-passing socket: this engine's VMM shares and vouched IPC
 //! handles, the message rings handed to it, refusals.
 
+use super::credentials::admits;
+use super::dir::{SocketDir, SocketDirError};
 use super::registered::{ByAddress, Held};
+use super::socket_file::SocketFile;
 use super::*;
 use crate::messages::{Incoming, RingReaders, RingSlot};
 use ferry_core::auth::Secret;
@@ -32,11 +35,22 @@ type Shares = ByAddress<Share>;
 /// exported for.
 type Vouched = ByAddress<IpcHandle>;
 
-/// This engine's fd-passing socket, served on the engine's runtime.
+/// This engine's fd-passing socket, served on the engine's runtime: its abstract socket and,
+/// once [`Self::serve_in`] bound one, its file in a socket directory.
 pub(crate) struct FdServer {
     name: String,
+    owner: InstanceId,
+    /// The socket file, removed from its directory when the server drops.
+    file: Option<SocketFile>,
     shares: Arc<Shares>,
     vouched: Arc<Vouched>,
+    /// What each listener serves with.
+    serving: Serving,
+    /// Where the listeners run.
+    runtime: tokio::runtime::Handle,
+    /// Dropped with the server, which stops every listener at once (closing the abstract
+    /// socket, so its name is free and refuses connections).
+    _stop: tokio::sync::watch::Sender<()>,
     /// Held while the server runs: the threads reading message rings stop once it is gone.
     _running: Arc<()>,
     #[cfg(test)]
@@ -47,6 +61,7 @@ impl std::fmt::Debug for FdServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FdServer")
             .field("name", &self.name)
+            .field("path", &self.socket_path())
             .finish()
     }
 }
@@ -85,6 +100,7 @@ impl FdServer {
         let vouched = Arc::new(Vouched::default());
         let running = Arc::new(());
         let readers = Arc::new(RingReaders::new(Arc::downgrade(&running)));
+        let (stop, stopped) = tokio::sync::watch::channel(());
         let serving = Serving {
             shares: Arc::downgrade(&shares),
             vouched: Arc::downgrade(&vouched),
@@ -93,21 +109,68 @@ impl FdServer {
             readers: Arc::clone(&readers),
             rings: Arc::default(),
             max_rings,
+            open: Arc::new(tokio::sync::Semaphore::new(MAX_SERVING)),
+            warnings: Arc::new(Throttle::new(WARN_EVERY)),
+            stopped,
         };
-        runtime.spawn(accept_loop(listener, serving));
+        runtime.spawn(accept_loop(listener, serving.clone()));
         Ok(FdServer {
             name,
+            owner,
+            file: None,
             shares,
             vouched,
+            serving,
+            runtime: runtime.clone(),
+            _stop: stop,
             _running: running,
             #[cfg(test)]
             readers,
         })
     }
 
+    /// Also serves the socket as the file `<dir>/ferry-<instance>.sock`, for engines of other
+    /// network namespaces that mount `dir` at the same path; the file is removed when the
+    /// server drops. Its permissions let through the users the server admits: every user
+    /// with a secret (0o666), only this one without (0o600).
+    ///
+    /// # Errors
+    /// [`SocketDirError`] when the file cannot be bound or given its permissions.
+    pub(crate) fn serve_in(&mut self, dir: &SocketDir) -> Result<(), SocketDirError> {
+        let with_secret = self.serving.secret.is_some();
+        let (listener, file) = SocketFile::bind(dir, self.owner, with_secret)?;
+        let listener = {
+            let _entered = self.runtime.enter();
+            tokio::net::UnixListener::from_std(listener).map_err(|source| SocketDirError::Bind {
+                path: file.path().to_owned(),
+                source,
+            })?
+        };
+        self.runtime
+            .spawn(accept_loop(listener, self.serving.clone()));
+        tracing::debug!(
+            path = file.path(),
+            "serving the fd socket in the socket directory too"
+        );
+        self.file = Some(file);
+        Ok(())
+    }
+
     /// The socket's abstract name, as exports carry it.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The socket file's path in the socket directory, as exports and the descriptor's
+    /// endpoint carry it; `None` without a socket directory.
+    pub(crate) fn socket_path(&self) -> Option<&str> {
+        self.file.as_ref().map(SocketFile::path)
+    }
+
+    /// Where peers reach this server: its name, and its file where it has one.
+    #[cfg(test)]
+    pub(crate) fn address(&self) -> FdSocket {
+        FdSocket::new(self.name.clone(), self.socket_path().map(str::to_owned))
     }
 
     /// Confirms `handle` as the IPC handle of the buffer registered at `addr`, to peers that
@@ -135,6 +198,12 @@ struct Serving {
     rings: Arc<std::sync::atomic::AtomicUsize>,
     /// Most rings read at once.
     max_rings: usize,
+    /// Connections served at once, over all listeners.
+    open: Arc<tokio::sync::Semaphore>,
+    /// Throttles the warnings of all listeners.
+    warnings: Arc<Throttle>,
+    /// Changes (closes) when the server drops: the listeners stop.
+    stopped: tokio::sync::watch::Receiver<()>,
 }
 
 /// Message rings an engine reads at once (on at most three threads of 127 rings each); a
@@ -156,24 +225,29 @@ fn warn_failed(throttle: &Throttle, reason: &str) {
     }
 }
 
+/// Serves connections to `listener` until the server drops.
 async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
-    let open = Arc::new(tokio::sync::Semaphore::new(MAX_SERVING));
-    let warnings = Arc::new(Throttle::new(WARN_EVERY));
+    let mut stopped = serving.stopped.clone();
+    let (open, warnings) = (&serving.open, &serving.warnings);
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
                 warn_failed(
-                    &warnings,
+                    warnings,
                     &format!("accepting on the fd-passing socket failed: {error}"),
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
+        let Ok(slot) = Arc::clone(open).try_acquire_owned() else {
             warn_failed(
-                &warnings,
+                warnings,
                 &format!("more than {MAX_SERVING} connections at once; the newest is closed"),
             );
             continue;
@@ -181,7 +255,7 @@ async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
         let Some(shares) = serving.shares.upgrade() else {
             return;
         };
-        let (serving, warnings) = (serving.clone(), Arc::clone(&warnings));
+        let (serving, warnings) = (serving.clone(), Arc::clone(warnings));
         tokio::spawn(async move {
             let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
                 .await
@@ -211,9 +285,9 @@ async fn serve(
         Some(pid) => format!("process {pid}"),
     };
     let own = rustix::process::getuid().as_raw();
-    if credentials.uid() != own {
+    if !admits(credentials.uid(), own, secret.is_some()) {
         let reason = format!(
-            "{client} runs as uid {}, this engine as uid {own}; GPU memory is shared with the same user only",
+            "{client} runs as uid {}, this engine as uid {own}; without a shared secret GPU memory is shared with the same user only: give both engines the same secret to share it with other users",
             credentials.uid()
         );
         refuse(&mut stream, &reason).await?;

@@ -48,7 +48,7 @@ async fn next(notifications: &mut Notifications) -> ferry_core::Notification {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_through_a_ring_arrive_in_order_also_after_the_reader_slept() {
     let (server, mut inbox) = server_with_inbox(Some(secret("a")), 64);
-    let sender = open_messages(server.name(), "decode", "prefill:1", Some(&secret("a")))
+    let sender = open_messages(&server.address(), "decode", "prefill:1", Some(&secret("a")))
         .await
         .unwrap();
     for round in 0..3u8 {
@@ -83,7 +83,7 @@ async fn messages_through_a_ring_arrive_in_order_also_after_the_reader_slept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_inbox_refuses_a_message_and_the_sender_hears_why() {
     let (server, mut inbox) = server_with_inbox(None, 2);
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     sender.send(b"one").await.unwrap();
@@ -102,14 +102,14 @@ async fn a_full_inbox_refuses_a_message_and_the_sender_hears_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_without_the_secret_or_from_a_stopped_server_is_refused() {
     let (server, _inbox) = server_with_inbox(Some(secret("a")), 4);
-    let error = open_messages(server.name(), "decode", "prefill:1", None)
+    let error = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap_err();
     assert!(matches!(error, ImportError::Refused { .. }), "{error}");
-    let sender = open_messages(server.name(), "decode", "prefill:1", Some(&secret("a")))
+    let sender = open_messages(&server.address(), "decode", "prefill:1", Some(&secret("a")))
         .await
         .unwrap();
-    let name = server.name().to_owned();
+    let address = server.address();
     drop(server);
     // The reader notices the engine stopped at its next look and closes the ring.
     let error = tokio::time::timeout(Duration::from_secs(5), async {
@@ -128,14 +128,14 @@ async fn a_ring_without_the_secret_or_from_a_stopped_server_is_refused() {
     );
     assert!(sender.closed().is_some());
     // The listener closes at the next connection it takes, which it then drops.
-    let error = open_messages(&name, "decode", "prefill:1", Some(&secret("a"))).await;
+    let error = open_messages(&address, "decode", "prefill:1", Some(&secret("a"))).await;
     assert!(error.is_err(), "a stopped server took a ring");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_ring_says_so_and_takes_nothing_more() {
     let (server, mut inbox) = server_with_inbox(None, 16);
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     sender.send(b"before").await.unwrap();
@@ -154,7 +154,7 @@ async fn a_closed_ring_says_so_and_takes_nothing_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_left_for_the_gpu_arrives_once_its_position_is_stored_and_keeps_its_place() {
     let (server, mut inbox) = server_with_inbox(None, 16);
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     sender.send(b"first").await.unwrap();
@@ -184,7 +184,7 @@ async fn a_record_left_for_the_gpu_arrives_once_its_position_is_stored_and_keeps
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_record_is_never_delivered_and_an_abandoned_one_closes_the_ring() {
     let (server, mut inbox) = server_with_inbox(None, 16);
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     let withdrawn = sender.write_unpublished(b"never queued").unwrap();
@@ -213,7 +213,7 @@ async fn a_withdrawn_record_is_never_delivered_and_an_abandoned_one_closes_the_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_left_for_the_gpu_and_dropped_unsettled_closes_the_ring() {
     let (server, mut inbox) = server_with_inbox(None, 16);
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     let dropped = sender.write_unpublished(b"given up").unwrap();
@@ -229,7 +229,9 @@ async fn a_record_left_for_the_gpu_and_dropped_unsettled_closes_the_ring() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_that_could_still_shrink_is_refused() {
     let (server, _inbox) = server_with_inbox(None, 4);
-    let mut stream = connect(server.name(), None, OPEN_MESSAGES).await.unwrap();
+    let mut stream = connect(&server.address(), None, OPEN_MESSAGES)
+        .await
+        .unwrap();
     stream.write_u16_le(4).await.unwrap();
     stream.write_all(b"evil").await.unwrap();
     let fd = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
@@ -244,7 +246,9 @@ async fn a_ring_that_could_still_shrink_is_refused() {
 #[tokio::test]
 async fn a_server_with_a_secret_refuses_a_client_without_one_and_says_so() {
     let server = server(Some(secret("a")));
-    let error = fetch_fds(server.name(), 0x1000, 1, None).await.unwrap_err();
+    let error = fetch_fds(&server.address(), 0x1000, 1, None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&error, ImportError::Refused { reason } if reason.contains("requires a shared secret")),
         "{error}"
@@ -254,7 +258,7 @@ async fn a_server_with_a_secret_refuses_a_client_without_one_and_says_so() {
 #[tokio::test]
 async fn secrets_that_differ_or_are_missing_on_the_server_fail_the_handshake() {
     let server_a = server(Some(secret("a")));
-    let error = fetch_fds(server_a.name(), 0x1000, 1, Some(&secret("b")))
+    let error = fetch_fds(&server_a.address(), 0x1000, 1, Some(&secret("b")))
         .await
         .unwrap_err();
     assert!(
@@ -268,7 +272,7 @@ async fn secrets_that_differ_or_are_missing_on_the_server_fail_the_handshake() {
         "{error}"
     );
     let open = server(None);
-    let error = fetch_fds(open.name(), 0x1000, 1, Some(&secret("a")))
+    let error = fetch_fds(&open.address(), 0x1000, 1, Some(&secret("a")))
         .await
         .unwrap_err();
     assert!(
@@ -294,7 +298,8 @@ async fn a_share_is_served_until_its_guard_drops() {
         },
     );
     let key = secret("a");
-    let asked = || fetch_fds(server.name(), 0x1000, 1, Some(&key));
+    let address = server.address();
+    let asked = || fetch_fds(&address, 0x1000, 1, Some(&key));
     // Registered: the server tries to export it (and, on a machine without a GPU, says
     // why it could not), instead of not knowing the address.
     let error = asked().await.unwrap_err();
@@ -335,7 +340,9 @@ async fn more_descriptors_than_one_message_carries_arrive_in_order() {
         }
         send_fds(&stream, &readers).await.unwrap();
     });
-    let fds = fetch_fds(&name, 0x1000, count, None).await.unwrap();
+    let fds = fetch_fds(&FdSocket::new(name, None), 0x1000, count, None)
+        .await
+        .unwrap();
     serving.await.unwrap();
     assert_eq!(fds.len(), count);
     for (index, fd) in fds.into_iter().enumerate() {
@@ -378,7 +385,7 @@ async fn a_flood_of_silent_connections_is_closed_past_the_cap_and_a_real_request
     // Once the flood goes away, a real client is served.
     drop(flood);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let sender = open_messages(server.name(), "decode", "prefill:1", None)
+    let sender = open_messages(&server.address(), "decode", "prefill:1", None)
         .await
         .unwrap();
     sender.send(b"after the flood").await.unwrap();
@@ -392,12 +399,12 @@ async fn rings_past_the_limit_are_refused_and_one_that_ends_makes_room() {
     for index in 0..3 {
         let name = format!("prefill:{index}");
         senders.push(
-            open_messages(server.name(), "decode", &name, None)
+            open_messages(&server.address(), "decode", &name, None)
                 .await
                 .unwrap(),
         );
     }
-    let refused = open_messages(server.name(), "decode", "prefill:3", None).await;
+    let refused = open_messages(&server.address(), "decode", "prefill:3", None).await;
     assert!(
         matches!(&refused, Err(ImportError::Refused { reason }) if reason.contains("maximum of 3 message rings")),
         "{refused:?}"
@@ -410,7 +417,7 @@ async fn rings_past_the_limit_are_refused_and_one_that_ends_makes_room() {
     senders.pop().unwrap().close();
     let mut reopened = None;
     for _ in 0..50 {
-        match open_messages(server.name(), "decode", "prefill:4", None).await {
+        match open_messages(&server.address(), "decode", "prefill:4", None).await {
             Ok(sender) => {
                 reopened = Some(sender);
                 break;
@@ -431,7 +438,7 @@ async fn two_hundred_rings_are_read_by_two_threads_also_after_they_slept() {
     for index in 0..rings {
         let name = format!("prefill:{index}");
         senders.push(
-            open_messages(server.name(), "decode", &name, None)
+            open_messages(&server.address(), "decode", &name, None)
                 .await
                 .unwrap(),
         );
@@ -481,10 +488,10 @@ async fn two_hundred_rings_are_read_by_two_threads_also_after_they_slept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_whose_sender_left_makes_room_while_another_keeps_its_thread_busy() {
     let (server, mut inbox) = server_with_rings(None, 1 << 16, 2);
-    let busy = open_messages(server.name(), "decode", "prefill:busy", None)
+    let busy = open_messages(&server.address(), "decode", "prefill:busy", None)
         .await
         .unwrap();
-    let leaving = open_messages(server.name(), "decode", "prefill:leaving", None)
+    let leaving = open_messages(&server.address(), "decode", "prefill:leaving", None)
         .await
         .unwrap();
     leaving.close();
@@ -511,7 +518,7 @@ async fn a_ring_whose_sender_left_makes_room_while_another_keeps_its_thread_busy
     });
     let mut reopened = None;
     for _ in 0..40 {
-        match open_messages(server.name(), "decode", "prefill:next", None).await {
+        match open_messages(&server.address(), "decode", "prefill:next", None).await {
             Ok(sender) => {
                 reopened = Some(sender);
                 break;
@@ -533,7 +540,7 @@ async fn a_ring_whose_sender_left_makes_room_while_another_keeps_its_thread_busy
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_handed_to_a_sleeping_thread_is_read_at_once() {
     let (server, mut inbox) = server_with_inbox(None, 64);
-    let first = open_messages(server.name(), "decode", "prefill:first", None)
+    let first = open_messages(&server.address(), "decode", "prefill:first", None)
         .await
         .unwrap();
     first.send(b"first").await.unwrap();
@@ -543,9 +550,14 @@ async fn a_ring_handed_to_a_sleeping_thread_is_read_at_once() {
     let mut later = Vec::new();
     for index in 0..4 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let sender = open_messages(server.name(), "decode", &format!("prefill:{index}"), None)
-            .await
-            .unwrap();
+        let sender = open_messages(
+            &server.address(),
+            "decode",
+            &format!("prefill:{index}"),
+            None,
+        )
+        .await
+        .unwrap();
         let started = std::time::Instant::now();
         sender.send(b"to a new ring").await.unwrap();
         assert_eq!(next(&mut inbox).await.payload, b"to a new ring");

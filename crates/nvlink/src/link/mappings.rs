@@ -53,9 +53,8 @@ impl NvlinkLink {
                         .ok_or_else(|| self.refused("its buffer carries no export"))?;
                     bounds::export_owner(&decoded, self.instance)
                         .map_err(|violation| self.fail(violation))?;
-                    let socket = fd_socket_name(self.instance);
                     let owner = Owner {
-                        socket: &socket,
+                        socket: &self.socket,
                         region: remote.addr,
                         silent: &self.owner_silent,
                     };

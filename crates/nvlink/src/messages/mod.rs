@@ -9,7 +9,8 @@
 //! because the inbox is full) goes back over the socket, a delivery's after the hand-over, with the ring recording
 //! deliveries before it so that the sender learns of one even if the socket ends first.
 //! Where the socket cannot be reached (the two processes are in different network
-//! namespaces), notifications keep going over TCP.
+//! namespaces and share no socket directory, or run as different users without a shared
+//! secret), notifications keep going over TCP.
 
 mod receiver;
 mod ring;

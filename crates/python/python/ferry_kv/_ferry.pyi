@@ -44,6 +44,7 @@ class Engine:
         secret: bytes | None = None,
         transfer_timeout: float = 30.0,
         gpu_links: bool = True,
+        socket_dir: str | None = None,
     ) -> Engine: ...
     @property
     def name(self) -> str: ...

@@ -15,6 +15,7 @@ neither blocked nor polling, and no thread is held per pending transfer.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, AsyncIterator, Iterable, Iterator, NamedTuple, Sequence, Union
 
 from . import _ferry
@@ -345,7 +346,12 @@ class Engine:
     ``"memory"`` (one process), ``"etcd://host:port"`` or ``"redis://host:port"``. Peers must
     prove they hold ``secret`` (bytes or text; the ``FERRY_SECRET`` environment variable when
     ``None``). A transfer fails after ``transfer_timeout`` seconds. ``gpu_links=False`` moves
-    GPU memory over TCP only. Use it as a context manager, or ``close()`` it.
+    GPU memory over TCP only. ``socket_dir`` (the ``FERRY_SOCKET_DIR`` environment variable
+    when ``None``) is a directory shared with engines in other network namespaces, such as
+    another Kubernetes pod's (a hostPath volume mounted at the same path in both): the engine
+    also serves its fd socket there, so VMM GPU memory and notifications cross between them;
+    it must exist and be writable, or the engine does not start. Use it as a context manager,
+    or ``close()`` it.
     """
 
     __slots__ = ("_inner",)
@@ -358,10 +364,12 @@ class Engine:
         secret: bytes | str | None = None,
         transfer_timeout: float = 30.0,
         gpu_links: bool = True,
+        socket_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(secret, str):
             secret = secret.encode()
-        self._inner = _ferry.Engine(listen, advertise, metadata, secret, transfer_timeout, gpu_links)
+        directory = None if socket_dir is None else os.fspath(socket_dir)
+        self._inner = _ferry.Engine(listen, advertise, metadata, secret, transfer_timeout, gpu_links, directory)
 
     @property
     def name(self) -> str:

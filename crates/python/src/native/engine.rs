@@ -33,9 +33,12 @@ impl Engine {
     /// host when not given), publishing its descriptor where `metadata` says (`p2p`, `memory`,
     /// `etcd://…`, `redis://…`). Peers must prove they hold `secret` (`FERRY_SECRET` when
     /// `None`). A transfer fails after `transfer_timeout` seconds. `gpu_links=False` moves GPU
-    /// memory over TCP only.
+    /// memory over TCP only. `socket_dir` (`FERRY_SOCKET_DIR` when `None`) is a directory
+    /// shared with engines of other network namespaces, such as another pod's: the engine
+    /// also serves its fd socket there (see `ferry::NvlinkConfig::socket_dir`).
     #[new]
-    #[pyo3(signature = (listen = "127.0.0.1:0", advertise = None, metadata = "p2p", secret = None, transfer_timeout = 30.0, gpu_links = true))]
+    #[pyo3(signature = (listen = "127.0.0.1:0", advertise = None, metadata = "p2p", secret = None, transfer_timeout = 30.0, gpu_links = true, socket_dir = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per setting.
     fn new(
         py: Python<'_>,
         listen: &str,
@@ -44,6 +47,7 @@ impl Engine {
         secret: Option<&[u8]>,
         transfer_timeout: f64,
         gpu_links: bool,
+        socket_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let store = ferry::metadata::from_url(metadata)
             .map_err(|error| FerryError::new_err(format!("metadata `{metadata}`: {error}")))?;
@@ -57,6 +61,9 @@ impl Engine {
         }
         if let Some(secret) = secret {
             builder = builder.secret(secret);
+        }
+        if let Some(dir) = socket_dir {
+            builder = builder.nvlink(ferry::NvlinkConfig::default().socket_dir(dir));
         }
         let engine = py.detach(|| builder.build_blocking()).map_err(to_py)?;
         Ok(Engine {
