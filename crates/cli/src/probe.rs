@@ -11,7 +11,7 @@ pub(crate) fn run(
     print!("{}", ferry::probe::machine()?);
     if let Some(name) = peer {
         let engine = secret
-            .apply(ferry::Engine::builder())?
+            .apply(ferry::builder())?
             .metadata(ferry::metadata::from_url(metadata)?)
             .build_blocking()?;
         print!("{}", ferry::probe::routes(&engine, name)?);

@@ -47,11 +47,12 @@ impl Engine {
     ) -> PyResult<Self> {
         let store = ferry::metadata::from_url(metadata)
             .map_err(|error| FerryError::new_err(format!("metadata `{metadata}`: {error}")))?;
-        let mut builder = ferry::Engine::builder()
+        let mut builder = ferry::Links::default()
+            .gpu_links(gpu_links)
+            .builder()
             .listen(listen)
             .metadata(store)
-            .transfer_timeout(duration(transfer_timeout, "transfer_timeout")?)
-            .gpu_links(gpu_links);
+            .transfer_timeout(duration(transfer_timeout, "transfer_timeout")?);
         if let Some(host) = advertise {
             builder = builder.advertise(host);
         }
