@@ -96,9 +96,10 @@
 //!   all safe to call.
 //! - [`metadata`]: where engines publish their descriptors (peer to peer by default, etcd,
 //!   redis, in memory); [`auth`]: the shared secret.
-//! - [`probe`]: what `ferry probe` reports: the machine, and the path to a peer's buffers.
+//! - [`probe`]: what `ferry probe` reports: the machine (with its FABRIC-handle and RDMA
+//!   probes), and the path to a peer's buffers.
 //! - [`transport`]: for authors of transports and tools: the [`transport::Transport`] trait,
-//!   the ops a transport receives, and what each transport of this build publishes.
+//!   the ops a transport receives, and the descriptor's parts.
 #![forbid(unsafe_code)]
 
 pub mod cuda;
@@ -132,23 +133,17 @@ pub mod metadata {
 }
 
 /// For authors of transports and tools: the seam between the engine and the links that move
-/// bytes, the descriptor's parts, and what each transport of this build publishes.
+/// bytes ([`Transport`](transport::Transport), [`Link`](transport::Link), the ops a transport
+/// receives, the [`TransportSet`](transport::TransportSet) an engine is built with), the parts
+/// of a descriptor, and the name each transport publishes its endpoint under.
 pub mod transport {
     pub use ferry_core::{
         BlockOps, BlockPoolOp, Endpoint, EngineContext, Export, ExportGuard, Exported,
         HostIdentity, InstanceId, Link, Reach, RegionUse, TransferOp, TransferOps, Transport,
-        DESCRIPTOR_VERSION, TCP,
+        TransportSet, DESCRIPTOR_VERSION, TCP,
     };
-    pub use ferry_nvlink::{
-        fd_socket_name, probe_fabric, FabricSupport, GpuExport, MnnvlTransport, NvlinkTransport,
-        BATCHED_FROM, ENGINE_FROM, EXPORT_VERSION, FDS_PER_MESSAGE, MNNVL, NVLINK,
-    };
-    // This host's RDMA devices, or why it has none: `ferry probe`'s RDMA section.
-    pub use ferry_rdma::{probe as rdma_probe, RdmaProbe};
-    pub use ferry_rdma::{
-        CudaGpus, DeviceInfo as RdmaDevice, DmaBufRange, DmaBufSource, PortInfo as RdmaPort,
-        PortState as RdmaPortState, RdmaTransport, Topology, Verbs, RDMA,
-    };
+    pub use ferry_nvlink::{GpuExport, MNNVL, NVLINK};
+    pub use ferry_rdma::RDMA;
 }
 
 #[doc = include_str!("../README.md")]

@@ -294,18 +294,15 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
 #[test]
 fn the_fabric_probe_reports_what_the_driver_said() {
     for gpu in 0..gpus() {
-        match ferry::transport::probe_fabric(gpu) {
-            ferry::transport::FabricSupport::Permitted => {}
-            ferry::transport::FabricSupport::Refused(error) => {
+        match ferry::probe::fabric(gpu) {
+            ferry::probe::FabricSupport::Permitted => {}
+            ferry::probe::FabricSupport::Refused(error) => {
                 assert_eq!(error.call, "cuMemCreate(FABRIC)", "{error}");
                 assert!(!error.name.is_empty(), "{error}");
             }
         }
         // The answer is probed once and then remembered.
-        assert_eq!(
-            ferry::transport::probe_fabric(gpu),
-            ferry::transport::probe_fabric(gpu)
-        );
+        assert_eq!(ferry::probe::fabric(gpu), ferry::probe::fabric(gpu));
     }
 }
 
