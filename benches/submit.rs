@@ -109,9 +109,9 @@ struct Sides {
 /// Engines on both sides with a pool of `bytes` each, the prefill side's ops taken by
 /// [`Counting`] (preferring block copies when `blocks`).
 fn engines(bytes: u64, blocks: bool) -> Sides {
-    let decode = Engine::builder().build_blocking().expect("decode engine");
+    let decode = ferry::builder().build_blocking().expect("decode engine");
     let pool = decode.allocate(bytes).expect("pool");
-    let prefill = Engine::builder()
+    let prefill = ferry::builder()
         .transport(Arc::new(Counting { blocks }))
         .build_blocking()
         .expect("prefill engine");

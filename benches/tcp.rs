@@ -33,10 +33,10 @@ fn secret() -> Vec<u8> {
 
 fn ferry_pair(secret: Option<Vec<u8>>) -> FerryPair {
     let builder = || match &secret {
-        Some(secret) => Engine::builder()
+        Some(secret) => ferry::builder()
             .secret(secret.clone())
             .frame_tags(ferry::FrameTags::Always),
-        None => Engine::builder(),
+        None => ferry::builder(),
     };
     let decode = builder().build_blocking().expect("decode engine");
     let pool = decode.allocate(TOTAL as u64).expect("pool");

@@ -6,7 +6,7 @@
 //!
 //! Run: `cargo run --example embed`.
 
-use ferry::{BlockCopy, Engine, Error};
+use ferry::{BlockCopy, Error};
 
 /// Bytes per KV block and blocks per pool.
 const BLOCK: u64 = 16 << 10;
@@ -16,14 +16,14 @@ const BLOCKS: u64 = 256;
 async fn main() -> Result<(), Error> {
     // The decode server's pool. A server registers the tensor it already has with
     // `unsafe { engine.register(ptr, len) }`; this example lets the engine allocate it.
-    let decode = Engine::builder().build().await?;
+    let decode = ferry::builder().build().await?;
     let pool = decode.allocate(BLOCK * BLOCKS)?;
     pool.set_name("kv")?;
     let mut inbox = decode.notifications()?;
 
     // The prefill side computed blocks 5, 6, 7 and 42 of its own pool for request 1; block
     // `id` holds the byte `id` throughout, so the decode side can tell them apart.
-    let prefill = Engine::builder().build().await?;
+    let prefill = ferry::builder().build().await?;
     let computed = prefill.allocate(BLOCK * BLOCKS)?;
     let source: Vec<u32> = vec![5, 6, 7, 42];
     for &id in &source {

@@ -131,7 +131,7 @@ fn fill_head(bytes: &mut [u8], tensor: u32, block: u32, head: u32) {
 fn engine(args: &RankArgs) -> Result<ferry::Engine, Box<dyn std::error::Error>> {
     Ok(args
         .secret
-        .apply(ferry::Engine::builder())?
+        .apply(ferry::builder())?
         .metadata(ferry::metadata::from_url(&args.split.metadata)?)
         .build_blocking()?)
 }

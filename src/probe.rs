@@ -1,12 +1,19 @@
 //! What `ferry probe` reports, as text any front end prints: the machine (CUDA driver, GPUs,
 //! peer access, FABRIC support, transports, RDMA devices) and, for a running engine, which
 //! path each of its buffers gets from here and why. The `ferry` CLI and the Python module's
-//! `python -m ferry_kv probe` print the same.
+//! `python -m ferry_kv probe` print the same. The facts behind the report come from
+//! [`fabric`] (may a GPU allocate memory with FABRIC handles) and [`rdma`] (this host's RDMA
+//! devices, or why it has none).
 
 use crate::cuda::{DeviceInfo, Driver};
-use crate::transport::{probe_fabric, rdma_probe, FabricSupport, Reach};
+use crate::transport::Reach;
 use crate::{Engine, Location, Region, Result};
 use std::fmt::Write;
+
+pub use ferry_nvlink::{probe_fabric as fabric, FabricSupport};
+/// The state of a port of a device [`rdma`] lists; only an active port carries traffic.
+pub use ferry_rdma::PortState as RdmaPortState;
+pub use ferry_rdma::{probe as rdma, RdmaProbe};
 
 /// The machine's CUDA driver, GPUs, peer access, FABRIC support, transports and RDMA devices
 /// (or why there are none), one fact a line.
@@ -42,11 +49,11 @@ pub fn machine() -> Result<String> {
             let _ = writeln!(out, "  gpu {}: {}", from.ordinal, row.join(" "));
         }
     }
-    let fabric: Vec<(u32, FabricSupport)> = gpus
+    let fabrics: Vec<(u32, FabricSupport)> = gpus
         .iter()
-        .map(|gpu| (gpu.ordinal, probe_fabric(gpu.ordinal)))
+        .map(|gpu| (gpu.ordinal, fabric(gpu.ordinal)))
         .collect();
-    for (ordinal, support) in &fabric {
+    for (ordinal, support) in &fabrics {
         let _ = match support {
             FabricSupport::Permitted => {
                 writeln!(out, "fabric handles on gpu {ordinal}: permitted")
@@ -68,7 +75,7 @@ pub fn machine() -> Result<String> {
             "  nvlink: available (cudaMalloc and POSIX-fd VMM memory of processes on this host)"
         ),
     };
-    let permitted = fabric
+    let permitted = fabrics
         .iter()
         .any(|(_, support)| *support == FabricSupport::Permitted);
     let _ = match (gpus.is_empty(), permitted) {
@@ -79,7 +86,7 @@ pub fn machine() -> Result<String> {
         ),
         (false, true) => writeln!(out, "  mnnvl: available (VMM memory with FABRIC handles, any node of the NVLink domain; not yet run on GB200 hardware)"),
     };
-    let _ = write!(out, "{}", rdma_probe());
+    let _ = write!(out, "{}", rdma());
     Ok(out)
 }
 

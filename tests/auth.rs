@@ -13,7 +13,7 @@ const SECRET_A: &[u8] = b"secret-a-0123456789abcdef";
 const SECRET_B: &[u8] = b"secret-b-0123456789abcdef";
 
 async fn engine(secret: Option<&[u8]>, store: Option<Arc<dyn MetadataStore>>) -> Engine {
-    let mut builder = Engine::builder().transfer_timeout(Duration::from_secs(5));
+    let mut builder = ferry::builder().transfer_timeout(Duration::from_secs(5));
     if let Some(secret) = secret {
         builder = builder.secret(secret);
     }
@@ -147,7 +147,7 @@ async fn a_listener_that_never_answers_fails_the_handshake_within_the_io_timeout
         .await
         .unwrap();
     let limit = Duration::from_millis(300);
-    let client = Engine::builder()
+    let client = ferry::builder()
         .secret(SECRET_A)
         .metadata(store)
         .transfer_timeout(limit)
@@ -163,7 +163,7 @@ async fn a_listener_that_never_answers_fails_the_handshake_within_the_io_timeout
 
 #[tokio::test]
 async fn a_short_secret_is_refused_at_build() {
-    let error = Engine::builder().secret(b"short".to_vec()).build().await;
+    let error = ferry::builder().secret(b"short".to_vec()).build().await;
     assert!(
         matches!(&error, Err(Error::ApiMisuse(text)) if text.contains("too short")),
         "{error:?}"
@@ -206,7 +206,7 @@ async fn a_guarded_listener_sends_an_unauthenticated_caller_only_its_refusal() {
 
 #[tokio::test]
 async fn a_caller_that_says_nothing_is_closed_after_the_handshake_timeout() {
-    let guarded = Engine::builder()
+    let guarded = ferry::builder()
         .secret(SECRET_A)
         .handshake_timeout(Duration::from_millis(300))
         .build()

@@ -2,7 +2,6 @@
 //! they do not use here: junk notifications do not stop the decode side, and a forged verdict
 //! does not pass for the decode side's answer.
 
-use ferry::Engine;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -60,7 +59,7 @@ fn junk_notifications_and_forged_verdicts_do_not_derail_prefill_and_decode() {
 
     // A stranger reaches the decode port first: junk, an announcement of blocks outside the
     // pool, and text meant to pass for a line of the decode's output.
-    let stranger = Engine::builder()
+    let stranger = ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .build_blocking()
         .unwrap();

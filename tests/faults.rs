@@ -180,7 +180,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
             });
         }
     });
-    let prefill = ferry::Engine::builder()
+    let prefill = ferry::builder()
         .transfer_timeout(Duration::from_millis(500))
         .build()
         .await
@@ -205,7 +205,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
 
 #[tokio::test]
 async fn a_full_inbox_refuses_notifications_at_once_and_data_still_flows() {
-    let decode = ferry::Engine::builder()
+    let decode = ferry::builder()
         .notification_capacity(2)
         .build()
         .await
@@ -264,7 +264,7 @@ async fn notifying_a_dropped_peer_fails_instead_of_hanging() {
 
 #[tokio::test]
 async fn a_connection_that_never_says_hello_is_closed() {
-    let decode = ferry::Engine::builder()
+    let decode = ferry::builder()
         .transfer_timeout(Duration::from_millis(300))
         .build()
         .await
@@ -290,11 +290,7 @@ async fn a_peer_restarted_at_the_same_address_is_reached_again() {
     // A dropped engine's listener closes in the background; a restarted server retries.
     let deadline = Instant::now() + Duration::from_secs(5);
     let restarted = loop {
-        match ferry::Engine::builder()
-            .listen(address.clone())
-            .build()
-            .await
-        {
+        match ferry::builder().listen(address.clone()).build().await {
             Ok(engine) => break engine,
             Err(error) if Instant::now() < deadline => {
                 assert!(error.to_string().contains("binding"), "{error}");

@@ -52,13 +52,13 @@ impl MetadataStore for Replacing {
 
 #[test]
 fn a_peer_whose_instance_changes_is_closed_though_pid_and_host_are_the_same() {
-    let decode = ferry::Engine::builder().build_blocking().unwrap();
+    let decode = ferry::builder().build_blocking().unwrap();
     let pool = decode.allocate(4096).unwrap();
     let store = Arc::new(Replacing {
         real: PeerToPeer::new(Duration::from_secs(5)),
         impostor: Mutex::new(None),
     });
-    let prefill = ferry::Engine::builder()
+    let prefill = ferry::builder()
         .metadata(Arc::clone(&store) as Arc<dyn MetadataStore>)
         .liveness_interval(Duration::from_millis(20))
         .build_blocking()

@@ -26,7 +26,7 @@ enum Flip {
 /// A decode engine reached only through a relay: it advertises 127.0.0.2, where the relay
 /// forwards each connection to the engine's port on 127.0.0.1.
 async fn decode_behind_relay(flip: Flip) -> Engine {
-    let decode = Engine::builder()
+    let decode = ferry::builder()
         .secret(SECRET)
         .listen("127.0.0.1:0")
         .advertise("127.0.0.2")
@@ -83,7 +83,7 @@ async fn pump(
 
 /// The caller: over loopback, frames are tagged only when asked.
 async fn prefill() -> Engine {
-    Engine::builder()
+    ferry::builder()
         .secret(SECRET)
         .frame_tags(ferry::FrameTags::Always)
         .transfer_timeout(Duration::from_secs(5))

@@ -40,7 +40,7 @@ async fn a_flood_of_idle_connections_and_a_chatty_peer_do_not_stop_a_real_transf
     const CAP: usize = 12;
     const FLOOD: usize = 40;
     const INBOX: usize = 256 << 10;
-    let decode = Engine::builder()
+    let decode = ferry::builder()
         .max_connections(CAP)
         .notification_bytes(INBOX as u64)
         .idle_timeout(Duration::from_secs(3))
@@ -197,7 +197,7 @@ async fn an_over_long_hello_is_refused_with_the_exact_error() {
 async fn an_idle_connection_is_closed_after_the_idle_timeout_and_its_peer_reconnects() {
     let logs = captured_logs();
     const IDLE: Duration = Duration::from_millis(400);
-    let decode = Engine::builder()
+    let decode = ferry::builder()
         .idle_timeout(IDLE)
         .transfer_timeout(Duration::from_secs(10))
         .build()
@@ -265,7 +265,7 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout_and_its_peer_reconn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_that_arrive_in_one_read_are_each_delivered_once() {
-    let decode = Engine::builder()
+    let decode = ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .build()
         .await
@@ -341,7 +341,7 @@ fn still_open(streams: &mut [TcpStream]) -> usize {
 
 /// The decode side of the flood tests: a cap of 12 peers, 16 strangers (8 a source).
 async fn flooded_decode(secret: Option<&[u8]>) -> Engine {
-    let mut builder = Engine::builder()
+    let mut builder = ferry::builder()
         .max_connections(12)
         .max_unauthenticated(16, 8)
         .handshake_timeout(Duration::from_secs(2))
@@ -385,7 +385,7 @@ async fn strangers_never_lock_out_a_real_peer(secret: Option<&'static [u8]>) {
         held
     });
 
-    let mut builder = Engine::builder().transfer_timeout(Duration::from_secs(10));
+    let mut builder = ferry::builder().transfer_timeout(Duration::from_secs(10));
     if let Some(secret) = secret {
         builder = builder.secret(secret);
     }

@@ -70,7 +70,7 @@ async fn a_protocol_violation_closes_every_link_to_the_peer() {
     let decode = engine().await;
     let _pool = decode.allocate(1 << 20).unwrap();
     let closed = Arc::new(AtomicBool::new(false));
-    let prefill = ferry::Engine::builder()
+    let prefill = ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .transport(Arc::new(Hostile {
             closed: Arc::clone(&closed),

@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_bytes_eq, engine, pattern, Pair};
 use ferry::metadata::MemoryStore;
-use ferry::{Engine, Error};
+use ferry::Error;
 use std::time::Duration;
 
 #[tokio::test]
@@ -298,14 +298,14 @@ async fn memory_registered_after_connect_is_found_by_refetching() {
 #[tokio::test]
 async fn engines_sharing_a_memory_store_find_each_other() {
     let store = MemoryStore::new();
-    let decode = Engine::builder()
+    let decode = ferry::builder()
         .metadata(store.clone())
         .build()
         .await
         .unwrap();
     let pool = decode.allocate(8192).unwrap();
     decode.publish().await.unwrap();
-    let prefill = Engine::builder().metadata(store).build().await.unwrap();
+    let prefill = ferry::builder().metadata(store).build().await.unwrap();
     let source = prefill.allocate(8192).unwrap();
     source.write_at(0, &pattern(3, 8192)).unwrap();
     let peer = prefill.connect(decode.name()).await.unwrap();
@@ -327,10 +327,10 @@ async fn engines_sharing_a_memory_store_find_each_other() {
 
 #[test]
 fn blocking_callers_need_no_runtime() {
-    let decode = Engine::builder().build_blocking().unwrap();
+    let decode = ferry::builder().build_blocking().unwrap();
     let pool = decode.allocate(1 << 20).unwrap();
     let mut inbox = decode.notifications().unwrap();
-    let prefill = Engine::builder()
+    let prefill = ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .build_blocking()
         .unwrap();
@@ -382,7 +382,7 @@ async fn blocking_calls_on_a_runtime_thread_refuse_instead_of_panicking() {
     let pair = Pair::new(4096, 4096).await;
     let mut inbox = pair.decode.notifications().unwrap();
     assert_refused(
-        Engine::builder().build_blocking(),
+        ferry::builder().build_blocking(),
         "EngineBuilder::build_blocking",
         "EngineBuilder::build",
     );
@@ -447,9 +447,9 @@ async fn blocking_calls_on_a_runtime_thread_refuse_instead_of_panicking() {
 
 #[test]
 fn a_spinning_wait_returns_the_completion_whether_or_not_the_spin_outlasts_the_transfer() {
-    let decode = Engine::builder().build_blocking().unwrap();
+    let decode = ferry::builder().build_blocking().unwrap();
     let pool = decode.allocate(1 << 20).unwrap();
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = ferry::builder().build_blocking().unwrap();
     let source = prefill.allocate(1 << 20).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
     for (round, spin) in [Duration::ZERO, Duration::from_millis(50)]
@@ -517,8 +517,9 @@ async fn notifications_on_one_host_take_shared_memory_and_tcp_where_the_peer_has
     assert_eq!(pair.peer.notifications_through(), Some("nvlink"));
 
     // An engine without the GPU links serves no fd socket, so nothing takes a ring there.
-    let plain = Engine::builder()
+    let plain = ferry::Links::default()
         .gpu_links(false)
+        .builder()
         .transfer_timeout(Duration::from_secs(10))
         .build()
         .await

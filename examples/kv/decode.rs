@@ -38,7 +38,7 @@ pub(crate) fn run(args: DecodeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     let shape = &args.shape;
     shape.validate()?;
     let mut builder = args.secret.apply(
-        ferry::Engine::builder()
+        ferry::builder()
             .listen(args.listen.clone())
             .metadata(ferry::metadata::from_url(&shape.metadata)?),
     )?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// An engine on loopback with a short timeout, so a failure cannot stall the suite.
 pub(crate) async fn engine() -> Engine {
-    Engine::builder()
+    ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .build()
         .await

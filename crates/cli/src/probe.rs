@@ -12,9 +12,12 @@ pub(crate) fn run(
     print!("{}", ferry::probe::machine()?);
     if let Some(name) = peer {
         let engine = secret
-            .apply(ferry::Engine::builder())?
+            .apply(
+                ferry::Links::default()
+                    .nvlink(socket_dir.config(ferry::NvlinkConfig::default()))
+                    .builder(),
+            )?
             .metadata(ferry::metadata::from_url(metadata)?)
-            .nvlink(socket_dir.config(ferry::NvlinkConfig::default()))
             .build_blocking()?;
         print!("{}", ferry::probe::routes(&engine, name)?);
     }

@@ -67,10 +67,11 @@ pub(crate) fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
         .map(|address| crate::metrics_endpoint::install(address, options.metrics_public))
         .transpose()?;
     let mut builder = options.secret.apply(
-        ferry::Engine::builder()
-            .listen(options.listen.clone())
+        ferry::Links::default()
             .gpu_links(!options.no_gpu_links)
             .nvlink(options.socket_dir.config(ferry::NvlinkConfig::default()))
+            .builder()
+            .listen(options.listen.clone())
             .metadata(ferry::metadata::from_url(&options.metadata)?),
     )?;
     if let Some(host) = &options.advertise {

@@ -26,7 +26,7 @@ fn two_gpus() {
 }
 
 fn engine() -> Engine {
-    Engine::builder()
+    ferry::builder()
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .expect("engine starts")
@@ -294,18 +294,15 @@ fn a_peer_killed_mid_transfer_fails_the_transfer_and_the_survivor_goes_on() {
 #[test]
 fn the_fabric_probe_reports_what_the_driver_said() {
     for gpu in 0..gpus() {
-        match ferry::transport::probe_fabric(gpu) {
-            ferry::transport::FabricSupport::Permitted => {}
-            ferry::transport::FabricSupport::Refused(error) => {
+        match ferry::probe::fabric(gpu) {
+            ferry::probe::FabricSupport::Permitted => {}
+            ferry::probe::FabricSupport::Refused(error) => {
                 assert_eq!(error.call, "cuMemCreate(FABRIC)", "{error}");
                 assert!(!error.name.is_empty(), "{error}");
             }
         }
         // The answer is probed once and then remembered.
-        assert_eq!(
-            ferry::transport::probe_fabric(gpu),
-            ferry::transport::probe_fabric(gpu)
-        );
+        assert_eq!(ferry::probe::fabric(gpu), ferry::probe::fabric(gpu));
     }
 }
 
@@ -405,7 +402,7 @@ fn vmm_memory_crosses_nvlink_between_engines_sharing_a_secret() {
         &[],
     );
     std::fs::remove_file(&path).unwrap();
-    let engine = Engine::builder()
+    let engine = ferry::builder()
         .secret(SECRET)
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
@@ -436,12 +433,13 @@ fn vmm_memory_crosses_nvlink_between_engines_sharing_a_secret() {
 }
 
 fn engine_with(path: ferry::CopyPath) -> Engine {
-    Engine::builder()
-        .transfer_timeout(Duration::from_secs(20))
+    ferry::Links::default()
         .nvlink(ferry::NvlinkConfig {
             copy_path: path,
             ..ferry::NvlinkConfig::default()
         })
+        .builder()
+        .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .expect("engine starts")
 }
@@ -777,11 +775,12 @@ fn a_notification_the_gpu_publishes_follows_its_data_and_keeps_its_place() {
     };
     let mut landed = vec![0u8; DATA as usize];
     for (max_bytes, published_by_gpu) in [(DATA, true), (DATA - 1, false)] {
-        let prefill = Engine::builder()
+        let prefill = ferry::Links::default()
             .nvlink(ferry::NvlinkConfig {
                 gpu_notification_max_bytes: max_bytes,
                 ..Default::default()
             })
+            .builder()
             .transfer_timeout(Duration::from_secs(20))
             .build_blocking()
             .unwrap();
@@ -1079,8 +1078,9 @@ fn a_block_copy_after_an_event_moves_nothing_before_it_fires() {
     const AREA: u64 = BLOCK * BLOCKS as u64;
     for (gpu_links, transport) in [(true, "nvlink"), (false, "tcp")] {
         let engine = || {
-            Engine::builder()
+            ferry::Links::default()
                 .gpu_links(gpu_links)
+                .builder()
                 .transfer_timeout(Duration::from_secs(20))
                 .build_blocking()
                 .expect("engine starts")
@@ -1154,8 +1154,9 @@ fn gpu_memory_crosses_tcp_staged_through_pinned_buffers() {
     let remote_gpu = if gpus() >= 2 { "1" } else { "0" };
     const AREA: usize = 48 << 20;
     let target = ServeProcess::start_with(AREA, &["--gpu", remote_gpu], &[]);
-    let engine = Engine::builder()
+    let engine = ferry::Links::default()
         .gpu_links(false)
+        .builder()
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .unwrap();
@@ -1276,7 +1277,7 @@ fn good_transfer_follows(engine: &Engine, source: &ferry::Region, target: &Serve
 }
 
 fn engine_asking(store: &std::sync::Arc<CraftedPeers>) -> Engine {
-    Engine::builder()
+    ferry::builder()
         .metadata(std::sync::Arc::clone(store) as std::sync::Arc<dyn ferry::metadata::MetadataStore>)
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
@@ -1436,8 +1437,9 @@ fn thousands_of_tiny_gpu_entries_cross_tcp_through_shared_staging_chunks() {
     const STRIDE: u64 = 256;
     const AREA: usize = (ENTRIES * STRIDE) as usize + 4096;
     let target = ServeProcess::start_with(AREA, &["--gpu", "0"], &[]);
-    let engine = Engine::builder()
+    let engine = ferry::Links::default()
         .gpu_links(false)
+        .builder()
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .unwrap();

@@ -3,7 +3,6 @@
 mod common;
 
 use common::{ferry_bin, ServeProcess};
-use ferry::Engine;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -51,7 +50,7 @@ fn sample(body: &str, metric: &str, label: &str) -> Option<f64> {
 
 /// An engine of this process writes 8 KiB into `serve`'s buffer.
 fn write_8_kib_to(serve: &ServeProcess) {
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = ferry::builder().build_blocking().unwrap();
     let source = prefill.allocate(8192).unwrap();
     let peer = prefill.connect_blocking(&serve.name).unwrap();
     prefill

@@ -54,7 +54,7 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_quickly() {
 #[test]
 fn a_peer_replaced_by_a_new_process_is_closed_and_reopened_afresh() {
     let first = ServeProcess::start(1 << 20);
-    let prefill = ferry::Engine::builder()
+    let prefill = ferry::builder()
         .liveness_interval(Duration::from_millis(100))
         .transfer_timeout(Duration::from_secs(10))
         .build_blocking()

@@ -4,7 +4,7 @@
 mod common;
 
 use common::ServeProcess;
-use ferry::{AuthFailure, Engine, Error};
+use ferry::{AuthFailure, Error};
 use ferry_core::wire::{self, Header, Hello, Kind};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,7 +41,7 @@ fn notify_claiming(
 #[test]
 fn echo_answers_the_configured_engine_and_never_the_claimed_sender() {
     // The engine the operator named, and a third listener a hostile sender names instead.
-    let named = Engine::builder().build_blocking().unwrap();
+    let named = ferry::builder().build_blocking().unwrap();
     let mut inbox = named.notifications().unwrap();
     let third = TcpListener::bind("127.0.0.1:0").unwrap();
     third.set_nonblocking(true).unwrap();
@@ -75,14 +75,14 @@ fn secret_file_guards_serve() {
     std::fs::remove_file(&path).unwrap();
 
     // The file's final newline is not part of the secret.
-    let same = Engine::builder()
+    let same = ferry::builder()
         .secret(b"serve-secret-0123456789abcdef".to_vec())
         .build_blocking()
         .unwrap();
     let peer = same.connect_blocking(&serve.name).unwrap();
     assert_eq!(peer.buffers()[0].addr, serve.buffer_addr);
 
-    let without = Engine::builder().build_blocking().unwrap();
+    let without = ferry::builder().build_blocking().unwrap();
     match without.connect_blocking(&serve.name) {
         Err(Error::Unauthenticated { reason, .. }) => {
             assert_eq!(reason, AuthFailure::NoLocalSecret)
@@ -94,7 +94,7 @@ fn secret_file_guards_serve() {
 #[test]
 fn echo_answers_the_engine_its_parent_names_on_stdin() {
     use std::io::BufRead;
-    let named = Engine::builder().build_blocking().unwrap();
+    let named = ferry::builder().build_blocking().unwrap();
     let mut inbox = named.notifications().unwrap();
     let mut child = std::process::Command::new(common::ferry_bin())
         .args(["serve", "--bytes", "4096", "--echo"])

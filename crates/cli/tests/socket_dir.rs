@@ -4,7 +4,6 @@
 
 mod common;
 
-use ferry::Engine;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
@@ -51,7 +50,7 @@ fn serve_binds_its_socket_file_in_the_directory_and_removes_it_as_it_exits() {
     let mode = std::fs::metadata(&found[0]).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o666, "with a secret every user may connect");
     // Its descriptor publishes the file as the nvlink endpoint.
-    let engine = Engine::builder()
+    let engine = ferry::builder()
         .secret(SECRET.as_bytes().to_vec())
         .build_blocking()
         .unwrap();

@@ -44,7 +44,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn engine_on(url: &str) -> Engine {
-    Engine::builder()
+    ferry::builder()
         .metadata(ferry::metadata::from_url(url).expect("store URL"))
         .liveness_interval(Duration::from_millis(100))
         .transfer_timeout(Duration::from_secs(10))
@@ -208,7 +208,7 @@ fn an_unreachable_store_fails_the_engine_start_naming_the_url() {
     }
     for url in urls {
         let started = Instant::now();
-        let outcome = Engine::builder()
+        let outcome = ferry::builder()
             .metadata(ferry::metadata::from_url(url).unwrap())
             .build_blocking();
         match outcome {

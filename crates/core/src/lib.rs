@@ -1,27 +1,30 @@
 //! ferry-core: the engine, memory registration, engine descriptors, the wire protocol, the TCP
 //! transport and the CUDA layer of ferry.
 //!
-//! Most users want the `ferry` crate, which re-exports this one. The model:
+//! Most users want the `ferry` crate, which re-exports this one and starts engines with every
+//! transport of its build (`ferry::builder()`). The model:
 //!
-//! 1. **Register** memory with an [`Engine`]: [`Engine::register`] for memory you already have,
+//! 1. **Build** an [`Engine`] with an [`EngineBuilder`] and the [`TransportSet`] it gets
+//!    besides TCP; [`TcpOnly`] adds none.
+//! 2. **Register** memory with an [`Engine`]: [`Engine::register`] for memory you already have,
 //!    [`Engine::allocate`] for a fresh host buffer. Each registration becomes a [`Region`]
 //!    and is listed in the engine's [`SegmentDescriptor`].
-//! 2. **Connect** to a peer by name ([`Engine::connect`]); by default the name is the peer's
+//! 3. **Connect** to a peer by name ([`Engine::connect`]); by default the name is the peer's
 //!    `host:port`, and its descriptor is fetched from its own listener ([`PeerToPeer`]).
-//! 3. **Batch** reads and writes ([`Engine::batch`]), optionally with a notification that the
+//! 4. **Batch** reads and writes ([`Engine::batch`]), optionally with a notification that the
 //!    peer receives only after the data is visible ([`Engine::notifications`]).
-//! 4. **Complete**: the [`Transfer`] future resolves when every byte has landed, or fails with
+//! 5. **Complete**: the [`Transfer`] future resolves when every byte has landed, or fails with
 //!    an [`Error`] that says what to do. Ranges are checked on both sides before bytes move.
 //!
 //! ```
 //! # fn main() -> Result<(), ferry_core::Error> {
-//! use ferry_core::Engine;
+//! use ferry_core::{EngineBuilder, TcpOnly};
 //!
-//! let decode = Engine::builder().build_blocking()?;
+//! let decode = EngineBuilder::new(TcpOnly).build_blocking()?;
 //! let kv = decode.allocate(1 << 20)?;
 //! let mut inbox = decode.notifications()?;
 //!
-//! let prefill = Engine::builder().build_blocking()?;
+//! let prefill = EngineBuilder::new(TcpOnly).build_blocking()?;
 //! let source = prefill.allocate(1 << 20)?;
 //! source.write_at(0, &[7u8; 4096])?;
 //! let peer = prefill.connect_blocking(decode.name())?;
@@ -70,7 +73,7 @@ pub use blocks::{BlockCopy, BlockLayout, BlockOps, BlockPoolOp};
 pub use descriptor::{
     BufferDescriptor, Endpoint, Export, HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION,
 };
-pub use engine::{Engine, EngineBuilder};
+pub use engine::{Engine, EngineBuilder, TcpOnly, TransportSet};
 pub use error::{
     AuthFailure, Error, ProtocolViolation, RangeError, Refusal, RegistrationProblem, Result, Side,
 };

@@ -50,7 +50,9 @@ mod tests {
 
     #[test]
     fn only_engines_of_this_process_and_their_registrations_are_local() {
-        let engine = crate::Engine::builder().build_blocking().unwrap();
+        let engine = crate::EngineBuilder::new(crate::TcpOnly)
+            .build_blocking()
+            .unwrap();
         let region = engine.allocate(4096).unwrap();
         let instance = engine.descriptor().instance;
         assert!(is_local_engine(instance));

@@ -61,9 +61,13 @@ impl Engine {
 mod tests {
     #[test]
     fn host_memory_routes_over_tcp_and_says_why_others_decline() {
-        let decode = crate::Engine::builder().build_blocking().unwrap();
+        let decode = crate::EngineBuilder::new(crate::TcpOnly)
+            .build_blocking()
+            .unwrap();
         let _pool = decode.allocate(4096).unwrap();
-        let prefill = crate::Engine::builder().build_blocking().unwrap();
+        let prefill = crate::EngineBuilder::new(crate::TcpOnly)
+            .build_blocking()
+            .unwrap();
         let local = prefill.allocate(4096).unwrap();
         let peer = prefill.connect_blocking(decode.name()).unwrap();
         let routes = prefill.routes(&local, &peer);

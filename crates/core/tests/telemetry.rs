@@ -7,7 +7,7 @@ use ferry_core::telemetry::{
     NOTIFICATIONS_RECEIVED, NOTIFICATIONS_SENT, NOTIFY_FIELD_CHARS, SERVED_BYTES, TRANSFERS,
     TRANSFER_BYTES, TRANSFER_FAILURES, TRANSFER_SECONDS,
 };
-use ferry_core::{Engine, Error, RangeError};
+use ferry_core::{EngineBuilder, Error, RangeError, TcpOnly};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use parking_lot::Mutex;
@@ -80,10 +80,10 @@ fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
 #[test]
 fn a_tcp_transfer_counts_its_bytes_and_its_notification_by_transport_and_peer() {
     recorder();
-    let decode = Engine::builder().build_blocking().unwrap();
+    let decode = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let kv = decode.allocate(1 << 20).unwrap();
     let mut inbox = decode.notifications().unwrap();
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let source = prefill.allocate(1 << 20).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
 
@@ -128,9 +128,9 @@ fn a_tcp_transfer_counts_its_bytes_and_its_notification_by_transport_and_peer() 
 #[test]
 fn a_failed_transfer_counts_its_error_kind_for_its_peer() {
     recorder();
-    let decode = Engine::builder().build_blocking().unwrap();
+    let decode = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let kv = decode.allocate(4096).unwrap();
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let source = prefill.allocate(8192).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
 
@@ -272,9 +272,9 @@ impl Subscriber for Forward {
 #[test]
 fn a_transfer_runs_in_a_span_naming_its_peer_bytes_and_cut_notification() {
     let spans = spans();
-    let decode = Engine::builder().build_blocking().unwrap();
+    let decode = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let kv = decode.allocate(4096).unwrap();
-    let prefill = Engine::builder().build_blocking().unwrap();
+    let prefill = EngineBuilder::new(TcpOnly).build_blocking().unwrap();
     let source = prefill.allocate(4096).unwrap();
     let peer = prefill.connect_blocking(decode.name()).unwrap();
     let mut payload = vec![0xff];

@@ -2,7 +2,9 @@
 //! model: each engine's "host" has its own NICs, and the model's NICs read and write the
 //! memory the engines registered. Nothing here touches RDMA hardware.
 
-use ferry_core::{BlockCopy, Engine, Error, Location, Peer, Region, RegionInfo, Transport};
+use ferry_core::{
+    BlockCopy, Engine, EngineBuilder, Error, Location, Peer, Region, RegionInfo, TcpOnly, Transport,
+};
 use ferry_rdma::model::{Fabric, HostConfig, HostMemory, ModelVerbs};
 use ferry_rdma::{DmaBufRange, DmaBufSource, Gid, RdmaConfig, RdmaTransport, VerbsError};
 use parking_lot::Mutex;
@@ -141,13 +143,13 @@ impl Side {
         fabric: &Fabric,
         host: HostConfig,
         config: RdmaConfig,
-        tune: impl FnOnce(ferry_core::EngineBuilder) -> ferry_core::EngineBuilder,
+        tune: impl FnOnce(EngineBuilder) -> EngineBuilder,
     ) -> Side {
         let memory = TestMemory::default();
         let verbs = fabric.add_host_with_memory(host, Box::new(memory.clone()));
         let transport = RdmaTransport::new(verbs.clone(), config, Arc::new(FileDmaBuf));
         assert_eq!(transport.unavailable(), None, "the model host has NICs");
-        let builder = Engine::builder()
+        let builder = EngineBuilder::new(TcpOnly)
             .transfer_timeout(Duration::from_secs(10))
             .transport(Arc::new(transport));
         let engine = tune(builder).build().await.expect("engine starts");
@@ -540,7 +542,7 @@ async fn without_rdma_devices_the_transport_says_why_and_transfers_use_tcp() {
     let transport = RdmaTransport::new(verbs, config(), Arc::new(FileDmaBuf));
     let reason = transport.unavailable().expect("no device").to_owned();
     assert!(reason.contains("no RDMA device"), "{reason}");
-    let decode = Engine::builder()
+    let decode = EngineBuilder::new(TcpOnly)
         .transport(Arc::new(transport))
         .build()
         .await
@@ -580,9 +582,8 @@ async fn without_rdma_devices_the_transport_says_why_and_transfers_use_tcp() {
 async fn with_a_secret_queue_pairs_come_up_after_authenticating_and_anonymous_requests_are_refused()
 {
     let fabric = Fabric::new();
-    let secret = |builder: ferry_core::EngineBuilder| {
-        builder.secret(b"a shared secret of some length".to_vec())
-    };
+    let secret =
+        |builder: EngineBuilder| builder.secret(b"a shared secret of some length".to_vec());
     let decode = Side::build(&fabric, roce(2, 1), config(), secret).await;
     let prefill = Side::build(&fabric, roce(1, 1), config(), secret).await;
     let (_pool, pool_addr) = decode.region(1 << 20, 0);
@@ -635,8 +636,7 @@ async fn with_a_secret_queue_pairs_come_up_after_authenticating_and_anonymous_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_stuck_in_the_fabric_times_out_and_its_work_is_flushed() {
     let fabric = Fabric::new();
-    let short =
-        |builder: ferry_core::EngineBuilder| builder.transfer_timeout(Duration::from_millis(300));
+    let short = |builder: EngineBuilder| builder.transfer_timeout(Duration::from_millis(300));
     let decode = Side::build(&fabric, roce(2, 1), config(), short).await;
     let prefill = Side::build(&fabric, roce(1, 1), config(), short).await;
     let (_pool, pool_addr) = decode.region(1 << 20, 0);

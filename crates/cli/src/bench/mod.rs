@@ -24,7 +24,7 @@ use crate::serve_child::ServeChild;
 use ferry::cuda::{Context, DeviceBuffer, Gemm, GemmRate, Stream};
 use ferry::transport::{Reach, RDMA, TCP};
 use ferry::{
-    BlockCopy, BlockLayout, BufferDescriptor, Completion, CopyPath, Direction, Engine,
+    BlockCopy, BlockLayout, BufferDescriptor, Completion, CopyPath, Direction, Engine, Links,
     Notifications, NvlinkConfig, Peer, Region,
 };
 use futures::FutureExt;

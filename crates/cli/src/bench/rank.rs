@@ -12,7 +12,7 @@ use super::workload::{random_bytes, Paged};
 use super::{now_ns, BoxError};
 use ferry::tp::{HeadSlice, HeadSplit};
 use ferry::{
-    BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Engine, NvlinkConfig, Peer, Region,
+    BlockCopy, BlockLayout, BufferDescriptor, CopyPath, Engine, Links, NvlinkConfig, Peer, Region,
 };
 use std::fmt::Write as _;
 use std::io::{BufRead, Write};
@@ -113,19 +113,19 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         paged: super::workload::llama(options.seed),
     };
     sharded.split.validate()?;
+    let links = Links::default().nvlink(options.socket_dir.config(NvlinkConfig {
+        streams_per_gpu: options.streams.max(1),
+        copy_path: options.path,
+        kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
+        kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
+        kernel_max_sms: options.kernel_max_sms,
+        ..NvlinkConfig::default()
+    }));
     let engine = options
         .secret
-        .apply(Engine::builder())?
+        .apply(links.builder())?
         .metadata(ferry::metadata::from_url(&options.metadata)?)
         .transfer_timeout(Duration::from_secs(60))
-        .nvlink(options.socket_dir.config(NvlinkConfig {
-            streams_per_gpu: options.streams.max(1),
-            copy_path: options.path,
-            kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
-            kernel_chunk_bytes: options.kernel_chunk_bytes.max(16),
-            kernel_max_sms: options.kernel_max_sms,
-            ..NvlinkConfig::default()
-        }))
         .build_blocking()?;
     let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;
     let sent = fill(&pools, &sharded, options.data_seed)?;

@@ -2,7 +2,7 @@
 //! transport and rdma-core lists a device here. A machine without RDMA gets one clear message
 //! instead of a run whose transfers would fall back to TCP.
 
-use ferry::transport::rdma_probe;
+use ferry::probe::RdmaPortState;
 
 /// `ferry bench --rdma` cannot run with this build or on this host.
 #[derive(Debug, thiserror::Error)]
@@ -20,11 +20,11 @@ pub(crate) enum NoRdma {
 
 /// The line rate of this host's fastest active RDMA port, GB/s, when a port reports it.
 pub(crate) fn line_rate_gbps() -> Option<f64> {
-    let devices = rdma_probe().devices.ok()?;
+    let devices = ferry::probe::rdma().devices.ok()?;
     devices
         .iter()
         .flat_map(|device| &device.ports)
-        .filter(|port| matches!(port.state, ferry::transport::RdmaPortState::Active))
+        .filter(|port| matches!(port.state, RdmaPortState::Active))
         .filter_map(|port| port.line_rate_mbps)
         .max()
         .map(|mbps| mbps as f64 / 8_000.0)
@@ -35,7 +35,7 @@ pub(crate) fn check() -> Result<(), NoRdma> {
     if !cfg!(feature = "rdma") {
         return Err(NoRdma::NotBuilt);
     }
-    refusal(&rdma_probe().devices).map_or(Ok(()), Err)
+    refusal(&ferry::probe::rdma().devices).map_or(Ok(()), Err)
 }
 
 /// Why the probe's device list rules RDMA out: its reason, or an empty list.

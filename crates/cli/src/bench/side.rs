@@ -79,12 +79,8 @@ impl Side {
         decode: &mut ServeChild,
     ) -> Result<Side, BoxError> {
         let only = options.only_transport();
-        let builder = options
-            .secret
-            .apply(Engine::builder())?
-            .metadata(ferry::metadata::from_url(&options.metadata)?)
+        let links = Links::default()
             .gpu_links(only.is_none())
-            .transfer_timeout(Duration::from_secs(60))
             .nvlink(options.socket_dir.config(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
@@ -97,9 +93,13 @@ impl Side {
             }));
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
-        let builder =
-            builder.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));
-        let engine = builder.build_blocking()?;
+        let links = links.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));
+        let engine = options
+            .secret
+            .apply(links.builder())?
+            .metadata(ferry::metadata::from_url(&options.metadata)?)
+            .transfer_timeout(Duration::from_secs(60))
+            .build_blocking()?;
         let gpu = (!options.host).then_some(options.prefill_gpu);
         let allocate = |bytes: u64| match gpu {
             Some(gpu) => engine.allocate_device(gpu, bytes),

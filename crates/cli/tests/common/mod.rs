@@ -14,7 +14,7 @@ pub(crate) fn ferry_bin() -> String {
 
 /// An engine on loopback with a short timeout, so a failure cannot stall the suite.
 pub(crate) async fn engine() -> Engine {
-    Engine::builder()
+    ferry::builder()
         .transfer_timeout(Duration::from_secs(10))
         .build()
         .await

@@ -1,7 +1,7 @@
 //! Configuring and starting an engine: its listener, runtime, transports and first publish.
 
 use super::liveness::{republish_on_change, watch_peers};
-use super::{Engine, EngineInner};
+use super::{Engine, EngineInner, TransportSet};
 use crate::auth::{Secret, SECRET_ENV};
 use crate::cuda::Driver;
 use crate::descriptor::{HostIdentity, SegmentDescriptor, DESCRIPTOR_VERSION};
@@ -21,7 +21,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-/// Configures and starts an [`Engine`]. Made by [`Engine::builder`].
+/// Configures and starts an [`Engine`]. Made by [`Self::new`] with the build's
+/// [`TransportSet`]; the `ferry` crate's `ferry::builder()` gives one with every link of its
+/// build.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct EngineBuilder {
     listen: String,
@@ -38,14 +40,17 @@ pub struct EngineBuilder {
     handshake_timeout: Duration,
     idle_timeout: Duration,
     metadata: Option<Arc<dyn MetadataStore>>,
+    links: Box<dyn TransportSet>,
     transports: Vec<Arc<dyn Transport>>,
     liveness_interval: Duration,
     secret: Option<Vec<u8>>,
     frame_tags: FrameTags,
 }
 
-impl Default for EngineBuilder {
-    fn default() -> Self {
+impl EngineBuilder {
+    /// A builder with the defaults (listen on `127.0.0.1:0`, peer-to-peer metadata) whose
+    /// engine has TCP and the transports of `links`.
+    pub fn new(links: impl TransportSet + 'static) -> Self {
         EngineBuilder {
             listen: "127.0.0.1:0".into(),
             advertise: None,
@@ -61,15 +66,14 @@ impl Default for EngineBuilder {
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(300),
             metadata: None,
+            links: Box::new(links),
             transports: Vec::new(),
             liveness_interval: Duration::from_secs(2),
             secret: None,
             frame_tags: FrameTags::default(),
         }
     }
-}
 
-impl EngineBuilder {
     /// Address of the control listener, `127.0.0.1:0` by default (loopback, any free port).
     /// Listen on `0.0.0.0:PORT` to accept peers from other hosts, with [`Self::advertise`].
     pub fn listen(mut self, address: impl Into<String>) -> Self {
@@ -203,7 +207,14 @@ impl EngineBuilder {
         self
     }
 
-    /// Adds a transport besides TCP, which every engine has.
+    /// Replaces the set of transports the engine gets besides TCP, given to [`Self::new`].
+    pub fn links(mut self, links: impl TransportSet + 'static) -> Self {
+        self.links = Box::new(links);
+        self
+    }
+
+    /// Adds a transport of the caller's own, besides TCP and those of the builder's
+    /// [`TransportSet`].
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transports.push(transport);
         self
@@ -245,6 +256,8 @@ impl EngineBuilder {
     }
 
     fn start(self) -> Result<(Engine, tokio::task::JoinHandle<Result<()>>)> {
+        let mut transports: Vec<Arc<dyn Transport>> = self.transports;
+        transports.extend(self.links.transports());
         log_driver_once();
         let secret = match self.secret {
             Some(bytes) => Some(Secret::new(bytes)?),
@@ -303,7 +316,6 @@ impl EngineBuilder {
             frame_tags: self.frame_tags,
         });
         let control: Arc<dyn Transport> = tcp;
-        let mut transports: Vec<Arc<dyn Transport>> = self.transports;
         transports.push(Arc::clone(&control));
         let (inbox, receiver, inbox_held) = Inbox::new(self.inbox_capacity, self.inbox_bytes);
         let listener = {

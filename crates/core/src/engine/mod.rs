@@ -3,12 +3,15 @@
 //! so callers with or without an async runtime use it alike.
 //!
 //! This module holds the API ([`Engine`]) and the state its handles share; [`builder`] starts an
-//! engine, and [`liveness`] keeps its descriptor published and its peers current.
+//! engine with the transports of a [`TransportSet`] ([`transport_set`]), and [`liveness`] keeps
+//! its descriptor published and its peers current.
 
 mod builder;
 mod liveness;
+mod transport_set;
 
 pub use builder::EngineBuilder;
+pub use transport_set::{TcpOnly, TransportSet};
 
 use crate::batch::{Batch, BatchEngine, Spares};
 use crate::cuda::{Context, DeviceBuffer, Driver, MemoryKind};
@@ -159,7 +162,8 @@ impl BatchEngine for EngineInner {
     }
 }
 
-/// A ferry engine: registers memory, opens peers and moves bytes between them.
+/// A ferry engine: registers memory, opens peers and moves bytes between them. Started by an
+/// [`EngineBuilder`] (`ferry::builder()` gives one with every transport of the `ferry` build).
 ///
 /// One per process is the intended use. It runs its network I/O on its own threads, so its
 /// futures can be awaited from any executor, and the `*_blocking` methods serve callers without
@@ -172,11 +176,6 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// A builder with the defaults: listen on `127.0.0.1:0`, peer-to-peer metadata, TCP.
-    pub fn builder() -> EngineBuilder {
-        EngineBuilder::default()
-    }
-
     /// This engine's segment name: `host:port` of its listener. Peers connect with it.
     pub fn name(&self) -> &str {
         &self.inner.name

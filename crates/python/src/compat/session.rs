@@ -90,13 +90,9 @@ impl Session {
         timeout: Duration,
         rdma: RdmaChoice,
     ) -> Result<Session, String> {
-        let builder = Engine::builder()
-            .listen(listen)
-            .advertise(host)
-            .metadata(store)
-            .transfer_timeout(timeout);
+        let links = ferry::Links::default();
         #[cfg(feature = "rdma")]
-        let builder = builder.rdma(rdma.devices.map(|devices| ferry::RdmaConfig {
+        let links = links.rdma(rdma.devices.map(|devices| ferry::RdmaConfig {
             devices,
             ..ferry::RdmaConfig::default()
         }));
@@ -104,7 +100,12 @@ impl Session {
         if rdma.devices.is_some_and(|devices| devices.is_some()) {
             tracing::warn!("this ferry_kv was built without RDMA, so device_name is ignored: build the wheel with `--features rdma`");
         }
-        let engine = builder
+        let engine = links
+            .builder()
+            .listen(listen)
+            .advertise(host)
+            .metadata(store)
+            .transfer_timeout(timeout)
             .build_blocking()
             .map_err(|error| error.to_string())?;
         let inbox = engine.notifications().map_err(|error| error.to_string())?;

@@ -51,19 +51,20 @@ impl Engine {
     ) -> PyResult<Self> {
         let store = ferry::metadata::from_url(metadata)
             .map_err(|error| FerryError::new_err(format!("metadata `{metadata}`: {error}")))?;
-        let mut builder = ferry::Engine::builder()
+        let mut links = ferry::Links::default().gpu_links(gpu_links);
+        if let Some(dir) = socket_dir {
+            links = links.nvlink(ferry::NvlinkConfig::default().socket_dir(dir));
+        }
+        let mut builder = links
+            .builder()
             .listen(listen)
             .metadata(store)
-            .transfer_timeout(duration(transfer_timeout, "transfer_timeout")?)
-            .gpu_links(gpu_links);
+            .transfer_timeout(duration(transfer_timeout, "transfer_timeout")?);
         if let Some(host) = advertise {
             builder = builder.advertise(host);
         }
         if let Some(secret) = secret {
             builder = builder.secret(secret);
-        }
-        if let Some(dir) = socket_dir {
-            builder = builder.nvlink(ferry::NvlinkConfig::default().socket_dir(dir));
         }
         let engine = py.detach(|| builder.build_blocking()).map_err(to_py)?;
         Ok(Engine {
