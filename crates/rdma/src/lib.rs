@@ -46,13 +46,15 @@ pub use self::sideway::{SidewayContext, SidewayCq, SidewayMr, SidewayPd, Sideway
 pub use device::{DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::VerbsError;
 pub use memory::{AccessFlags, MrKeys};
-pub use probe::{probe, RdmaProbe};
+pub use probe::{probe, RdmaProbe, RdmaUnavailable};
 pub use qp::{
     AddressVector, GlobalRoute, InitAttr, Psn, QpCaps, QpEndpoint, QpState, QpTransition, RtrAttr,
     RtsAttr,
 };
 pub use topology::{NicChoice, PathClass, Topology};
-pub use transport::{CudaGpus, DmaBufRange, DmaBufSource, RdmaConfig, RdmaTransport, RDMA};
+pub use transport::{
+    CudaGpus, DmaBufRange, DmaBufSource, NoDmaBuf, NoUsableNic, RdmaConfig, RdmaTransport, RDMA,
+};
 pub use verbs::Verbs;
 pub use work::{
     RecvRequest, RemoteSegment, SendOpcode, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,

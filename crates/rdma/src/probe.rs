@@ -5,15 +5,33 @@ use std::fmt;
 use std::path::Path;
 
 use crate::device::{DeviceInfo, LinkLayer, PortInfo, PortState};
+use crate::error::VerbsError;
 use crate::topology::Topology;
 
 /// The caveat every probe states, whatever it found.
 const UNTESTED: &str = "RDMA: note: ferry's RDMA data path has been tested only against an \
                         in-memory verbs model, not on RDMA hardware";
 
-/// Why a build without the `sideway` feature has no RDMA.
-#[cfg(not(feature = "sideway"))]
-const NOT_BUILT: &str = "this build has no RDMA support: rebuild with `--features rdma`";
+/// Why RDMA cannot be used on this host, or by this build ([`RdmaProbe::devices`]): what is
+/// missing and what would provide it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RdmaUnavailable {
+    /// The build has no RDMA support (no `sideway` feature, which the facade's `rdma` turns on).
+    #[error("this build has no RDMA support: rebuild with `--features rdma`")]
+    NotBuilt,
+    /// rdma-core, its kernel support, access to `/dev/infiniband` or a device is missing:
+    /// the reason rdma-core's loader gives ([`VerbsError::Unsupported`] for "RDMA"), which
+    /// names what is missing and what provides it.
+    #[error("{reason}")]
+    Missing {
+        /// What is missing and what provides it.
+        reason: String,
+    },
+    /// Listing or describing the devices failed otherwise.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+}
 
 /// What [`probe`] found. Its `Display` is the RDMA section of `ferry probe`: a table of devices
 /// and ports, then the NIC chosen for each GPU when there are GPUs; or one line
@@ -25,7 +43,7 @@ pub struct RdmaProbe {
     /// The devices rdma-core lists, with their ports and GID tables; or why RDMA cannot be used
     /// here, saying what is missing (a build without RDMA support, rdma-core, the kernel
     /// module, access to `/dev/infiniband`, a device) and what would provide it.
-    pub devices: Result<Vec<DeviceInfo>, String>,
+    pub devices: Result<Vec<DeviceInfo>, RdmaUnavailable>,
     /// The devices' places on the PCI tree and the NIC chosen for each GPU this process sees,
     /// in CUDA's order, as the transport chooses them (from sysfs under `/`); `None` when no
     /// device is listed or no GPU is seen.
@@ -39,7 +57,7 @@ pub fn probe() -> RdmaProbe {
     #[cfg(feature = "sideway")]
     let devices = crate::sideway::devices_or_reason();
     #[cfg(not(feature = "sideway"))]
-    let devices: Result<Vec<DeviceInfo>, String> = Err(NOT_BUILT.to_owned());
+    let devices: Result<Vec<DeviceInfo>, RdmaUnavailable> = Err(RdmaUnavailable::NotBuilt);
     let placement = match &devices {
         Ok(listed) if !listed.is_empty() => place(Path::new("/"), listed, &cuda_gpus()),
         _ => None,
@@ -188,7 +206,9 @@ mod tests {
     #[test]
     fn unavailable_is_one_line_with_the_reason_and_the_fallback_then_the_caveat() {
         let probe = RdmaProbe {
-            devices: Err("rdma-core's libibverbs is not installed".to_owned()),
+            devices: Err(RdmaUnavailable::Missing {
+                reason: "rdma-core's libibverbs is not installed".to_owned(),
+            }),
             placement: None,
         };
         assert_eq!(
@@ -311,7 +331,8 @@ mod tests {
         let probe = probe();
         let text = probe.to_string();
         assert!(text.contains(UNTESTED), "{text}");
-        if let Err(reason) = &probe.devices {
+        if let Err(unavailable) = &probe.devices {
+            let reason = unavailable.to_string();
             // The reason, not the error's "RDMA is not supported here" wrapper.
             assert!(reason.contains("rdma-core"), "{reason}");
             assert!(!reason.starts_with("RDMA"), "{reason}");

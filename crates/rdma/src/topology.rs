@@ -26,7 +26,7 @@ pub(crate) mod tests;
 pub use pci::PathClass;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use sysfs::{GpuInfo, NicInfo, PortState};
+use sysfs::{GpuInfo, NicInfo, PortState, SysfsProblem};
 
 /// One NIC as a candidate for one GPU: how far it is, or why that is unknown.
 ///
@@ -185,9 +185,9 @@ impl Topology {
             None => (
                 pci_bus_id.trim().to_owned(),
                 GpuInfo {
-                    path: Err(format!(
-                        "{pci_bus_id:?} is not a PCI bus id like 0000:18:00.0"
-                    )),
+                    path: Err(SysfsProblem::NotABusId {
+                        text: pci_bus_id.to_owned(),
+                    }),
                     numa: None,
                 },
             ),
@@ -215,7 +215,7 @@ fn choose(nic: &NicInfo, gpu: &GpuInfo) -> NicChoice {
     };
     match (&gpu.path, &nic.path) {
         (Err(why), _) => unknown(format!("GPU: {why}")),
-        (_, Err(why)) => unknown(why.clone()),
+        (_, Err(why)) => unknown(why.to_string()),
         (Ok(gpu_path), Ok(nic_path)) => {
             let same_numa = gpu.numa.zip(nic.numa).map(|(gpu, nic)| gpu == nic);
             let (distance, class) = pci::between(gpu_path, nic_path, same_numa);

@@ -6,7 +6,7 @@ use ferry_core::{
     BlockCopy, Engine, EngineBuilder, Error, Location, Peer, Region, RegionInfo, TcpOnly, Transport,
 };
 use ferry_rdma::model::{Fabric, HostConfig, HostMemory, ModelVerbs};
-use ferry_rdma::{DmaBufRange, DmaBufSource, Gid, RdmaConfig, RdmaTransport, VerbsError};
+use ferry_rdma::{DmaBufRange, DmaBufSource, Gid, NoDmaBuf, RdmaConfig, RdmaTransport, VerbsError};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -72,7 +72,11 @@ impl HostMemory for TestMemory {
 struct FileDmaBuf;
 
 impl DmaBufSource for FileDmaBuf {
-    fn export(&self, _addr: u64, len: u64) -> Result<DmaBufRange, String> {
+    fn export(&self, _addr: u64, len: u64) -> Result<DmaBufRange, NoDmaBuf> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| NoDmaBuf::Io { what, source }
+        };
         let path = std::env::temp_dir().join(format!(
             "ferry-dmabuf-{}-{}",
             std::process::id(),
@@ -83,10 +87,10 @@ impl DmaBufSource for FileDmaBuf {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|error| error.to_string())?;
-        std::fs::remove_file(&path).map_err(|error| error.to_string())?;
+            .map_err(io("creating the dma-buf's file"))?;
+        std::fs::remove_file(&path).map_err(io("removing the dma-buf's file"))?;
         file.set_len(len + 4096)
-            .map_err(|error| error.to_string())?;
+            .map_err(io("sizing the dma-buf's file"))?;
         Ok(DmaBufRange {
             fd: file.into(),
             offset: 4096,
@@ -540,7 +544,7 @@ async fn without_rdma_devices_the_transport_says_why_and_transfers_use_tcp() {
     let memory = TestMemory::default();
     let verbs = fabric.add_host_with_memory(bare, Box::new(memory.clone()));
     let transport = RdmaTransport::new(verbs, config(), Arc::new(FileDmaBuf));
-    let reason = transport.unavailable().expect("no device").to_owned();
+    let reason = transport.unavailable().expect("no device").to_string();
     assert!(reason.contains("no RDMA device"), "{reason}");
     let decode = EngineBuilder::new(TcpOnly)
         .transport(Arc::new(transport))

@@ -123,14 +123,32 @@ pub(crate) struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SmCap(pub(crate) Option<u32>);
 
-pub(super) fn parse_sm_cap(text: &str) -> Result<SmCap, String> {
+/// A value `--kernel-max-sms` or `--direction` does not take; clap prints it after the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum InvalidValue {
+    /// Not a positive number of multiprocessors, nor `all`.
+    #[error("{text:?}: give a number of multiprocessors (1 or more) or all")]
+    SmCap {
+        /// The value given.
+        text: String,
+    },
+    /// Not `write`, `read` or `both`.
+    #[error("{text:?}: use write, read or both")]
+    Direction {
+        /// The value given.
+        text: String,
+    },
+}
+
+/// Parses one cap of `--kernel-max-sms`.
+pub(super) fn parse_sm_cap(text: &str) -> Result<SmCap, InvalidValue> {
     match text.trim() {
         "all" => Ok(SmCap(None)),
         number => match number.parse::<u32>() {
             Ok(cap) if cap > 0 => Ok(SmCap(Some(cap))),
-            _ => Err(format!(
-                "{text:?}: give a number of multiprocessors (1 or more) or all"
-            )),
+            _ => Err(InvalidValue::SmCap {
+                text: text.to_owned(),
+            }),
         },
     }
 }
@@ -165,12 +183,14 @@ impl Directions {
 }
 
 /// Parses `--direction`.
-pub(super) fn parse_direction(text: &str) -> Result<Directions, String> {
+pub(super) fn parse_direction(text: &str) -> Result<Directions, InvalidValue> {
     match text {
         "write" => Ok(Directions::One(Direction::Write)),
         "read" => Ok(Directions::One(Direction::Read)),
         "both" => Ok(Directions::Both),
-        other => Err(format!("{other:?}: use write, read or both")),
+        other => Err(InvalidValue::Direction {
+            text: other.to_owned(),
+        }),
     }
 }
 

@@ -231,6 +231,17 @@ fn with_pools(
     copy
 }
 
+/// Why one target's write of a round did not complete.
+#[derive(Debug, thiserror::Error)]
+enum WriteFailed {
+    /// The transfer failed; ferry's error says why and what to do.
+    #[error(transparent)]
+    Transfer(ferry::Error),
+    /// The thread waiting for it panicked (its message went to stderr).
+    #[error("a waiting thread panicked")]
+    Panicked,
+}
+
 /// Waits until wall-clock `at`, writes every target its slice at once, and reports when each
 /// write completed.
 fn round(engine: &Engine, targets: &[Target], at: u64) -> Result<String, BoxError> {
@@ -250,7 +261,7 @@ fn round(engine: &Engine, targets: &[Target], at: u64) -> Result<String, BoxErro
         transfers.push(engine.batch(&target.peer).write_blocks(copy).submit()?);
     }
     // One thread per transfer, so each pair's end is taken when it completes.
-    let ends: Vec<Result<(u64, u64), String>> = std::thread::scope(|scope| {
+    let ends: Vec<Result<(u64, u64), WriteFailed>> = std::thread::scope(|scope| {
         let waiting: Vec<_> = transfers
             .into_iter()
             .map(|transfer| {
@@ -258,17 +269,13 @@ fn round(engine: &Engine, targets: &[Target], at: u64) -> Result<String, BoxErro
                     transfer
                         .wait_spinning(super::WAIT_SPIN)
                         .map(|done| (done.bytes, now_ns()))
-                        .map_err(|error| error.to_string())
+                        .map_err(WriteFailed::Transfer)
                 })
             })
             .collect();
         waiting
             .into_iter()
-            .map(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|_| Err("a waiting thread panicked".into()))
-            })
+            .map(|thread| thread.join().unwrap_or(Err(WriteFailed::Panicked)))
             .collect()
     });
     let mut answer = format!("done {start}");

@@ -47,6 +47,7 @@ pub use self::handles::{SidewayContext, SidewayCq, SidewayMr, SidewayPd, Sideway
 use crate::device::DeviceInfo;
 use crate::error::VerbsError;
 use crate::memory::{AccessFlags, MrKeys};
+use crate::probe::RdmaUnavailable;
 use crate::qp::{QpCaps, QpState, QpTransition};
 use crate::verbs::Verbs;
 use crate::work::{RecvRequest, SendRequest, WorkCompletion};
@@ -75,14 +76,16 @@ impl SidewayVerbs {
     }
 }
 
-/// The devices, or why RDMA cannot be used here in words for `ferry probe`: the reason of an
-/// unavailable host (what is missing and what provides it), any other error in full.
-pub(crate) fn devices_or_reason() -> Result<Vec<DeviceInfo>, String> {
+/// The devices, or why RDMA cannot be used here, for `ferry probe`: the reason of an
+/// unavailable host (what is missing and what provides it) alone, any other error in full.
+pub(crate) fn devices_or_reason() -> Result<Vec<DeviceInfo>, RdmaUnavailable> {
     SidewayVerbs::new()
         .and_then(|verbs| verbs.devices())
         .map_err(|error| match error {
-            VerbsError::Unsupported { what, reason } if what == failure::RDMA => reason,
-            other => other.to_string(),
+            VerbsError::Unsupported { what, reason } if what == failure::RDMA => {
+                RdmaUnavailable::Missing { reason }
+            }
+            other => RdmaUnavailable::Verbs(other),
         })
 }
 

@@ -1,9 +1,88 @@
 //! What the topology needs from sysfs under a root path (`/` in production, a fake tree in
-//! tests). Nothing here fails: what cannot be read is kept with the reason, so that a
-//! container with a partial `/sys` still gets an answer, and `ferry probe` can say why.
+//! tests). Nothing here fails: what cannot be read is kept with the reason ([`SysfsProblem`]),
+//! so that a container with a partial `/sys` still gets an answer, and `ferry probe` can say
+//! why.
 
+use std::fmt;
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why sysfs says nothing about a device, or nothing about its ports.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SysfsProblem {
+    /// The RDMA device name would read outside its sysfs directory (empty, `.`, `..`, a slash).
+    #[error("{name:?} is not an RDMA device name")]
+    NotADeviceName {
+        /// The name given.
+        name: String,
+    },
+    /// The GPU's PCI address is not one.
+    #[error("{text:?} is not a PCI bus id like 0000:18:00.0")]
+    NotABusId {
+        /// The text given.
+        text: String,
+    },
+    /// A device's sysfs link does not resolve (the entry is missing, or `/sys` is partial).
+    #[error("{} cannot be resolved ({source})", link.display())]
+    Unresolved {
+        /// The link.
+        link: PathBuf,
+        /// Why.
+        #[source]
+        source: SharedIoError,
+    },
+    /// A device's `ports` directory cannot be listed.
+    #[error("{} cannot be read ({source})", dir.display())]
+    Unreadable {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: SharedIoError,
+    },
+    /// The `ports` directory holds no readable port state.
+    #[error("no port state under {}", dir.display())]
+    NoPortState {
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+/// An I/O error that can be cloned and compared, as the topology that keeps it is: equal when
+/// kind, OS error code and words are.
+#[derive(Debug, Clone)]
+pub(super) struct SharedIoError(Arc<io::Error>);
+
+impl From<io::Error> for SharedIoError {
+    fn from(error: io::Error) -> Self {
+        SharedIoError(Arc::new(error))
+    }
+}
+
+impl PartialEq for SharedIoError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.kind() == other.0.kind()
+                && self.0.raw_os_error() == other.0.raw_os_error()
+                && self.0.to_string() == other.0.to_string())
+    }
+}
+
+impl Eq for SharedIoError {}
+
+impl fmt::Display for SharedIoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedIoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// Whether an RDMA device has a port that can carry traffic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,7 +92,7 @@ pub(super) enum PortState {
     /// Every port state was read and none is ACTIVE; the states as read.
     Down(String),
     /// No port state could be read; why.
-    Unknown(String),
+    Unknown(SysfsProblem),
 }
 
 /// One RDMA device as sysfs describes it.
@@ -22,7 +101,7 @@ pub(super) struct NicInfo {
     /// The verbs device name (`mlx5_0`).
     pub(super) name: String,
     /// The canonical path of its PCI device, or why it is unknown.
-    pub(super) path: Result<PathBuf, String>,
+    pub(super) path: Result<PathBuf, SysfsProblem>,
     /// Its NUMA node, when the kernel knows it.
     pub(super) numa: Option<u32>,
     /// Its ports' states.
@@ -33,7 +112,7 @@ pub(super) struct NicInfo {
 #[derive(Debug, Clone)]
 pub(super) struct GpuInfo {
     /// The canonical path of its PCI device, or why it is unknown.
-    pub(super) path: Result<PathBuf, String>,
+    pub(super) path: Result<PathBuf, SysfsProblem>,
     /// Its NUMA node, when the kernel knows it.
     pub(super) numa: Option<u32>,
 }
@@ -43,7 +122,9 @@ pub(super) struct GpuInfo {
 pub(super) fn nic(root: &Path, name: &str) -> NicInfo {
     // A name with a slash would read outside the device directory.
     if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-        let why = format!("{name:?} is not an RDMA device name");
+        let why = SysfsProblem::NotADeviceName {
+            name: name.to_owned(),
+        };
         return NicInfo {
             name: name.to_owned(),
             path: Err(why.clone()),
@@ -94,9 +175,11 @@ pub(super) fn bus_id(text: &str) -> Option<String> {
 }
 
 /// `link` with every symbolic link resolved, or why it cannot be.
-fn canonical(link: &Path) -> Result<PathBuf, String> {
-    fs::canonicalize(link)
-        .map_err(|error| format!("{} cannot be resolved ({error})", link.display()))
+fn canonical(link: &Path) -> Result<PathBuf, SysfsProblem> {
+    fs::canonicalize(link).map_err(|error| SysfsProblem::Unresolved {
+        link: link.to_owned(),
+        source: error.into(),
+    })
 }
 
 /// The NUMA node in `<pci device>/numa_node`; the kernel writes -1 when it does not know.
@@ -110,7 +193,10 @@ fn ports(dir: &Path) -> PortState {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) => {
-            return PortState::Unknown(format!("{} cannot be read ({error})", dir.display()))
+            return PortState::Unknown(SysfsProblem::Unreadable {
+                dir: dir.to_owned(),
+                source: error.into(),
+            })
         }
     };
     let mut ports: Vec<PathBuf> = entries.flatten().map(|entry| entry.path()).collect();
@@ -129,7 +215,9 @@ fn ports(dir: &Path) -> PortState {
         states.push(format!("port {port} {}", name.trim()));
     }
     match states.is_empty() {
-        true => PortState::Unknown(format!("no port state under {}", dir.display())),
+        true => PortState::Unknown(SysfsProblem::NoPortState {
+            dir: dir.to_owned(),
+        }),
         false => PortState::Down(states.join(", ")),
     }
 }

@@ -15,7 +15,8 @@ use super::plan::{plan, Piece, WorkItem};
 use super::queue::QueuePair;
 use super::registry::Registry;
 use crate::verbs::Verbs;
-use crate::work::{RemoteSegment, SendOpcode, SendRequest, Sge, WorkCompletion};
+use crate::work::{RemoteSegment, SendOpcode, SendRequest, Sge, WcStatus, WorkCompletion};
+use crate::VerbsError;
 use ferry_core::{BufferDescriptor, Direction, Error, Link, RegionUse, Result, TransferOps};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -64,7 +65,36 @@ struct LaneState {
     next_seq: u64,
     since_signal: u32,
     /// Why the lane's queue pair failed; nothing more is posted to it.
-    broken: Option<String>,
+    broken: Option<LaneFailure>,
+}
+
+/// Why a lane's queue pair stopped working: nothing more is posted to it, and later
+/// transfers open a new link.
+#[derive(Debug, thiserror::Error)]
+enum LaneFailure {
+    /// Polling its completion queue failed.
+    #[error("polling its completion queue failed: {0}")]
+    Poll(VerbsError),
+    /// Posting to it failed.
+    #[error("posting to it failed: {0}")]
+    Post(VerbsError),
+    /// A request completed with an error status.
+    #[error("a request completed with {0}")]
+    Completion(WcStatus),
+}
+
+/// Why one work request of a lane fails its transfer without an error completion of its own.
+#[derive(Debug, thiserror::Error)]
+enum RequestFailure<'a> {
+    /// Posted, but its queue pair could not be moved to ERROR to flush it.
+    #[error("abandoned: the NIC could not flush its queue pair ({0})")]
+    Abandoned(&'a VerbsError),
+    /// Posting it (with its batch) failed.
+    #[error("{0}")]
+    NotPosted(&'a LaneFailure),
+    /// Queued on a lane that failed before it was posted.
+    #[error("not sent: its queue pair failed earlier ({0})")]
+    NotSent(&'a LaneFailure),
 }
 
 struct TransferState {
@@ -151,21 +181,17 @@ impl<V: Verbs> Shared<V> {
         for (index, lane) in self.lanes.iter().enumerate() {
             if let Err(error) = lane.queue.fail() {
                 let mut progress = self.progress.lock();
-                self.abandon(&mut progress, index, &error.to_string());
+                self.abandon(&mut progress, index, &error);
             }
         }
     }
 
     /// Settles everything the lane has posted as failed: its NIC refused to flush it (a
     /// device that died or was reset), so no completion will ever come for it.
-    fn abandon(&self, progress: &mut Progress, lane: usize, reason: &str) {
+    fn abandon(&self, progress: &mut Progress, lane: usize, reason: &VerbsError) {
         let posted: Vec<Posted> = progress.lanes[lane].posted.drain(..).collect();
         for posted in posted {
-            let error = self.lane_error(
-                lane,
-                posted.op,
-                &format!("abandoned: the NIC could not flush its queue pair ({reason})"),
-            );
+            let error = self.lane_error(lane, posted.op, RequestFailure::Abandoned(reason));
             progress.settle(posted.transfer, Some(error));
         }
     }
@@ -362,11 +388,7 @@ impl<V: Verbs> Shared<V> {
                         self.complete(&mut progress, lane, completion);
                     }
                 }
-                Err(error) => self.break_lane(
-                    &mut progress,
-                    lane,
-                    format!("polling its completion queue failed: {error}"),
-                ),
+                Err(error) => self.break_lane(&mut progress, lane, LaneFailure::Poll(error)),
             }
         }
         let done = progress
@@ -426,9 +448,9 @@ impl<V: Verbs> Shared<V> {
                 state.posted.extend(posted);
             }
             Err(error) => {
-                let reason = format!("posting to it failed: {error}");
+                let reason = LaneFailure::Post(error);
                 for job in posted {
-                    let error = self.lane_error(lane, job.op, &reason);
+                    let error = self.lane_error(lane, job.op, RequestFailure::NotPosted(&reason));
                     progress.settle(job.transfer, Some(error));
                 }
                 self.break_lane(progress, lane, reason);
@@ -463,34 +485,29 @@ impl<V: Verbs> Shared<V> {
             progress.settle(posted.transfer, error);
         }
         if !success {
-            let reason = format!("a request completed with {}", completion.status);
-            self.break_lane(progress, lane, reason);
+            self.break_lane(progress, lane, LaneFailure::Completion(completion.status));
         }
     }
 
     /// Marks the lane failed: its queue pair is in ERROR (or unusable), what it has queued
     /// fails, and the link is dead for later transfers, which open a new one.
-    fn break_lane(&self, progress: &mut Progress, lane: usize, reason: String) {
+    fn break_lane(&self, progress: &mut Progress, lane: usize, reason: LaneFailure) {
         self.alive.store(false, Ordering::SeqCst);
         let pending: Vec<Job> = progress.lanes[lane].pending.drain(..).collect();
         for job in pending {
-            let error = self.lane_error(
-                lane,
-                job.op,
-                &format!("not sent: its queue pair failed earlier ({reason})"),
-            );
+            let error = self.lane_error(lane, job.op, RequestFailure::NotSent(&reason));
             progress.settle(job.transfer, Some(error));
         }
         if progress.lanes[lane].broken.is_none() {
             tracing::warn!(peer = %self.peer, lane, %reason, "an RDMA queue pair failed; later transfers use a new connection");
             progress.lanes[lane].broken = Some(reason);
             if let Err(error) = self.lanes[lane].queue.fail() {
-                self.abandon(progress, lane, &error.to_string());
+                self.abandon(progress, lane, &error);
             }
         }
     }
 
-    fn lane_error(&self, lane: usize, op: Op, reason: &str) -> Error {
+    fn lane_error(&self, lane: usize, op: Op, reason: RequestFailure<'_>) -> Error {
         let lane = &self.lanes[lane];
         Error::PeerGone {
             peer: self.peer.clone(),

@@ -13,6 +13,7 @@
 
 mod completion;
 mod config;
+mod connect_failure;
 mod dmabuf;
 mod export;
 mod handshake;
@@ -26,16 +27,18 @@ mod registry;
 mod server;
 
 pub use config::RdmaConfig;
-pub use dmabuf::{CudaGpus, DmaBufRange, DmaBufSource};
+pub use dmabuf::{CudaGpus, DmaBufRange, DmaBufSource, NoDmaBuf};
 pub use export::RDMA;
+pub use nic::NoUsableNic;
 
+use self::connect_failure::ConnectFailure;
 use self::export::{NicKey, RdmaExport};
 use self::handshake::{ConnectRequest, ConnectResponse, QpOffer, HANDSHAKE_VERSION};
 use self::link::{KeySource, Lane, RdmaLink, Shared};
 use self::nic::Nic;
 use self::peers::PeerTable;
 use self::queue::QueuePair;
-use self::registry::{Registration, Registry};
+use self::registry::{Registration, RegistrationFailure, Registry};
 use self::server::{Service, ANONYMOUS, AUTHENTICATES};
 use crate::memory::AccessFlags;
 use crate::topology::Topology;
@@ -107,7 +110,7 @@ fn names<V: Verbs>(nics: &[Arc<Nic<V>>]) -> Vec<String> {
 pub struct RdmaTransport<V: Verbs> {
     verbs: Arc<V>,
     config: RdmaConfig,
-    nics: std::result::Result<Vec<Arc<Nic<V>>>, String>,
+    nics: std::result::Result<Vec<Arc<Nic<V>>>, NoUsableNic>,
     registry: Arc<Registry>,
     /// What each peer's descriptor says, read once per generation.
     peers: Arc<PeerTable>,
@@ -130,7 +133,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
     /// nothing and says why ([`RdmaTransport::unavailable`]).
     pub fn new(verbs: V, config: RdmaConfig, dmabuf: Arc<dyn DmaBufSource>) -> Self {
         let config = config.sanitized();
-        let nics: std::result::Result<Vec<Arc<Nic<V>>>, String> =
+        let nics: std::result::Result<Vec<Arc<Nic<V>>>, NoUsableNic> =
             nic::open(&verbs, &config).map(|nics| nics.into_iter().map(Arc::new).collect());
         if let Err(reason) = &nics {
             tracing::info!(%reason, "RDMA is unavailable; transfers between hosts use TCP");
@@ -150,8 +153,8 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
     }
 
     /// Why the transport reaches nothing, or `None` when it has NICs to use.
-    pub fn unavailable(&self) -> Option<&str> {
-        self.nics.as_ref().err().map(String::as_str)
+    pub fn unavailable(&self) -> Option<&NoUsableNic> {
+        self.nics.as_ref().err()
     }
 
     /// The names of the NICs in use.
@@ -163,7 +166,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         self.nics.as_ref().map_err(|reason| Error::Unavailable {
             local: "the RDMA transport".into(),
             peer: "any peer".into(),
-            reason: reason.clone(),
+            reason: reason.to_string(),
         })
     }
 
@@ -193,20 +196,25 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         }
     }
 
-    /// Registers `region` with its NICs ([`Self::nics_for`]): the regions registered, by NIC
-    /// index.
+    /// Registers `region` with its NICs among `nics` ([`Self::nics_for`]): the regions
+    /// registered, by NIC index.
     fn register(
         &self,
         region: &RegionInfo,
-    ) -> std::result::Result<Vec<(usize, V::MemoryRegion)>, String> {
-        let nics = self.nics.as_ref().map_err(Clone::clone)?;
+        nics: &[Arc<Nic<V>>],
+    ) -> std::result::Result<Vec<(usize, V::MemoryRegion)>, RegistrationFailure> {
         let chosen = self.nics_for(region, nics);
         let access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
             | AccessFlags::RELAXED_ORDERING;
         let dmabuf = match region.location {
-            Location::Device { .. } => Some(self.dmabuf.export(region.addr, region.len)),
+            // Shared: every NIC that takes no pointer names the same export failure.
+            Location::Device { .. } => Some(
+                self.dmabuf
+                    .export(region.addr, region.len)
+                    .map_err(Arc::new),
+            ),
             _ => None,
         };
         let mut registered = Vec::with_capacity(chosen.len());
@@ -216,21 +224,39 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
                 None => self
                     .verbs
                     .reg_mr(&nic.pd, region.addr, region.len, access)
-                    .map_err(|error| format!("{}: {error}", nic.name))?,
+                    .map_err(|source| RegistrationFailure::Verbs {
+                        nic: nic.name.clone(),
+                        source,
+                    })?,
                 Some(Ok(buffer)) => {
                     use std::os::fd::AsFd;
                     self.verbs
-                        .reg_dmabuf_mr(&nic.pd, buffer.fd.as_fd(), buffer.offset, region.len, region.addr, access)
+                        .reg_dmabuf_mr(
+                            &nic.pd,
+                            buffer.fd.as_fd(),
+                            buffer.offset,
+                            region.len,
+                            region.addr,
+                            access,
+                        )
                         .or_else(|dmabuf_error| {
                             self.verbs
                                 .reg_mr(&nic.pd, region.addr, region.len, access)
-                                .map_err(|error| format!("{}: registering the dma-buf failed ({dmabuf_error}), and so did registering the pointer ({error}), which needs nvidia-peermem", nic.name))
+                                .map_err(|pointer| RegistrationFailure::DmaBufAndPointer {
+                                    nic: nic.name.clone(),
+                                    dmabuf: dmabuf_error,
+                                    pointer,
+                                })
                         })?
                 }
-                Some(Err(reason)) => self
+                Some(Err(export)) => self
                     .verbs
                     .reg_mr(&nic.pd, region.addr, region.len, access)
-                    .map_err(|error| format!("{}: the GPU memory has no dma-buf ({reason}), and registering the pointer failed ({error}): load nvidia-peermem or use a GPU and driver with dma-buf support", nic.name))?,
+                    .map_err(|pointer| RegistrationFailure::NoDmaBuf {
+                        nic: nic.name.clone(),
+                        export: Arc::clone(export),
+                        pointer,
+                    })?,
             };
             registered.push((index, region));
         }
@@ -240,25 +266,21 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
     async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         let nics = self.nics()?;
         let name = peer.name.clone();
-        let unreachable = |reason: String| Error::Unreachable {
-            peer: name.clone(),
-            reason: format!("RDMA: {reason}"),
-        };
+        let unreachable = |failure: ConnectFailure| failure.unreachable(&name);
         let exports = self.peers.of(peer);
         let address = exports
             .side_channel
             .clone()
-            .map_err(|refusal| unreachable(refusal.to_string()))?;
+            .map_err(|refusal| unreachable(refusal.into()))?;
         let remote_nics = exports.nics.clone();
         if remote_nics.is_empty() {
-            return Err(unreachable(
-                "the peer has registered no buffer with RDMA".into(),
-            ));
+            return Err(unreachable(ConnectFailure::NoBuffers));
         }
-        let mut stream = TcpStream::connect(&address).await.map_err(|error| {
-            unreachable(format!(
-                "connecting to its side channel at {address}: {error}"
-            ))
+        let mut stream = TcpStream::connect(&address).await.map_err(|source| {
+            unreachable(ConnectFailure::Connect {
+                address: address.clone(),
+                source,
+            })
         })?;
         let attached = self
             .attached
@@ -274,7 +296,7 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         stream
             .write_all(&[flag])
             .await
-            .map_err(|error| unreachable(format!("writing to its side channel: {error}")))?;
+            .map_err(|error| unreachable(ConnectFailure::Write(error)))?;
         if let Some(secret) = &secret {
             ferry_core::auth::client(&mut stream, secret, self.config.connect_timeout)
                 .await
@@ -289,25 +311,24 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
             .flat_map(|local| (0..remote_nics.len()).map(move |remote| (local, remote)));
         let count = nics.len() * remote_nics.len() * self.config.qps_per_nic_pair;
         if count > handshake::MAX_QPS {
-            return Err(unreachable(format!(
-                "{} local NICs x {} peer NICs x {} queue pairs each is {count} queue pairs, more than the {} one connection may have: lower qps_per_nic_pair or list fewer devices",
-                nics.len(),
-                remote_nics.len(),
-                self.config.qps_per_nic_pair,
-                handshake::MAX_QPS
-            )));
+            return Err(unreachable(ConnectFailure::TooManyQueuePairs {
+                local: nics.len(),
+                remote: remote_nics.len(),
+                per_pair: self.config.qps_per_nic_pair,
+                count,
+            }));
         }
         let mut lanes = Vec::with_capacity(count);
         let mut offers = Vec::with_capacity(count);
         for (local_nic, remote_nic) in pairs {
             for _ in 0..self.config.qps_per_nic_pair {
                 let queue = QueuePair::create(&self.verbs, &nics[local_nic], &self.config)
-                    .map_err(|error| unreachable(error.to_string()))?;
+                    .map_err(|error| unreachable(error.into()))?;
                 offers.push(QpOffer {
                     server_nic: remote_nics[remote_nic].clone(),
                     client: queue
                         .wire_endpoint()
-                        .map_err(|error| unreachable(error.to_string()))?,
+                        .map_err(|error| unreachable(error.into()))?,
                 });
                 lanes.push(Lane {
                     queue,
@@ -323,31 +344,30 @@ impl<V: Verbs + 'static> RdmaTransport<V> {
         };
         handshake::send(&mut stream, &request)
             .await
-            .map_err(|error| unreachable(format!("sending the queue pairs: {error}")))?;
+            .map_err(|error| unreachable(ConnectFailure::Send(error)))?;
         // `open` bounds the whole connection by `connect_timeout`, this wait included.
         let response: ConnectResponse = handshake::receive(&mut stream)
             .await
-            .map_err(|error| unreachable(format!("reading the answer: {error}")))?;
+            .map_err(|error| unreachable(ConnectFailure::Receive(error)))?;
         let endpoints = match response {
             ConnectResponse::Accepted(endpoints) => endpoints,
             ConnectResponse::Refused(reason) => {
-                return Err(unreachable(format!("the peer refused: {reason}")))
+                return Err(unreachable(ConnectFailure::PeerRefused { reason }))
             }
         };
         if endpoints.len() != lanes.len() {
-            return Err(unreachable(format!(
-                "the peer answered {} queue pairs for the {} offered",
-                endpoints.len(),
-                lanes.len()
-            )));
+            return Err(unreachable(ConnectFailure::Answered {
+                answered: endpoints.len(),
+                offered: lanes.len(),
+            }));
         }
         for (lane, endpoint) in lanes.iter().zip(&endpoints) {
             let remote = endpoint
                 .read()
-                .map_err(|refusal| unreachable(refusal.to_string()))?;
+                .map_err(|refusal| unreachable(refusal.into()))?;
             lane.queue
                 .connect(&remote, &self.config)
-                .map_err(|error| unreachable(error.to_string()))?;
+                .map_err(|error| unreachable(error.into()))?;
         }
         let shared = Arc::new(Shared::new(
             name.clone(),
@@ -431,10 +451,10 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
     }
 
     fn export(&self, region: &RegionInfo) -> Result<Option<Exported>> {
-        if self.nics.is_err() {
+        let Ok(nics) = &self.nics else {
             return Ok(None);
-        }
-        let registered = match self.register(region) {
+        };
+        let registered = match self.register(region, nics) {
             Ok(registered) => registered,
             Err(reason) => {
                 tracing::warn!(addr = region.addr, len = region.len, %reason, "the region is not reachable over RDMA");
@@ -442,7 +462,6 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
                 return Ok(None);
             }
         };
-        let nics = self.nics()?;
         let (registration, keys) = Registration::record(
             &self.verbs,
             &self.registry,
@@ -494,7 +513,7 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
             return no(format!("RDMA is unavailable here: {reason}"));
         }
         if let Err(reason) = self.registry.lkeys(local.addr) {
-            return no(reason);
+            return no(reason.to_string());
         }
         let exports = self.peers.of(peer);
         if let Err(refusal) = &exports.side_channel {
@@ -509,12 +528,8 @@ impl<V: Verbs + 'static> Transport for RdmaTransport<V> {
     async fn open(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Link>> {
         tokio::time::timeout(self.config.connect_timeout, self.connect(peer))
             .await
-            .map_err(|_| Error::Unreachable {
-                peer: peer.name.clone(),
-                reason: format!(
-                    "RDMA: connecting the queue pairs took longer than {:?}",
-                    self.config.connect_timeout
-                ),
+            .map_err(|_| {
+                ConnectFailure::Timeout(self.config.connect_timeout).unreachable(&peer.name)
             })?
     }
 }

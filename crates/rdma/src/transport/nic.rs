@@ -5,7 +5,45 @@ use super::config::RdmaConfig;
 use crate::device::{DeviceInfo, LinkLayer, PortInfo, PortState};
 use crate::qp::{AddressVector, GlobalRoute, Psn, QpEndpoint};
 use crate::verbs::Verbs;
-use crate::Mtu;
+use crate::{Mtu, VerbsError};
+
+/// Why an [`RdmaTransport`](crate::RdmaTransport) has no NIC to use, so that it reaches
+/// nothing ([`RdmaTransport::unavailable`](crate::RdmaTransport::unavailable)). Each message
+/// says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoUsableNic {
+    /// Listing the devices, opening one or allocating its protection domain failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The device list names a device this host does not have.
+    #[error("RDMA device {name:?} does not exist here (devices: {known:?}): fix the device list")]
+    NoSuchDevice {
+        /// The name in the device list.
+        name: String,
+        /// The devices this host has.
+        known: Vec<String>,
+    },
+    /// A device of the device list has no active port.
+    #[error("RDMA device {device:?} has no active port: check its cable and link (`ibstat`), or leave it out of the device list")]
+    NoActivePort {
+        /// The device.
+        device: String,
+    },
+    /// An Ethernet (RoCE) port has no GID at the index to send from.
+    #[error("RDMA device {device:?} port {port} has no GID at index {gid_index}: pick an index from `ferry probe`, or configure the NIC's IP address")]
+    NoGid {
+        /// The device.
+        device: String,
+        /// Its port.
+        port: u8,
+        /// The GID index configured, or the port's preferred one.
+        gid_index: u8,
+    },
+    /// No device has an active port (with no device list given).
+    #[error("no RDMA device has an active port: check the links (`ibstat`)")]
+    NoneActive,
+}
 
 /// One opened NIC port.
 pub(crate) struct Nic<V: Verbs> {
@@ -64,12 +102,12 @@ impl<V: Verbs> Nic<V> {
 /// names none), with the GID index to send from.
 ///
 /// # Errors
-/// Why nothing can be used: a named device that does not exist or has no active port, or no
-/// device with an active port at all.
+/// Why nothing can be used: a named device that does not exist or has no active port, a RoCE
+/// port without the GID index, or no device with an active port at all.
 pub(crate) fn choose(
     devices: &[DeviceInfo],
     config: &RdmaConfig,
-) -> Result<Vec<(DeviceInfo, PortInfo, u8)>, String> {
+) -> Result<Vec<(DeviceInfo, PortInfo, u8)>, NoUsableNic> {
     let active = |device: &DeviceInfo| {
         device
             .ports
@@ -84,9 +122,9 @@ pub(crate) fn choose(
                 devices
                     .iter()
                     .find(|device| &device.name == name)
-                    .ok_or_else(|| {
-                        let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-                        format!("RDMA device {name:?} does not exist here (devices: {known:?}): fix the device list")
+                    .ok_or_else(|| NoUsableNic::NoSuchDevice {
+                        name: name.clone(),
+                        known: devices.iter().map(|device| device.name.clone()).collect(),
                     })
             })
             .collect::<Result<_, _>>()?,
@@ -96,10 +134,9 @@ pub(crate) fn choose(
     for device in wanted {
         let Some(port) = active(device) else {
             if config.devices.is_some() {
-                return Err(format!(
-                    "RDMA device {:?} has no active port: check its cable and link (`ibstat`), or leave it out of the device list",
-                    device.name
-                ));
+                return Err(NoUsableNic::NoActivePort {
+                    device: device.name.clone(),
+                });
             }
             continue;
         };
@@ -107,15 +144,16 @@ pub(crate) fn choose(
             .gid_index
             .unwrap_or_else(|| port.preferred_gid_index());
         if port.link_layer == LinkLayer::Ethernet && port.gid(gid_index).is_none() {
-            return Err(format!(
-                "RDMA device {:?} port {} has no GID at index {gid_index}: pick an index from `ferry probe`, or configure the NIC's IP address",
-                device.name, port.port_num
-            ));
+            return Err(NoUsableNic::NoGid {
+                device: device.name.clone(),
+                port: port.port_num,
+                gid_index,
+            });
         }
         chosen.push((device.clone(), port, gid_index));
     }
     if chosen.is_empty() {
-        return Err("no RDMA device has an active port: check the links (`ibstat`)".to_owned());
+        return Err(NoUsableNic::NoneActive);
     }
     Ok(chosen)
 }
@@ -124,17 +162,13 @@ pub(crate) fn choose(
 ///
 /// # Errors
 /// Why a NIC could not be opened.
-pub(crate) fn open<V: Verbs>(verbs: &V, config: &RdmaConfig) -> Result<Vec<Nic<V>>, String> {
-    let devices = verbs.devices().map_err(|error| error.to_string())?;
+pub(crate) fn open<V: Verbs>(verbs: &V, config: &RdmaConfig) -> Result<Vec<Nic<V>>, NoUsableNic> {
+    let devices = verbs.devices()?;
     choose(&devices, config)?
         .into_iter()
         .map(|(device, port, gid_index)| {
-            let context = verbs
-                .open(&device.name)
-                .map_err(|error| error.to_string())?;
-            let pd = verbs
-                .alloc_pd(&context)
-                .map_err(|error| error.to_string())?;
+            let context = verbs.open(&device.name)?;
+            let pd = verbs.alloc_pd(&context)?;
             Ok(Nic {
                 name: device.name,
                 port,
@@ -147,4 +181,67 @@ pub(crate) fn open<V: Verbs>(verbs: &V, config: &RdmaConfig) -> Result<Vec<Nic<V
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{choose, NoUsableNic};
+    use crate::device::PortState;
+    use crate::model::HostConfig;
+    use crate::transport::config::RdmaConfig;
+
+    fn listing(names: &[&str]) -> RdmaConfig {
+        RdmaConfig {
+            devices: Some(names.iter().map(|name| (*name).to_owned()).collect()),
+            ..RdmaConfig::default()
+        }
+    }
+
+    #[test]
+    fn each_reason_to_use_no_nic_says_what_to_fix() {
+        let mut devices = HostConfig::roce("a", [192, 168, 1, 10]).devices;
+        let mut down = HostConfig::infiniband("b", 7).devices;
+        down[0].name = "mlx5_1".to_owned();
+        down[0].ports[0].state = PortState::Down;
+        devices.append(&mut down);
+
+        let missing = choose(&devices, &listing(&["mlx5_9"])).expect_err("no such device");
+        assert_eq!(
+            missing.to_string(),
+            r#"RDMA device "mlx5_9" does not exist here (devices: ["mlx5_0", "mlx5_1"]): fix the device list"#
+        );
+        let inactive = choose(&devices, &listing(&["mlx5_1"])).expect_err("its port is down");
+        assert_eq!(
+            inactive.to_string(),
+            "RDMA device \"mlx5_1\" has no active port: check its cable and link (`ibstat`), or \
+             leave it out of the device list"
+        );
+        let no_gid = RdmaConfig {
+            gid_index: Some(9),
+            ..listing(&["mlx5_0"])
+        };
+        let no_gid = choose(&devices, &no_gid).expect_err("no GID 9");
+        assert_eq!(
+            no_gid,
+            NoUsableNic::NoGid {
+                device: "mlx5_0".to_owned(),
+                port: 1,
+                gid_index: 9
+            }
+        );
+        assert_eq!(
+            no_gid.to_string(),
+            "RDMA device \"mlx5_0\" port 1 has no GID at index 9: pick an index from `ferry \
+             probe`, or configure the NIC's IP address"
+        );
+        let none = choose(&devices[1..], &RdmaConfig::default()).expect_err("none active");
+        assert_eq!(
+            none.to_string(),
+            "no RDMA device has an active port: check the links (`ibstat`)"
+        );
+        assert_eq!(
+            choose(&devices, &RdmaConfig::default()).map(|c| c.len()),
+            Ok(1)
+        );
+    }
 }
