@@ -1,7 +1,7 @@
 """ferry through NIXL's API (``ferry_kv.nixl``) on torch CUDA tensors, as vLLM's NixlConnector
 drives it: the decode pulling (READ) and the prefill pushing (WRITE) between two processes,
 with PyTorch's default allocator and with expandable segments (VMM memory). Each run is the
-``--api nixl`` bench on a small shape: both processes register their pool tensors as ``VRAM``,
+bench's ferry rows of ``--api nixl`` (``--engines nixl-pull,nixl-push,ferry``) on a small shape: both processes register their pool tensors as ``VRAM``,
 prepare NIXL's strided rows, move every request, and the decode's pools are poisoned before
 the last request and checked block by block after it.
 
@@ -24,7 +24,8 @@ def run_nixl_bench(tmp_path, allocator, prefill_gpu, decode_gpu):
     env = allocator_env(allocator)
     env["FERRY_NIXL_HOST"] = "127.0.0.1"
     result = subprocess.run(
-        [sys.executable, "-m", "ferry_kv.bench", "--device", "cuda", "--api", "nixl",
+        [sys.executable, "-m", "ferry_kv.bench", "--device", "cuda",
+         "--engines", "nixl-pull,nixl-push,ferry",
          "--prefill-gpu", str(prefill_gpu), "--decode-gpu", str(decode_gpu), *SHAPE,
          "--json", str(report)],
         capture_output=True, text=True, timeout=600, env=env,
