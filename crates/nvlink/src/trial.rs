@@ -179,7 +179,7 @@ impl Trials {
                     }
                     verdict => verdict.map_err(|failed| Unmappable {
                         kind,
-                        reason: failed.reason,
+                        reason: with_pid_hint(failed.reason, kind, peer.pid),
                     }),
                 };
                 let mut verdicts = self.verdicts.lock();
@@ -193,6 +193,23 @@ impl Trials {
             }
         }
     }
+}
+
+/// `reason` with the likely cause added when a CUDA IPC handle of a peer whose PID, as its own
+/// PID namespace numbers it, equals this process's was refused: the driver then takes the
+/// handle for one this process exported itself and refuses it (measured on H100 with driver
+/// 580: equal PIDs in two PID namespaces fail with `CUDA_ERROR_INVALID_CONTEXT`, different
+/// ones map). Not documented driver behaviour, so ferry only names it and never relies on it.
+fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
+    if kind != ExportKind::CudaIpc || peer_pid != std::process::id() {
+        return reason;
+    }
+    format!(
+        "{reason}; the peer's process has this process's PID ({peer_pid}) in another PID namespace, \
+         and CUDA refuses an IPC handle whose exporter's PID equals the importer's: share one PID \
+         namespace (hostPID, or shareProcessNamespace in one pod), or use VMM memory \
+         (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
+    )
 }
 
 /// The real trial: maps the export of the buffer at `region` of the engine behind `socket`
@@ -325,6 +342,42 @@ mod tests {
             trials.verdict(1, InstanceId::from_u128(1), ExportKind::CudaIpc),
             Some(Ok(()))
         );
+    }
+
+    /// IPC handles refused, as the driver refuses them between namespaces.
+    fn ipc_refused() -> Mapper {
+        Arc::new(|_, _, _, _, _| {
+            Box::pin(async {
+                Err(Failed::lasting(
+                    "CUDA call cuIpcOpenMemHandle_v2 failed with CUDA_ERROR_INVALID_CONTEXT (201)",
+                ))
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_refused_ipc_handle_of_a_peer_with_this_processs_pid_names_the_pid_clash() {
+        let trials = Trials::new(ipc_refused());
+        let mut same_pid = peer(1);
+        same_pid.pid = std::process::id();
+        let other_pid = peer(2);
+        for peer in [&same_pid, &other_pid] {
+            trials
+                .try_peer(peer, [(ipc(), 1)], &[0], &socket(1), None)
+                .await;
+        }
+        let refusal = |instance| {
+            trials
+                .verdict(0, InstanceId::from_u128(instance), ExportKind::CudaIpc)
+                .unwrap()
+                .unwrap_err()
+                .to_string()
+        };
+        let clash = refusal(1);
+        assert!(clash.contains("INVALID_CONTEXT"), "{clash}");
+        assert!(clash.contains("this process's PID"), "{clash}");
+        assert!(clash.contains("hostPID"), "{clash}");
+        assert!(!refusal(2).contains("PID"), "{}", refusal(2));
     }
 
     #[tokio::test]
