@@ -1,9 +1,10 @@
 """ferry through NIXL's API (``ferry_kv.nixl``) on torch CUDA tensors, as vLLM's NixlConnector
 drives it: the decode pulling (READ) and the prefill pushing (WRITE) between two processes,
 with PyTorch's default allocator and with expandable segments (VMM memory). Each run is the
-bench's ferry rows of ``--api nixl`` (``--engines nixl-pull,nixl-push,ferry``) on a small shape: both processes register their pool tensors as ``VRAM``,
-prepare NIXL's strided rows, move every request, and the decode's pools are poisoned before
-the last request and checked block by block after it.
+bench's ferry rows of ``--api nixl`` (``--engines nixl-pull,nixl-push,ferry``) on a small
+shape: both processes register their pool tensors as ``VRAM``, prepare NIXL's strided rows,
+move every request, and the decode's pools are poisoned before the last request and checked
+block by block after it.
 
 Runs on GPU 0 -> GPU 0 and GPU 0 -> GPU 1 (the latter fails, never skips, on one GPU).
 """
