@@ -9,6 +9,13 @@ use std::sync::Arc;
 /// `127.0.0.1:0`, peer-to-peer metadata, TCP, nvlink and mnnvl, and RDMA with the `rdma`
 /// feature where the host has RDMA devices. [`Links::builder`] starts from links set up
 /// otherwise.
+///
+/// ```
+/// # fn main() -> ferry::Result<()> {
+/// let engine = ferry::builder().listen("127.0.0.1:0").build_blocking()?;
+/// assert!(engine.name().starts_with("127.0.0.1:"));
+/// # Ok(()) }
+/// ```
 pub fn builder() -> EngineBuilder {
     Links::default().builder()
 }
@@ -17,6 +24,23 @@ pub fn builder() -> EngineBuilder {
 /// nvlink and mnnvl between GPUs, and with the `rdma` feature RDMA between hosts. The
 /// default has all of them with their default settings; the engine opens them when it is
 /// built, so RDMA devices are looked for then.
+///
+/// ```
+/// # fn main() -> ferry::Result<()> {
+/// // Two streams per GPU for nvlink's copies, and the fd socket also served in a directory
+/// // that a second pod mounts at the same path.
+/// # let shared = std::env::temp_dir().join(format!("ferry-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&shared).expect("a directory");
+/// let nvlink = ferry::NvlinkConfig {
+///     streams_per_gpu: 2,
+///     ..ferry::NvlinkConfig::default()
+/// }
+/// .socket_dir(&shared);
+/// let engine = ferry::Links::default().nvlink(nvlink).builder().build_blocking()?;
+/// # drop(engine);
+/// # std::fs::remove_dir_all(&shared).expect("removed");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "links do nothing until an engine is built with them"]
 pub struct Links {
@@ -38,7 +62,10 @@ impl Default for Links {
 }
 
 impl Links {
-    /// How the nvlink transport spreads copies over streams.
+    /// How the GPU links work: the nvlink transport's streams, copy path and kernels, the
+    /// socket directory its fd socket is also served in ([`NvlinkConfig::socket_dir`]), and
+    /// the same settings for mnnvl. Has no effect with [`Links::gpu_links`] off (a socket
+    /// directory set then is logged as unused).
     pub fn nvlink(self, config: NvlinkConfig) -> Self {
         Links {
             nvlink: config,
@@ -82,6 +109,8 @@ impl TransportSet for Links {
         if self.gpu_links {
             transports.push(Arc::new(NvlinkTransport::new(self.nvlink)));
             transports.push(Arc::new(MnnvlTransport::new(self.nvlink)));
+        } else if let Some(dir) = self.nvlink.socket_dir {
+            tracing::warn!(dir = %dir.display(), "a socket directory is set but the GPU links are off: no fd socket is served there, and every byte goes over TCP");
         }
         transports
     }

@@ -201,12 +201,15 @@ impl Trials {
 /// 580: equal PIDs in two PID namespaces fail with `CUDA_ERROR_INVALID_CONTEXT`, different
 /// ones map). Not documented driver behaviour, so ferry only names it and never relies on it.
 fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
-    if kind != ExportKind::CudaIpc || peer_pid != std::process::id() {
+    if kind != ExportKind::CudaIpc
+        || peer_pid != std::process::id()
+        || !reason.contains("CUDA_ERROR_INVALID_CONTEXT")
+    {
         return reason;
     }
     format!(
-        "{reason}; the peer's process has this process's PID ({peer_pid}) in another PID namespace, \
-         and CUDA refuses an IPC handle whose exporter's PID equals the importer's: share one PID \
+        "{reason}; likely because the peer's process has this process's PID ({peer_pid}) in another \
+         PID namespace, and CUDA refuses an IPC handle whose exporter's PID equals the importer's: share one PID \
          namespace (hostPID, or shareProcessNamespace in one pod), or use VMM memory \
          (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
     )

@@ -44,9 +44,15 @@ impl FdSocket {
         let (stream, asked) = match (by_name, &self.path) {
             (Ok(stream), _) => (stream, Asked::Name(&self.name)),
             (Err(by_name), Some(path)) if another_namespace(&by_name) => {
-                let by_path = rustix::net::SocketAddrUnix::new(path.as_str())
-                    .map_err(std::io::Error::from)
-                    .and_then(|address| connect_nonblocking(&address));
+                let by_path = if super::dir::in_served_dir(path) {
+                    rustix::net::SocketAddrUnix::new(path.as_str())
+                        .map_err(std::io::Error::from)
+                        .and_then(|address| connect_nonblocking(&address))
+                } else {
+                    Err(std::io::Error::other(
+                        "not tried: this engine serves no socket directory there; give both engines the same socket directory, mounted at the same path",
+                    ))
+                };
                 match by_path {
                     Ok(stream) => (stream, Asked::Path(path)),
                     Err(by_path) => {

@@ -35,13 +35,13 @@ pub(crate) fn configured(config: Option<&Path>, env: Option<OsString>) -> Option
         .or_else(|| env.filter(|value| !value.is_empty()).map(PathBuf::from))
 }
 
-/// Whether a directory of permission bits `mode` lets every user create and remove files
-/// without the sticky bit, which would let any local user remove (and so replace) another
-/// engine's socket file.
-pub(crate) fn open_to_all_without_sticky(mode: u32) -> bool {
-    const OTHERS_WRITE: u32 = 0o002;
+/// Whether a directory of permission bits `mode` lets users other than its owner (its group,
+/// or everyone) create and remove files without the sticky bit, which would let them remove
+/// (and so replace) an engine's socket file.
+pub(crate) fn writable_by_others_without_sticky(mode: u32) -> bool {
+    const GROUP_OR_OTHERS_WRITE: u32 = 0o022;
     const STICKY: u32 = 0o1000;
-    mode & OTHERS_WRITE != 0 && mode & STICKY == 0
+    mode & GROUP_OR_OTHERS_WRITE != 0 && mode & STICKY == 0
 }
 
 /// A socket directory checked usable: absolute, plain (no `..`), UTF-8 (descriptors carry the
@@ -107,11 +107,11 @@ impl SocketDir {
             source: errno.into(),
         })?;
         let mode = metadata.permissions().mode();
-        if open_to_all_without_sticky(mode) {
+        if writable_by_others_without_sticky(mode) {
             tracing::warn!(
                 dir = %normal.display(),
                 mode = format_args!("{:o}", mode & 0o7777),
-                "the socket directory is writable by every user and its sticky bit is not set: any local user can remove an engine's fd socket and bind another in its place; set the sticky bit (chmod 1777) or give it to the pods' user or group only",
+                "the socket directory is writable by other users and its sticky bit is not set: they can remove an engine's fd socket and bind another in its place; set the sticky bit (chmod 1777) or give the directory to one user only",
             );
         }
         Ok(SocketDir {
@@ -123,6 +123,30 @@ impl SocketDir {
     pub(crate) fn socket_path(&self, owner: InstanceId) -> String {
         format!("{}/{}", self.path, socket_file_name(owner))
     }
+
+    /// Records that an engine of this process serves its socket here: peers' socket files are
+    /// connected to only in such directories ([`in_served_dir`]).
+    pub(crate) fn record_served(&self) {
+        let mut served = SERVED.lock();
+        if !served.contains(&self.path) {
+            served.push(self.path.clone());
+        }
+    }
+}
+
+/// The socket directories engines of this process have served in (a handful at most; never
+/// shrinks, since a directory once mounted stays the pods' meeting place).
+static SERVED: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
+/// Whether the socket file `path` a peer's descriptor names lies in a socket directory an
+/// engine of this process serves in. Both pods mount the shared directory at one path, so a
+/// peer's file anywhere else is not the meeting place, and connecting to a path of the peer's
+/// choosing elsewhere could block on whatever file system it names (a hung network mount).
+pub(crate) fn in_served_dir(path: &str) -> bool {
+    let Some(parent) = Path::new(path).parent() else {
+        return false;
+    };
+    SERVED.lock().iter().any(|dir| Path::new(dir) == parent)
 }
 
 /// Why the socket directory cannot be used; the engine is not built (see [`crate::NvlinkConfig::socket_dir`]).
@@ -170,7 +194,7 @@ pub enum SocketDirError {
         dir: PathBuf,
     },
     /// This process may not create files in the directory.
-    #[error("this process (uid {uid}) cannot create files in the socket directory {dir:?} ({source}): make it writable for the pods' users, such as mode 1777 (the sticky bit keeps users from removing each other's sockets) or group-writable with the pods' fsGroup")]
+    #[error("this process (uid {uid}) cannot create files in the socket directory {dir:?} ({source}): make it writable for the pods' users with mode 1777 (the sticky bit keeps users from removing each other's sockets), set by an init container running as root since a hostPath volume ignores fsGroup")]
     NotWritable {
         /// The directory as given.
         dir: PathBuf,
@@ -215,13 +239,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_directory_open_to_all_without_the_sticky_bit_is_warned_about() {
-        assert!(open_to_all_without_sticky(0o777));
-        assert!(open_to_all_without_sticky(0o733));
-        assert!(!open_to_all_without_sticky(0o1777));
-        assert!(!open_to_all_without_sticky(0o755));
-        assert!(!open_to_all_without_sticky(0o775));
-        assert!(!open_to_all_without_sticky(0o700));
+    fn only_a_directory_others_may_write_without_the_sticky_bit_is_warned_about() {
+        assert!(writable_by_others_without_sticky(0o777));
+        assert!(writable_by_others_without_sticky(0o733));
+        assert!(!writable_by_others_without_sticky(0o1777));
+        assert!(!writable_by_others_without_sticky(0o755));
+        assert!(writable_by_others_without_sticky(0o775));
+        assert!(writable_by_others_without_sticky(0o770));
+        assert!(!writable_by_others_without_sticky(0o1775));
+        assert!(!writable_by_others_without_sticky(0o700));
     }
 
     #[test]

@@ -24,6 +24,14 @@ fn socket_dir() -> (tempfile::TempDir, SocketDir) {
     (temp, dir)
 }
 
+/// A socket directory this process counts as served in (as an engine's binding there does),
+/// so that peers' socket files in it are connected to.
+fn served_dir() -> (tempfile::TempDir, SocketDir) {
+    let (temp, dir) = socket_dir();
+    dir.record_served();
+    (temp, dir)
+}
+
 /// A server serving in `dir` too, whose rings deliver into the returned inbox.
 fn server_in(dir: &SocketDir, secret: Option<Secret>) -> (FdServer, Notifications) {
     let runtime = tokio::runtime::Handle::current();
@@ -76,7 +84,7 @@ async fn a_ring_and_a_fetch_reach_the_server_through_its_file_when_the_name_is_u
 
 #[tokio::test]
 async fn descriptors_arrive_in_order_through_a_socket_file() {
-    let temp = tempfile::tempdir().unwrap();
+    let (temp, _dir) = served_dir();
     let path = temp.path().join("ferry-serving.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -131,11 +139,9 @@ async fn the_abstract_name_is_used_first_and_a_missing_file_is_never_tried() {
 
 #[tokio::test]
 async fn a_socket_reachable_neither_by_name_nor_by_file_says_both_and_what_to_do() {
+    let (_temp, dir) = served_dir();
     let id = InstanceId::random().unwrap();
-    let target = FdSocket::new(
-        fd_socket_name(id),
-        Some(format!("/nonexistent/{}", socket_file_name(id))),
-    );
+    let target = FdSocket::new(fd_socket_name(id), Some(dir.socket_path(id)));
     let error = fetch_fds(&target, 0x1000, 1, None).await.unwrap_err();
     match &error {
         ImportError::Unreachable {
@@ -151,12 +157,32 @@ async fn a_socket_reachable_neither_by_name_nor_by_file_says_both_and_what_to_do
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_file_outside_every_directory_this_process_serves_in_is_not_tried() {
+    let (_temp, dir) = socket_dir();
+    // Served by a real server, but in a directory no engine of this process serves in (as if
+    // a peer named a path of its own choosing): the file is not connected to.
+    let listener =
+        std::os::unix::net::UnixListener::bind(dir.socket_path(InstanceId::from_u128(7))).unwrap();
+    let id = InstanceId::from_u128(7);
+    let target = FdSocket::new(fd_socket_name(id), Some(dir.socket_path(id)));
+    let error = fetch_fds(&target, 0x1000, 1, None).await.unwrap_err();
+    match &error {
+        ImportError::Unreachable { by_path, .. } => {
+            assert!(by_path.to_string().starts_with("not tried"), "{by_path}");
+        }
+        other => panic!("expected Unreachable, got {other}"),
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing connected to the file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_named_after_the_peer_but_leading_to_another_engines_socket_is_refused() {
     let (_temp, dir) = socket_dir();
     // The third engine, whose memory the peer would have this engine map.
     let (third, _inbox) = server_in(&dir, None);
     let third_path = third.socket_path().unwrap().to_owned();
-    let elsewhere = tempfile::tempdir().unwrap();
+    let (elsewhere, _served) = served_dir();
     let peer = InstanceId::random().unwrap();
     let link = elsewhere.path().join(socket_file_name(peer));
     let links: [fn(&Path, &Path) -> std::io::Result<()>; 2] = [
@@ -238,15 +264,16 @@ fn as_user<T: Send + 'static>(
 
 const NOBODY: u32 = 65534;
 
+// Switching a thread to another user needs root: `.ci/run` runs this test as root with
+// `--ignored`; a developer's plain `cargo test` leaves it out (the rule itself is
+// `credentials::admits`, tested everywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to switch a thread to another user; .ci/run runs it"]
 async fn another_user_is_served_through_the_directory_with_the_secret_and_refused_without() {
-    // Switching a thread to another user needs root, which CI's container has. Elsewhere
-    // (`cargo test` as a developer) there is no other user to be: the rule itself is
-    // `credentials::admits`, tested everywhere.
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("not run: switching a thread to uid {NOBODY} needs root (CI runs as root)");
-        return;
-    }
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "switching a thread to uid {NOBODY} needs root: run this test as root"
+    );
     let (_temp, dir) = socket_dir();
     // With the secret: the other user reaches the file (mode 0o666) and is served.
     let (server, mut inbox) = server_in(&dir, Some(secret()));

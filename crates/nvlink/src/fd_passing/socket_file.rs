@@ -3,7 +3,6 @@
 
 use super::dir::{SocketDir, SocketDirError};
 use ferry_core::InstanceId;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 
 /// Permissions of the socket file with a shared secret: every user may connect (connecting
@@ -51,12 +50,9 @@ impl SocketFile {
             path: path.clone(),
             source,
         })?;
+        dir.record_served();
         let file = SocketFile { path };
-        std::fs::set_permissions(
-            &file.path,
-            std::fs::Permissions::from_mode(mode(with_secret)),
-        )
-        .map_err(|source| SocketDirError::Mode {
+        set_mode(&file.path, mode(with_secret)).map_err(|source| SocketDirError::Mode {
             path: file.path.clone(),
             source,
         })?;
@@ -75,6 +71,32 @@ impl SocketFile {
     }
 }
 
+/// Sets the permissions of the socket just bound at `path` to `mode`, on the very file the
+/// name leads to now, and only when that is a socket of this user: another user who may
+/// remove files in the directory could otherwise swap a symbolic link to a file of this
+/// user's in between the bind and the change, and have that file's permissions changed
+/// (`chmod` follows links). The name is opened without following a link, checked, and the
+/// permissions are changed through the opened file (its `/proc/self/fd` entry), not the name.
+fn set_mode(path: &str, mode: u32) -> std::io::Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::os::fd::AsRawFd;
+    let opened = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::fstat(&opened)?;
+    let own = rustix::process::geteuid().as_raw();
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket || stat.st_uid != own {
+        return Err(std::io::Error::other(format!(
+            "{path} is no longer the socket this engine bound (another file, or another user's, took its name): the directory lets other users replace files; set its sticky bit (chmod 1777) or give it to the pods' user only"
+        )));
+    }
+    let through = format!("/proc/self/fd/{}", opened.as_raw_fd());
+    rustix::fs::chmod(through.as_str(), Mode::from_raw_mode(mode))?;
+    Ok(())
+}
+
 impl Drop for SocketFile {
     fn drop(&mut self) {
         match std::fs::remove_file(&self.path) {
@@ -90,7 +112,7 @@ impl Drop for SocketFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     use std::path::Path;
 
     #[test]
