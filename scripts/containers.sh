@@ -50,6 +50,12 @@ secret=$("$bin/ferry" secret)
 pod_as() {
   echo "hostname $1 && mount -t tmpfs ferry-tmp /tmp && exec setpriv --reuid=$2 --regid=$2 --clear-groups \"\$0\" \"\$@\""
 }
+# The same, but the program runs as PID 2 of the pod's PID namespace under a shell that stays
+# PID 1 (as under an init such as tini): the two pods' processes then have different PIDs,
+# which decides whether CUDA IPC handles cross (docs/containers.md, scripts/ipc-pid-namespaces.sh).
+pod_as_child() {
+  echo "hostname $1 && mount -t tmpfs ferry-tmp /tmp && setpriv --reuid=$2 --regid=$2 --clear-groups \"\$0\" \"\$@\"; exit \$?"
+}
 # Inside each network namespace; `env -u` keeps a wrapped ip's library path out of ferry.
 in_d=(ip netns exec ferry-d env -u LD_LIBRARY_PATH)
 in_p=(ip netns exec ferry-p env -u LD_LIBRARY_PATH)
@@ -145,7 +151,7 @@ run_case() {
     # carries VMM memory and notifications; users that differ without a secret share nothing.
     local must_transport="" must_notify=""
     case $layout in
-      pod-dir-secret | pod-dir-same-uid) must_notify=ring
+      pod-dir-secret | pod-dir-same-uid | pod-dir-secret-pid2 | uid-secret) must_notify=ring
         [ "$memory" = vmm ] && must_transport=nvlink ;;
       pod-dir) must_notify=tcp
         [ "$memory" = vmm ] && must_transport=tcp ;;
@@ -183,6 +189,9 @@ for memory in ${MEMORY:-cuda vmm}; do
   run_case visible-gpu "$memory" 127.0.0.1:0 env CUDA_VISIBLE_DEVICES="$decode_gpu" -- env CUDA_VISIBLE_DEVICES="$prefill_gpu"
   run_case uid "$memory" 127.0.0.1:0 env -- setpriv --reuid=65534 --regid=65534 --clear-groups
   run_case uts "$memory" 127.0.0.1:0 unshare -u sh -c "$own_hostname" -- unshare -u sh -c "$own_hostname"
+  # Different users with a shared secret: the secret, not the user, is the credential.
+  run_case uid-secret "$memory" 127.0.0.1:0 env FERRY_SECRET="$secret" -- \
+    env FERRY_SECRET="$secret" setpriv --reuid=65534 --regid=65534 --clear-groups
   # Two containers of one pod: their own PID, mount, IPC and UTS namespaces, one network.
   run_case pod-shared-net "$memory" 127.0.0.1:0 \
     unshare -p -f --mount-proc -i -u sh -c "$decode_pod" -- \
@@ -205,6 +214,12 @@ for memory in ${MEMORY:-cuda vmm}; do
       unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
       "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
       unshare -p -f --mount-proc -i -u sh -c "$(pod_as prefill-pod 1002)"
+    # The same with the prefill's program as PID 2 of its pod (the decode's is PID 1).
+    run_case pod-dir-secret-pid2 "$memory" 10.231.0.1:0 \
+      "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
+      "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+      unshare -p -f --mount-proc -i -u sh -c "$(pod_as_child prefill-pod 1002)"
     # The same without a secret: users that differ share nothing (TCP, with the cause).
     run_case pod-dir "$memory" 10.231.0.1:0 \
       "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" \
