@@ -5,7 +5,9 @@
 # Usage: containers.sh [LOG_DIR] [PREFILL_GPU DECODE_GPU]   (GPUs 0 0 by default)
 # MEMORY="cuda vmm" (the default) picks the memory kinds; "host" runs the layouts without a GPU
 # (the notification path still crosses the fd socket, so the socket-directory rows mean
-# something there too). LAYOUTS="pod-dir-secret pod-dir ..." runs only the layouts named.
+# something there too). LAYOUTS="pod-dir-secret pod-dir ..." runs only the layouts named;
+# REQUESTS (5 by default) sets the requests per case, whose median GB/s after the first each
+# row gives.
 # Writes LOG_DIR/containers.txt (one row per case) and LOG_DIR/containers.log (all output);
 # exits non-zero when any case failed to verify, hung, fell back to TCP without saying why, or
 # (the socket-directory rows) did not take the path its layout must take.
@@ -32,6 +34,9 @@ work=$(mktemp -d /var/tmp/ferry-containers.XXXXXX)
 chmod 755 "$work"
 
 shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
+# Requests per case: the first warms up; the row's GB/s is the median of the others, so that
+# a layout's figure can stand beside the plain processes' at the same shape.
+requests=${REQUESTS:-5}
 private_tmp='mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
 # A pod's own host name (UTS namespace) and private /tmp, then the program.
 decode_pod='hostname decode-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
@@ -114,7 +119,7 @@ run_case() {
     echo "prefill: ${prefill_wrap[*]} prefill"
   } >>"$log"
   timeout 150 "${decode_wrap[@]}" "$bin/decode" "${shape[@]}" "${decode_memory[@]}" \
-    --listen "$listen" --reply-to "$prefill_listen" --requests 2 \
+    --listen "$listen" --reply-to "$prefill_listen" --requests "$requests" \
     >"$case_dir/decode.out" 2>"$case_dir/decode.err" </dev/null &
   local decode_pid=$!
   local segment=""
@@ -124,7 +129,7 @@ run_case() {
     kill -0 "$decode_pid" 2>/dev/null || break
     sleep 0.1
   done
-  local probe_route="-" transport="-" verified="false" outcome="FAIL" reason="-" notify="-"
+  local probe_route="-" transport="-" verified="false" outcome="FAIL" reason="-" notify="-" gbps="-"
   if [ -z "$segment" ]; then
     reason="decode did not start"
   else
@@ -133,12 +138,14 @@ run_case() {
     probe_route=$(awk '/^  from gpu/ { gpu = 1; next } /^  from / { gpu = 0 }
       gpu && /^    buffer/ { sub(/.*\): /, ""); print $1 }' "$case_dir/probe.out" | sort -u | tr '\n' ' ')
     timeout 120 "${prefill_wrap[@]}" "$bin/prefill" "${shape[@]}" "${prefill_memory[@]}" \
-      --listen "$prefill_listen" --peer "$segment" --requests 2 \
+      --listen "$prefill_listen" --peer "$segment" --requests "$requests" \
       >"$case_dir/prefill.out" 2>"$case_dir/prefill.err"
     local prefill_status=$?
     wait "$decode_pid"
     local decode_status=$?
     transport=$(sed -n 's/^transport: //p' "$case_dir/prefill.out" | sort -u | tr '\n' ' ')
+    gbps=$(awk '/^request [0-9]+:/ && $2 != "0:" { print $NF }' "$case_dir/prefill.out" | sort -g |
+      awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "-" }')
     grep -q '^verified: true' "$case_dir/decode.out" && verified=true
     reason=$(grep -ho 'mapping the peer.s [^)]*([^)]*)' "$case_dir/prefill.err" | sort -u | head -1)
     reason=${reason:--}
@@ -175,8 +182,8 @@ run_case() {
     grep -v '^$' "$file" | tail -n 40 >>"$log"
   done
   [ "$outcome" = ok ] || status=1
-  printf '%-4s %-16s %-6s transport=%-8s probe=%-8s notify=%-4s verified=%-5s %3ss  %s\n' \
-    "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$notify" "$verified" \
+  printf '%-4s %-19s %-6s transport=%-8s probe=%-8s notify=%-4s verified=%-5s gbps=%-8s %3ss  %s\n' \
+    "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$notify" "$verified" "$gbps" \
     "$((SECONDS - started))" "$reason" >>"$table"
   rm -f "$sockets"/ferry-*.sock
 }
