@@ -474,12 +474,24 @@ async fn a_read_into_bytes_another_entry_uses_is_refused_at_submit() {
 
 #[tokio::test]
 async fn a_large_read_that_races_is_checked_while_it_moves_and_fails_its_transfer() {
-    const ENTRIES: u64 = 5000;
-    let pair = Pair::new(ENTRIES as usize * 64, ENTRIES as usize * 64).await;
+    large_read_race(5000).await;
+}
+
+#[tokio::test]
+async fn a_read_large_enough_to_be_checked_on_its_own_thread_that_races_fails_its_transfer() {
+    large_read_race(20_000).await;
+}
+
+/// A batch of `entries` reads of 64 bytes (checked while it moves, on the submitting thread
+/// or on one of its own), once with entry 4321 racing entry 17 and once a block copy reading
+/// into local block 3 twice: both fail their transfer naming the entry; then the same without
+/// a race moves every byte.
+async fn large_read_race(entries: u64) {
+    let pair = Pair::new(entries as usize * 64, entries as usize * 64).await;
     let (prefill, peer, source, remote) = (&pair.prefill, &pair.peer, &pair.source, pair.remote);
     // Entry 4321 reads into the bytes entry 17 reads into.
     let mut racing = prefill.batch(peer);
-    for index in 0..ENTRIES {
+    for index in 0..entries {
         let local = if index == 4321 { 17 } else { index };
         racing = racing.read(source, local * 64, remote + index * 64, 64);
     }
@@ -490,7 +502,7 @@ async fn a_large_read_that_races_is_checked_while_it_moves_and_fails_its_transfe
         Err(Error::ApiMisuse(reason)) => assert!(reason.contains("entry 4321"), "{reason}"),
         other => panic!("expected the racing read to fail its transfer, got {other:?}"),
     }
-    let ids: Vec<u32> = (0..ENTRIES as u32).collect();
+    let ids: Vec<u32> = (0..entries as u32).collect();
     let mut twice = ids.clone();
     twice[4999] = 3;
     let copy = ferry::BlockCopy::packed(64, twice, ids.clone()).pool(source, &peer.buffers()[0]);
@@ -510,7 +522,7 @@ async fn a_large_read_that_races_is_checked_while_it_moves_and_fails_its_transfe
     }
     // Without a race both move every byte.
     pair.pool
-        .write_at(0, &pattern(5, ENTRIES as usize * 64))
+        .write_at(0, &pattern(5, entries as usize * 64))
         .unwrap();
     let copy = ferry::BlockCopy::packed(64, ids.clone(), ids).pool(source, &peer.buffers()[0]);
     prefill
@@ -520,9 +532,9 @@ async fn a_large_read_that_races_is_checked_while_it_moves_and_fails_its_transfe
         .unwrap()
         .await
         .unwrap();
-    let mut landed = vec![0u8; ENTRIES as usize * 64];
+    let mut landed = vec![0u8; entries as usize * 64];
     source.read_at(0, &mut landed).unwrap();
-    common::assert_bytes_eq(&landed, &pattern(5, ENTRIES as usize * 64), "the read");
+    common::assert_bytes_eq(&landed, &pattern(5, entries as usize * 64), "the read");
 }
 
 #[tokio::test]

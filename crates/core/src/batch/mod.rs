@@ -383,9 +383,48 @@ struct Later {
     blocks: Vec<(usize, BlockCopy)>,
 }
 
+/// Entries and block pairs from which the checks left for later run on a thread of their own:
+/// a large read's check then overlaps the routing and planning of its slices as well as its
+/// copies, where on the submitting thread it would follow them (tens of nanoseconds an entry
+/// on a slow host, as long as planning them). Below it, starting a thread costs more than
+/// the check.
+const CHECK_ON_A_THREAD: usize = 16384;
+
 impl Later {
     fn is_empty(&self) -> bool {
         !self.entries && self.blocks.is_empty()
+    }
+
+    /// Starts the checks on `entries`, the batch's: on a thread of their own when they are
+    /// many ([`CHECK_ON_A_THREAD`]), else here when the returned future is first polled. The
+    /// future resolves to their outcome.
+    fn start(self, entries: Arc<Vec<Entry>>) -> futures::future::BoxFuture<'static, Result<()>> {
+        let work = usize::from(self.entries) * entries.len()
+            + self
+                .blocks
+                .iter()
+                .map(|(_, copy)| copy.pairs())
+                .sum::<usize>();
+        let later = Arc::new(self);
+        if work >= CHECK_ON_A_THREAD {
+            let (sender, receiver) = futures::channel::oneshot::channel();
+            let (checking, checked) = (Arc::clone(&later), Arc::clone(&entries));
+            let spawned = std::thread::Builder::new()
+                .name("ferry-check".into())
+                .spawn(move || {
+                    let _ = sender.send(checking.run(&checked));
+                });
+            if spawned.is_ok() {
+                return Box::pin(async move {
+                    receiver.await.unwrap_or_else(|_| {
+                        Err(Error::internal(
+                            "the thread checking a batch ended without an outcome",
+                        ))
+                    })
+                });
+            }
+        }
+        Box::pin(async move { later.run(&entries) })
     }
 
     /// Runs the checks on `entries`, the batch's.

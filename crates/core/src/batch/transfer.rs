@@ -191,8 +191,12 @@ async fn run(
             .iter()
             .map(|blocks| blocks.copy.bytes())
             .sum::<u64>();
-    // Kept (moved, not copied) only to name a refused entry should the peer refuse one.
-    let entries = std::mem::take(&mut work.entries);
+    // Kept (moved, not copied) only to name a refused entry should the peer refuse one, and
+    // shared with the checks left for later, which start now to overlap the routing.
+    let entries = Arc::new(std::mem::take(&mut work.entries));
+    let later = std::mem::take(&mut work.later);
+    let checks_left = !later.is_empty();
+    let checked = checks_left.then(|| later.start(Arc::clone(&entries)));
     let mut slices = slices(entries.len());
     let first = slices.next().unwrap_or(0..0);
     let mut routing = Routing::new(engine, peer);
@@ -209,7 +213,6 @@ async fn run(
         None => None,
     };
     let after = work.after.take();
-    let later = std::mem::take(&mut work.later);
     let uses = Arc::clone(&work.uses);
     drop(work);
     // A batch that goes whole through the link that carries the peer's notifications hands
@@ -225,7 +228,7 @@ async fn run(
         Some(transport)
             if notification.is_some()
                 && signal.is_none()
-                && later.is_empty()
+                && !checks_left
                 && peer.message_transport(engine.peer_context()) == Some(transport) =>
         {
             notification.take()
@@ -264,13 +267,12 @@ async fn run(
             .await;
     }
     let moves_data = !parts.is_empty();
-    if !later.is_empty() {
-        // After every part has started its copies, so that the check overlaps them.
-        let (later, entries) = (&later, &entries);
+    if let Some(checked) = checked {
+        // After every part has started its copies, so that a check run here overlaps them.
         parts
-            .begin(Box::pin(async move {
-                later.run(entries).map(|()| Notified::Left)
-            }))
+            .begin(Box::pin(
+                async move { checked.await.map(|()| Notified::Left) },
+            ))
             .await;
     }
     let Some(outcomes) = parts.finish(peer).await else {
@@ -297,7 +299,11 @@ async fn run(
                 .collect();
             error.in_batch(&ranges)
         })?;
-    engine.spares().give(entries);
+    // The checking thread may hold its share a moment after its answer: then the list is not
+    // kept for reuse.
+    if let Ok(entries) = Arc::try_unwrap(entries) {
+        engine.spares().give(entries);
+    }
     match (handed, notified.as_slice()) {
         (Some(_), [Notified::Sent]) => crate::telemetry::notification_sent(),
         (Some(payload), _) => notification = Some(payload),
