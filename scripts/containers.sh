@@ -38,6 +38,9 @@ shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
 # a layout's figure can stand beside the plain processes' at the same shape.
 requests=${REQUESTS:-5}
 private_tmp='mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
+# The program as PID 2 of a new PID namespace: the shell stays PID 1 (`; exit` keeps it from
+# replacing itself with the program). No `--`: run_case splits its wrappers there.
+as_pid2=(unshare -p -f --mount-proc sh -c '"$@"; exit $?' sh)
 # A pod's own host name (UTS namespace) and private /tmp, then the program.
 decode_pod='hostname decode-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
 prefill_pod='hostname prefill-pod && mount -t tmpfs ferry-tmp /tmp && exec "$0" "$@"'
@@ -57,7 +60,7 @@ pod_as() {
 }
 # The same, but the program runs as PID 2 of the pod's PID namespace under a shell that stays
 # PID 1 (as under an init such as tini): the two pods' processes then have different PIDs,
-# which decides whether CUDA IPC handles cross (docs/containers.md, scripts/ipc-pid-namespaces.sh).
+# which decides whether CUDA IPC handles cross (docs/containers.md, rows pid-*).
 pod_as_child() {
   echo "hostname $1 && mount -t tmpfs ferry-tmp /tmp && setpriv --reuid=$2 --regid=$2 --clear-groups \"\$0\" \"\$@\"; exit \$?"
 }
@@ -191,6 +194,11 @@ run_case() {
 for memory in ${MEMORY:-cuda vmm}; do
   run_case host "$memory" 127.0.0.1:0 env -- env
   run_case pid "$memory" 127.0.0.1:0 unshare -p -f --mount-proc -- unshare -p -f --mount-proc
+  # The same with either side or both as PID 2 of its namespace (a shell stays PID 1): equal
+  # PID numbers, not separate namespaces, decide whether a CUDA IPC handle crosses.
+  run_case pid-1-2 "$memory" 127.0.0.1:0 unshare -p -f --mount-proc -- "${as_pid2[@]}"
+  run_case pid-2-1 "$memory" 127.0.0.1:0 "${as_pid2[@]}" -- unshare -p -f --mount-proc
+  run_case pid-2-2 "$memory" 127.0.0.1:0 "${as_pid2[@]}" -- "${as_pid2[@]}"
   run_case mount "$memory" 127.0.0.1:0 unshare -m sh -c "$private_tmp" -- unshare -m sh -c "$private_tmp"
   run_case ipc "$memory" 127.0.0.1:0 unshare -i -- unshare -i
   run_case visible-gpu "$memory" 127.0.0.1:0 env CUDA_VISIBLE_DEVICES="$decode_gpu" -- env CUDA_VISIBLE_DEVICES="$prefill_gpu"

@@ -26,7 +26,7 @@ done
 for binary in "$target"/release/ferry "$target"/release/examples/{pd_demo,decode,prefill,tp_demo}; do
   cp "$binary" "$out/"
 done
-cp scripts/gpu-run.sh scripts/containers.sh scripts/ipc-pid-namespaces.sh "$out/"
+cp scripts/gpu-run.sh scripts/containers.sh "$out/"
 find "$out/tests" -maxdepth 1 -type f -exec strip {} +
 strip "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill "$out"/tp_demo
 du -sh "$out"

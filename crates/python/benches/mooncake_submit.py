@@ -21,63 +21,26 @@ Build the module with ``maturin develop --release`` (from crates/python) first.
 """
 
 import argparse
-import ctypes
-import mmap
 import os
-import random
 import statistics
 import time
+from types import SimpleNamespace
 
 os.environ.setdefault("FERRY_LOG", "off")
 
+from ferry_kv._bench_pools import CtypesPools  # noqa: E402
+from ferry_kv._bench_workers import request_block_ids, request_entries  # noqa: E402
 from ferry_kv.mooncake import TransferEngine  # noqa: E402
 
 
 def engine_with(pools):
-    """An initialized engine with ``pools`` ((address, mmap) pairs) registered."""
+    """An initialized engine with ``pools`` (a ``CtypesPools``) registered."""
     engine = TransferEngine()
     if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         raise RuntimeError("initialize failed")
-    addresses = [address for address, _ in pools]
-    lengths = [len(pool) for _, pool in pools]
-    if engine.batch_register_memory(addresses, lengths) != 0:
+    if engine.batch_register_memory(pools.addresses, pools.lengths) != 0:
         raise RuntimeError("batch_register_memory failed")
     return engine
-
-
-def make_pools(tensors, size):
-    """``tensors`` anonymous mmaps of ``size`` bytes, touched, as (address, mmap) pairs."""
-    pools = []
-    for _ in range(tensors):
-        pool = mmap.mmap(-1, size)
-        pool[:] = bytes(size)  # touch every page
-        pools.append((address_of(pool), pool))
-    return pools
-
-
-def address_of(pool):
-    return ctypes.addressof(ctypes.c_char.from_buffer(pool))
-
-
-def request_entries(args, src_bases, dst_bases, request):
-    """Request ``request``'s three lists, as ``ferry_kv.bench`` builds them."""
-    rng = random.Random(1_000_003 + request)
-    src_ids = rng.sample(range(args.pool_blocks), args.blocks)
-    dst_ids = rng.sample(range(args.pool_blocks), args.blocks)
-    runs = []
-    for src, dst in zip(src_ids, dst_ids):
-        if runs and src == runs[-1][0] + runs[-1][2] and dst == runs[-1][1] + runs[-1][2]:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((src, dst, 1))
-    block = args.block_bytes
-    sources, destinations, lengths = [], [], []
-    for src_base, dst_base in zip(src_bases, dst_bases):
-        for src, dst, count in runs:
-            sources.append(src_base + src * block)
-            destinations.append(dst_base + dst * block)
-            lengths.append(count * block)
-    return sources, destinations, lengths
 
 
 FIGURES = ("lists", "check", "submit", "sync")
@@ -94,16 +57,19 @@ def main():
     parser.add_argument("--only", choices=list(FIGURES), action="append")
     args = parser.parse_args()
     tensors = 2 * args.layers
-    size = args.pool_blocks * args.block_bytes
-    prefill_pools = make_pools(tensors, size)
-    decode_pools = make_pools(tensors, size)
+    # The request shape as ``ferry_kv.bench`` draws and merges it (seed 1).
+    config = SimpleNamespace(seed=1, pool_blocks=args.pool_blocks, blocks=args.blocks,
+                             block_bytes=args.block_bytes)
+    prefill_pools = CtypesPools(tensors, args.pool_blocks, args.block_bytes, config.seed)
+    decode_pools = CtypesPools(tensors, args.pool_blocks, args.block_bytes, config.seed)
     prefill = engine_with(prefill_pools)
     decode = engine_with(decode_pools)
     session = decode.get_session_id()
-    src_bases = [address for address, _ in prefill_pools]
-    dst_bases = [address for address, _ in decode_pools]
+
     def request(number):
-        return request_entries(args, src_bases, dst_bases, number)
+        src_ids, dst_ids = request_block_ids(config, number)
+        return request_entries(config, prefill_pools.addresses, decode_pools.addresses,
+                               src_ids, dst_ids)
 
     entries = len(request(0)[0])
     print(f"{tensors} tensors x {args.blocks} blocks of {args.block_bytes} B: {entries} entries")

@@ -195,8 +195,7 @@ async fn run(
     // shared with the checks left for later, which start now to overlap the routing.
     let entries = Arc::new(std::mem::take(&mut work.entries));
     let later = std::mem::take(&mut work.later);
-    let checks_left = !later.is_empty();
-    let checked = checks_left.then(|| later.start(Arc::clone(&entries)));
+    let checked = (!later.is_empty()).then(|| later.start(Arc::clone(&entries)));
     let mut slices = slices(entries.len());
     let first = slices.next().unwrap_or(0..0);
     let mut routing = Routing::new(engine, peer);
@@ -228,7 +227,7 @@ async fn run(
         Some(transport)
             if notification.is_some()
                 && signal.is_none()
-                && !checks_left
+                && checked.is_none()
                 && peer.message_transport(engine.peer_context()) == Some(transport) =>
         {
             notification.take()

@@ -3,13 +3,13 @@
 
 use super::dir::SocketDir;
 use super::server::*;
+use super::tests::{pipe_marks, serve_pipes};
 use super::*;
 use ferry_core::auth::Secret;
 use ferry_core::{InboxHandle, Notifications};
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
-use tokio::io::AsyncReadExt;
 
 fn secret() -> Secret {
     Secret::new(b"socket-dir-tests-0123456789abcdef".to_vec()).unwrap()
@@ -87,35 +87,12 @@ async fn descriptors_arrive_in_order_through_a_socket_file() {
     let (temp, _dir) = served_dir();
     let path = temp.path().join("ferry-serving.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-    let count = 5;
-    let serving = tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        assert_eq!(stream.read_u8().await.unwrap(), 0, "no secret");
-        assert_eq!(stream.read_u8().await.unwrap(), FETCH_FDS);
-        assert_eq!(stream.read_u64_le().await.unwrap(), 0x2000);
-        let mut readers = Vec::new();
-        for index in 0..count {
-            let (reader, mut writer) = std::io::pipe().unwrap();
-            std::io::Write::write_all(&mut writer, &[index as u8 + 100]).unwrap();
-            readers.push(OwnedFd::from(reader));
-        }
-        send_fds(&stream, &readers).await.unwrap();
-    });
+    let serving = serve_pipes(listener, 0x2000, 5);
     let unbound = fd_socket_name(InstanceId::random().unwrap());
     let target = FdSocket::new(unbound, Some(path.to_str().unwrap().to_owned()));
-    let fds = fetch_fds(&target, 0x2000, count, None).await.unwrap();
+    let fds = fetch_fds(&target, 0x2000, 5, None).await.unwrap();
     serving.await.unwrap();
-    let bytes: Vec<u8> = fds
-        .into_iter()
-        .map(|fd| {
-            let mut byte = [0u8; 1];
-            std::fs::File::from(fd).read_exact(&mut byte).unwrap();
-            byte[0]
-        })
-        .collect();
-    assert_eq!(bytes, [100, 101, 102, 103, 104]);
+    assert_eq!(pipe_marks(fds), [0, 1, 2, 3, 4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -312,17 +312,17 @@ async fn a_share_is_served_until_its_guard_drops() {
     );
 }
 
-#[tokio::test]
-async fn more_descriptors_than_one_message_carries_arrive_in_order() {
-    let name = fd_socket_name(InstanceId::random().unwrap());
-    let listener = std::os::unix::net::UnixListener::bind_addr(
-        &SocketAddr::from_abstract_name(name.as_bytes()).unwrap(),
-    )
-    .unwrap();
+/// A stand-in fd server on `listener`: takes one unauthenticated [`FETCH_FDS`] request for
+/// `region` and answers with `count` pipes whose write ends tell them apart (descriptor `i`
+/// carries the byte `i % 251`).
+pub(super) fn serve_pipes(
+    listener: std::os::unix::net::UnixListener,
+    region: u64,
+    count: usize,
+) -> tokio::task::JoinHandle<()> {
     listener.set_nonblocking(true).unwrap();
     let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-    let count = FDS_PER_MESSAGE + 47;
-    let serving = tokio::spawn(async move {
+    tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
         assert_eq!(
             stream.read_u8().await.unwrap(),
@@ -330,8 +330,7 @@ async fn more_descriptors_than_one_message_carries_arrive_in_order() {
             "no secret, no handshake"
         );
         assert_eq!(stream.read_u8().await.unwrap(), FETCH_FDS);
-        assert_eq!(stream.read_u64_le().await.unwrap(), 0x1000);
-        // Pipes whose write ends tell them apart: descriptor i carries the byte i % 251.
+        assert_eq!(stream.read_u64_le().await.unwrap(), region);
         let mut readers = Vec::new();
         for index in 0..count {
             let (reader, mut writer) = std::io::pipe().unwrap();
@@ -339,20 +338,36 @@ async fn more_descriptors_than_one_message_carries_arrive_in_order() {
             readers.push(OwnedFd::from(reader));
         }
         send_fds(&stream, &readers).await.unwrap();
-    });
+    })
+}
+
+/// The byte each of [`serve_pipes`]'s descriptors carries, in the order they arrived.
+pub(super) fn pipe_marks(fds: Vec<OwnedFd>) -> Vec<u8> {
+    fds.into_iter()
+        .map(|fd| {
+            let mut byte = [0u8; 1];
+            std::fs::File::from(fd).read_exact(&mut byte).unwrap();
+            byte[0]
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn more_descriptors_than_one_message_carries_arrive_in_order() {
+    let name = fd_socket_name(InstanceId::random().unwrap());
+    let listener = std::os::unix::net::UnixListener::bind_addr(
+        &SocketAddr::from_abstract_name(name.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let count = FDS_PER_MESSAGE + 47;
+    let serving = serve_pipes(listener, 0x1000, count);
     let fds = fetch_fds(&FdSocket::new(name, None), 0x1000, count, None)
         .await
         .unwrap();
     serving.await.unwrap();
     assert_eq!(fds.len(), count);
-    for (index, fd) in fds.into_iter().enumerate() {
-        let mut byte = [0u8; 1];
-        std::fs::File::from(fd).read_exact(&mut byte).unwrap();
-        assert_eq!(
-            byte[0],
-            (index % 251) as u8,
-            "descriptor {index} out of order"
-        );
+    for (index, mark) in pipe_marks(fds).into_iter().enumerate() {
+        assert_eq!(mark, (index % 251) as u8, "descriptor {index} out of order");
     }
 }
 
