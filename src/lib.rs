@@ -139,8 +139,8 @@ pub mod metadata {
 pub mod transport {
     pub use ferry_core::{
         BlockOps, BlockPoolOp, Endpoint, EngineContext, Export, ExportGuard, Exported,
-        HostIdentity, InstanceId, Link, Reach, RegionUse, TransferOp, TransferOps, Transport,
-        TransportSet, DESCRIPTOR_VERSION, TCP,
+        HostIdentity, InstanceId, Link, Notified, Reach, RegionUse, TransferOp, TransferOps,
+        TransferPart, Transport, TransportSet, DESCRIPTOR_VERSION, TCP,
     };
     pub use ferry_nvlink::{GpuExport, MNNVL, NVLINK};
     pub use ferry_rdma::RDMA;
