@@ -4,11 +4,12 @@
 # scripts/python-carry.sh. Installs the carried ferry wheel, then runs, each under a time limit:
 #   - the host-memory pytest suite and the GPU pytest files (crates/python/tests/gpu);
 #   - examples/python/run_gpu.sh, when the repository has it;
-#   - python -m ferry_kv.bench on CUDA: ferry alone, ferry through NIXL's API (pull and push)
+#   - python -m ferry_kv.bench on CUDA: ferry alone (SGLang's and vLLM's Mooncake patterns),
+#     ferry through NIXL's API (pull and push)
 #     beside it, with NIXL's own agent through the same calls when its files were carried
 #     (scripts/python-carry.sh --nixl), then ferry and Mooncake in the same run
 #     when Mooncake's files were carried; GPU 0 -> GPU 0 and, with two GPUs, GPU 0 -> GPU 1;
-#   - the native `ferry bench --workloads kv-llama70b-4k` on the same GPUs.
+#   - the native `ferry bench --workloads kv-llama70b-4k,kv-llama70b-4k-runs` on the same GPUs.
 # Usage: scripts/gpu-python.sh LOG_DIR [all|tests|bench]
 # (`tests`: the pytest files and the model example; `bench`: the bench rows; `all` by default,
 # split so that each part fits one call of a time-limited runner.)
@@ -145,8 +146,8 @@ for pair in "${pairs[@]}"; do
   read -r prefill decode <<<"$pair"
   where="GPU$prefill->GPU$decode"
   bench=("$python" -m ferry_kv.bench --device cuda --prefill-gpu "$prefill" --decode-gpu "$decode")
-  step "bench ferry $where" timeout 600 "${bench[@]}" --engines ferry \
-    --json "$logs/bench-ferry-$prefill-$decode.json"
+  step "bench ferry, SGLang's and vLLM's patterns $where" timeout 600 "${bench[@]}" \
+    --engines ferry,ferry-vllm --json "$logs/bench-ferry-$prefill-$decode.json"
   if [ ${#nixl_env[@]} -gt 0 ]; then
     step "bench nixl+nixl-own $where" timeout 900 "${nixl_env[@]}" "${bench[@]}" --api nixl \
       --require-all --json "$logs/bench-nixl-$prefill-$decode.json"
@@ -156,14 +157,15 @@ for pair in "${pairs[@]}"; do
   fi
   if [ ${#mooncake_env[@]} -gt 0 ]; then
     step "bench ferry+mooncake $where" timeout 900 "${mooncake_env[@]}" "${bench[@]}" \
-      --engines ferry,mooncake --require-all --json "$logs/bench-both-$prefill-$decode.json"
+      --engines ferry,mooncake,ferry-vllm,mooncake-vllm --require-all \
+      --json "$logs/bench-both-$prefill-$decode.json"
     step "bench ferry+mooncake $where 8 threads" timeout 900 "${mooncake_env[@]}" "${bench[@]}" \
       --engines ferry,mooncake --require-all --threads 8 \
       --json "$logs/bench-both-8threads-$prefill-$decode.json"
   fi
   if [ -x "$dist/ferry" ]; then
     step "ferry bench kv-llama70b-4k $where" timeout 600 "$dist/ferry" bench \
-      --workloads kv-llama70b-4k --prefill-gpu "$prefill" --decode-gpu "$decode" \
+      --workloads kv-llama70b-4k,kv-llama70b-4k-runs --prefill-gpu "$prefill" --decode-gpu "$decode" \
       --json "$logs/ferry-cli-$prefill-$decode.json"
   else
     echo "FAIL ferry bench $where: no $dist/ferry (run scripts/python-carry.sh here first)" | tee -a "$summary"

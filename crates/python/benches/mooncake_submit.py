@@ -29,7 +29,7 @@ from types import SimpleNamespace
 os.environ.setdefault("FERRY_LOG", "off")
 
 from ferry_kv._bench_pools import CtypesPools  # noqa: E402
-from ferry_kv._bench_workers import request_block_ids, request_entries  # noqa: E402
+from ferry_kv._bench_workers import ID_PATTERNS, request_block_ids, request_entries  # noqa: E402
 from ferry_kv.mooncake import TransferEngine  # noqa: E402
 
 
@@ -55,11 +55,13 @@ def main():
     parser.add_argument("--calls", type=int, default=40, help="timed calls per figure")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of every figure")
     parser.add_argument("--only", choices=list(FIGURES), action="append")
+    parser.add_argument("--ids", choices=ID_PATTERNS, default="random",
+                        help="block ids drawn at random (SGLang's rows) or in runs (vLLM's)")
     args = parser.parse_args()
     tensors = 2 * args.layers
     # The request shape as ``ferry_kv.bench`` draws and merges it (seed 1).
     config = SimpleNamespace(seed=1, pool_blocks=args.pool_blocks, blocks=args.blocks,
-                             block_bytes=args.block_bytes)
+                             block_bytes=args.block_bytes, ids=args.ids)
     prefill_pools = CtypesPools(tensors, args.pool_blocks, args.block_bytes, config.seed)
     decode_pools = CtypesPools(tensors, args.pool_blocks, args.block_bytes, config.seed)
     prefill = engine_with(prefill_pools)

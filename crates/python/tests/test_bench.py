@@ -6,14 +6,16 @@ import ctypes
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from ferry_kv import bench
 from ferry_kv._bench_pools import CtypesPools
-from ferry_kv._bench_workers import merged_runs
+from ferry_kv._bench_workers import merged_runs, request_block_ids, run_starts
 
 TINY = ["--device", "cpu", "--layers", "2", "--pool-blocks", "64", "--requests", "2",
         "--engines", "ferry", "--timeout", "60"]
@@ -32,6 +34,45 @@ def test_bench_runs_a_tiny_shape_and_verifies_it(tmp_path, extra):
     assert rows[0]["verified"] is True and rows[0]["problems"] == []
     assert rows[0]["gbps_p50"] > 0 and len(rows[0]["seconds"]) == 2
     assert "ferry" in result.stdout and " yes " in result.stdout
+
+
+def test_bench_vllm_rows_send_one_entry_per_run_and_verify(tmp_path):
+    report = tmp_path / "bench.json"
+    args = [arg for arg in TINY if arg not in ("--engines", "ferry")]
+    result = subprocess.run(
+        [sys.executable, "-m", "ferry_kv.bench", *args, "--pool-blocks", "512", "--blocks", "256",
+         "--engines", "ferry,ferry-vllm", "--json", str(report)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row["engine"]: row for row in json.loads(report.read_text())["rows"]}
+    assert rows["ferry-vllm"]["verified"] is True and rows["ferry-vllm"]["problems"] == []
+    # 256 ids in runs of 1-64: a handful of entries a tensor, where random ids give about one
+    # an id.
+    assert rows["ferry-vllm"]["entries_per_request"] <= 4 * 256 // 8
+    assert rows["ferry"]["entries_per_request"] > 4 * 200
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_run_ids_are_distinct_ids_of_the_pool_in_a_few_runs(seed):
+    config = SimpleNamespace(seed=seed, pool_blocks=300, blocks=256, ids="runs")
+    src_ids, dst_ids = request_block_ids(config, 3)
+    for ids in (src_ids, dst_ids):
+        assert len(ids) == 256 and len(set(ids)) == 256
+        assert all(0 <= block < 300 for block in ids)
+    # Runs of 1-64 ids, about 8 for 256 ids; random ids would be about 256.
+    assert len(merged_runs(src_ids, dst_ids)) < 64
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_runs_lie_inside_the_pool_without_overlapping(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 64) for _ in range(rng.randint(1, 12))]
+    for pool_blocks in (sum(lengths), sum(lengths) + 1, sum(lengths) + 500):
+        starts = run_starts(rng, lengths, pool_blocks)
+        taken = [start + offset for start, length in zip(starts, lengths) for offset in range(length)]
+        assert len(set(taken)) == sum(lengths)
+        assert all(0 <= block < pool_blocks for block in taken)
 
 
 def test_bench_rejects_more_blocks_than_the_pool_holds():

@@ -35,6 +35,8 @@ class WorkerConfig:
     threads: int
     seed: int
     protocol: str
+    # How a request's block ids are drawn (``ID_PATTERNS``).
+    ids: str = "random"
 
     @property
     def tensors(self):
@@ -101,12 +103,50 @@ def start_engine(config, pools):
     return engine, f"{HOST}:{engine.get_rpc_port()}"
 
 
+# How a request's block ids are drawn: ``random`` picks each id at random (SGLang's rows),
+# ``runs`` lays them out in runs of 1 to ``LONGEST_RUN`` consecutive ids on both sides, as a
+# block allocator hands them out to vLLM (its MooncakeConnector then sends a run as one entry).
+ID_PATTERNS = ("random", "runs")
+
+LONGEST_RUN = 64
+
+
 def request_block_ids(config, request):
-    """Request ``request``'s (source ids, destination ids): ``blocks`` distinct ids each, drawn
-    at random from the pool, shared by every tensor (one block table per request)."""
+    """Request ``request``'s (source ids, destination ids): ``blocks`` distinct ids each from
+    the pool, shared by every tensor (one block table per request), drawn as ``config.ids``
+    says."""
     rng = random.Random(config.seed * 1_000_003 + request)
+    if config.ids == "runs":
+        lengths = []
+        while sum(lengths) < config.blocks:
+            lengths.append(min(rng.randint(1, LONGEST_RUN), config.blocks - sum(lengths)))
+        def ids(starts):
+            return [start + offset for start, length in zip(starts, lengths)
+                    for offset in range(length)]
+
+        return (ids(run_starts(rng, lengths, config.pool_blocks)),
+                ids(run_starts(rng, lengths, config.pool_blocks)))
     pool = range(config.pool_blocks)
     return rng.sample(pool, config.blocks), rng.sample(pool, config.blocks)
+
+
+def run_starts(rng, lengths, pool_blocks):
+    """The first id of each run of ``lengths`` ids in a pool of ``pool_blocks``: the runs lie
+    in a random order with random gaps between them, none overlapping another."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    free = pool_blocks - sum(lengths)
+    # Sorted cut points in [0, free]: the gap before each run, in pool order, adds up to at
+    # most ``free``, so the last run ends inside the pool.
+    cuts = sorted(rng.randint(0, free) for _ in lengths)
+    starts = [0] * len(lengths)
+    position, previous = 0, 0
+    for index, cut in zip(order, cuts):
+        position += cut - previous
+        previous = cut
+        starts[index] = position
+        position += lengths[index]
+    return starts
 
 
 def merged_runs(src_ids, dst_ids):

@@ -1,5 +1,6 @@
 """``python -m ferry_kv.bench``: the ``kv-llama70b-4k`` workload through the Mooncake-compatible
-API, the way SGLang calls it, for ferry and (when importable) Mooncake itself, in the same run;
+API, the way SGLang calls it and the way vLLM's MooncakeConnector does (the ``-vllm`` rows), for
+ferry and (when importable) Mooncake itself, in the same run;
 with ``--api nixl``, through NIXL's API the way vLLM's NixlConnector calls it (decode pulling,
 prefill pushing; see ``_bench_nixl``), on ferry's agent and (when its ``nixl_cu13`` package is
 importable) NIXL's own, beside ferry through Mooncake's.
@@ -7,7 +8,9 @@ importable) NIXL's own, beside ferry through Mooncake's.
 Per request: ``2 x layers`` pool tensors (K and V per layer), ``blocks`` blocks of 32 KiB each
 picked at random from a pool of ``pool_blocks`` (source and destination ids distinct random
 draws, one block table shared by every tensor), merged where adjacent on both sides, and sent
-with one ``batch_transfer_sync_write`` (or one per thread with ``--threads``). A decode process
+with one ``batch_transfer_sync_write`` (or one per thread with ``--threads``). The ``-vllm``
+rows draw the ids in runs of 1-64 consecutive ids on both sides instead, as a block allocator
+hands them out to vLLM, whose MooncakeConnector sends each run as one entry. A decode process
 registers its pools and reports its session id and pool addresses; the prefill process runs the
 warm-up and timed requests. The decode pools are poisoned before the last timed request, and
 every block of every tensor is checked after it: the destination blocks must hold their source
@@ -15,9 +18,9 @@ blocks' pattern, all others the poison.
 
 Prints one row per engine (GB/s decimal: median of the timed requests, and total bytes over
 total seconds), whether the bytes verified, and the ratios of ferry to the other project's
-engine on the same API and pattern (ferry / Mooncake, nixl-pull / nixl-own-pull, nixl-push /
-nixl-own-push). Exits non-zero when an engine that ran failed or did not verify (and, with
-``--require-all``, when one was skipped).
+engine on the same API and pattern (ferry / Mooncake, ferry-vllm / mooncake-vllm, nixl-pull /
+nixl-own-pull, nixl-push / nixl-own-push). Exits non-zero when an engine that ran failed or did
+not verify (and, with ``--require-all``, when one was skipped).
 """
 
 import argparse
@@ -32,18 +35,25 @@ from . import _bench_nixl as nixl_workers
 from . import _bench_workers as workers
 
 BLOCK_BYTES = 32 * 1024
-ENGINES = ("ferry", "mooncake", "nixl-pull", "nixl-push", "nixl-own-pull", "nixl-own-push")
+ENGINES = ("ferry", "mooncake", "ferry-vllm", "mooncake-vllm", "nixl-pull", "nixl-push",
+           "nixl-own-pull", "nixl-own-push")
 APIS = {
-    "mooncake": "ferry,mooncake",
+    "mooncake": "ferry,mooncake,ferry-vllm,mooncake-vllm",
     "nixl": "nixl-pull,nixl-own-pull,nixl-push,nixl-own-push,ferry",
 }
 # (ferry's row, the other project's engine's row on the same API and pattern).
-RATIOS = (("ferry", "mooncake"), ("nixl-pull", "nixl-own-pull"), ("nixl-push", "nixl-own-push"))
+RATIOS = (("ferry", "mooncake"), ("ferry-vllm", "mooncake-vllm"),
+          ("nixl-pull", "nixl-own-pull"), ("nixl-push", "nixl-own-push"))
+# Rows with vLLM's MooncakeConnector pattern: the engine of the same name without the suffix,
+# the block ids in runs of consecutive ids (one entry per run).
+VLLM = "-vllm"
 # Each engine's two processes: the one started first (it reports "ready"), and the one given
 # its session and addresses.
 PROCESSES = {
     "ferry": (workers.decode_main, workers.prefill_main),
     "mooncake": (workers.decode_main, workers.prefill_main),
+    "ferry-vllm": (workers.decode_main, workers.prefill_main),
+    "mooncake-vllm": (workers.decode_main, workers.prefill_main),
     "nixl-push": (nixl_workers.sink_main, nixl_workers.writer_main),
     "nixl-pull": (nixl_workers.source_main, nixl_workers.reader_main),
     "nixl-own-push": (nixl_workers.sink_main, nixl_workers.writer_main),
@@ -61,14 +71,17 @@ def parse_args(argv):
     )
     parser.add_argument("--api", choices=sorted(APIS), default="mooncake",
                         help="which API's rows to run when --engines is not given: mooncake "
-                             "(ferry and Mooncake through it), nixl (ferry's and NIXL's own "
+                             "(ferry and Mooncake through it, with SGLang's and vLLM's "
+                             "patterns), nixl (ferry's and NIXL's own "
                              "agent through NIXL's API, decode pulling and prefill pushing, "
                              "beside ferry through Mooncake's; NIXL's own rows need its "
                              "nixl_cu13 package, from the nixl-cu13 wheel, importable)")
     parser.add_argument("--engines",
                         help="comma-separated engines to run: ferry (through Mooncake's API), "
-                             "mooncake, nixl-pull, nixl-push (ferry through NIXL's API), "
-                             "nixl-own-pull, nixl-own-push (NIXL's own agent, UCX backend, "
+                             "mooncake, ferry-vllm, mooncake-vllm (the same with vLLM's "
+                             "MooncakeConnector pattern: block ids in runs of 1-64 consecutive "
+                             "ids, one entry per run), nixl-pull, nixl-push (ferry through "
+                             "NIXL's API), nixl-own-pull, nixl-own-push (NIXL's own agent, UCX backend, "
                              "through the same calls)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="pool memory: torch CUDA tensors, or host memory (ferry moves it over "
@@ -165,10 +178,10 @@ def receive(conn, process, timeout, expected):
 def run_engine(context, engine, args, memory):
     """One engine's row: runs decode and prefill, returns a dict for the table and the JSON."""
     base = workers.WorkerConfig(
-        engine=engine, memory=memory, device="cpu", layers=args.layers,
+        engine=engine.removesuffix(VLLM), memory=memory, device="cpu", layers=args.layers,
         pool_blocks=args.pool_blocks, blocks=args.blocks, block_bytes=BLOCK_BYTES,
         requests=args.requests, warmup=args.warmup, threads=args.threads, seed=args.seed,
-        protocol=args.protocol,
+        protocol=args.protocol, ids="runs" if engine.endswith(VLLM) else "random",
     )
     on_gpu = args.device == "cuda"
     decode_config = dataclasses.replace(
