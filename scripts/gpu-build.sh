@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine runs into dist/gpu/ (ignored by git): the test binaries
-# with the `gpu-tests` feature (ferry-cli/gpu-tests), the examples, the `ferry` CLI (crates/cli)
-# and the runner script.
+# with the `gpu-tests` feature (ferry-cli/gpu-tests), the examples, the `ferry` CLI (crates/cli),
+# the host-cost bench (benches/submit.rs) and the runner script.
 # Then, on the GPU machine: dist/gpu/gpu-run.sh [LOG_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +26,21 @@ done
 for binary in "$target"/release/ferry "$target"/release/examples/{pd_demo,decode,prefill,tp_demo}; do
   cp "$binary" "$out/"
 done
+# The host's cost of submitting batches (benches/submit.rs): no GPU needed, but run on the GPU
+# machine it says what a flat entry costs on the host the GPU rows were measured on.
+cargo bench --bench submit --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["target"]["name"] == "submit":
+        print(message["executable"])' |
+  while read -r executable; do
+    cp "$executable" "$out/submit-bench"
+  done
+[ -x "$out/submit-bench" ] || { echo "benches/submit.rs built no executable"; exit 1; }
 cp scripts/gpu-run.sh scripts/containers.sh "$out/"
 find "$out/tests" -maxdepth 1 -type f -exec strip {} +
-strip "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill "$out"/tp_demo
+strip "$out"/ferry "$out"/pd_demo "$out"/decode "$out"/prefill "$out"/tp_demo "$out"/submit-bench
 du -sh "$out"
 ls "$out" "$out/tests"

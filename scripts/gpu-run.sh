@@ -2,8 +2,9 @@
 # Runs the GPU suite that scripts/gpu-build.sh collected, on the GPU machine. Writes two files
 # into LOG_DIR (first argument, else $OUT, else dist/gpu/logs): summary.txt (one line per
 # step, then every test binary's result line) and full.log (everything every step printed).
-# Usage: gpu-run.sh [LOG_DIR] [all|tests|containers|bench|contend|pairs]: `tests` runs the test
-# binaries and the demos, `containers` the namespace matrix, `bench` the single-pair benchmarks,
+# Usage: gpu-run.sh [LOG_DIR] [all|tests|containers|bench|host|contend|pairs]: `tests` runs the
+# test binaries and the demos, `containers` the namespace matrix, `bench` the single-pair
+# benchmarks, `host` what a submit costs the host (no GPU),
 # `contend` what a GEMM on the prefill GPU loses per multiprocessor cap of the copy kernel,
 # `pairs` the multi-pair ones; `all` (the default) runs them all. One device call is limited to
 # 10 minutes, so the parts are run as separate calls there.
@@ -90,6 +91,13 @@ bench() {
     --prefill-gpu 0 --decode-gpu "$decode" --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
 }
 
+# What submitting a batch costs this machine's host (benches/submit.rs, no GPU involved): the
+# `-entries` and `-runs` rows of `ferry bench` are bound by it.
+host() {
+  step "host cost of a submit (benches/submit.rs)" timeout 300 "$here/submit-bench" --bench \
+    --warm-up-time 1 --measurement-time 2
+}
+
 # The curve multiprocessors -> GB/s -> GEMM slowdown, GPU 0 to decode_gpu.
 contend() {
   local decode
@@ -135,9 +143,10 @@ case ${2:-all} in
   tests) tests ;;
   containers) containers ;;
   bench) bench ;;
+  host) host ;;
   contend) contend ;;
   pairs) pairs ;;
-  *) tests; containers; bench; contend; pairs ;;
+  *) tests; containers; bench; host; contend; pairs ;;
 esac
 {
   echo
