@@ -119,6 +119,11 @@ impl SocketDir {
         })
     }
 
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        Path::new(&self.path)
+    }
+
     /// Where engine `owner`'s fd socket is in this directory.
     pub(crate) fn socket_path(&self, owner: InstanceId) -> String {
         format!("{}/{}", self.path, socket_file_name(owner))

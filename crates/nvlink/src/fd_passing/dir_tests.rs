@@ -317,3 +317,57 @@ async fn another_user_is_served_through_the_directory_with_the_secret_and_refuse
         "{reason}"
     );
 }
+
+/// Sets the modification time of the file at `path` (a socket too) to `ago` before now.
+fn age(path: &Path, ago: Duration) {
+    let then = std::time::SystemTime::now() - ago;
+    let since = then.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let stamp = rustix::fs::Timespec {
+        tv_sec: since.as_secs() as i64,
+        tv_nsec: since.subsec_nanos().into(),
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: stamp,
+        last_modification: stamp,
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &times, rustix::fs::AtFlags::empty()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_starting_in_the_directory_removes_files_of_stopped_engines_and_keeps_live_ones()
+{
+    let (_temp, dir) = socket_dir();
+    // An engine killed an hour ago left its file; another one's is as old and still served.
+    let stopped = dir.socket_path(InstanceId::random().unwrap());
+    drop(std::os::unix::net::UnixListener::bind(&stopped).unwrap());
+    let (alive, mut inbox) = server_in(&dir, Some(secret()));
+    let alive_path = alive.socket_path().unwrap().to_owned();
+    // One bound a moment ago, whose engine may not be listening yet.
+    let young = dir.socket_path(InstanceId::random().unwrap());
+    drop(std::os::unix::net::UnixListener::bind(&young).unwrap());
+    for path in [&stopped, &alive_path] {
+        age(Path::new(path), Duration::from_secs(3600));
+    }
+
+    let (_starting, _its_inbox) = server_in(&dir, Some(secret()));
+    assert!(
+        !Path::new(&stopped).exists(),
+        "the stopped engine's file is left"
+    );
+    assert!(
+        Path::new(&young).exists(),
+        "a file younger than a minute was removed"
+    );
+    assert!(Path::new(&alive_path).exists(), "a served file was removed");
+    // The live engine still serves through its file after the check connected to it.
+    let sender = open_messages(
+        &from_another_namespace(&alive),
+        "decode",
+        "prefill:1",
+        Some(&secret()),
+    )
+    .await
+    .unwrap();
+    sender.send(b"still served").await.unwrap();
+    assert_eq!(next(&mut inbox).await.payload, b"still served");
+}

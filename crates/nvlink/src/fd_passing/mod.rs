@@ -55,6 +55,7 @@ mod dir_tests;
 mod registered;
 mod server;
 mod socket_file;
+mod stale;
 #[cfg(test)]
 mod tests;
 

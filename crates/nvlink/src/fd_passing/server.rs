@@ -293,10 +293,13 @@ async fn serve(
         refuse(&mut stream, &reason).await?;
         return Err(ServeFailure::Refused { reason });
     }
-    let authenticates = stream
-        .read_u8()
-        .await
-        .map_err(|error| io("reading the request", error))?;
+    let authenticates = match stream.read_u8().await {
+        Ok(first) => first,
+        // A client that closes before asking anything (an engine checking whether this socket
+        // file is still served, see `stale`) is not a failed request.
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        Err(error) => return Err(io("reading the request", error)),
+    };
     match (authenticates, secret) {
         (0, Some(_)) => {
             tracing::warn!(%client, reason = %AuthFailure::PeerHasNoSecret, "refused an fd-passing request");

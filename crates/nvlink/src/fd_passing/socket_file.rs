@@ -2,6 +2,7 @@
 //! rule calls for, and removed when the server stops.
 
 use super::dir::{SocketDir, SocketDirError};
+use super::stale;
 use ferry_core::InstanceId;
 use std::os::unix::net::UnixListener;
 
@@ -33,7 +34,7 @@ pub(crate) struct SocketFile {
 
 impl SocketFile {
     /// Binds engine `owner`'s socket in `dir`, non-blocking, with the permissions of
-    /// [`mode`]. Between the bind and setting the permissions the file has the mode the
+    /// [`mode`], after removing the files stopped engines left there ([`stale`]). Between the bind and setting the permissions the file has the mode the
     /// process's umask leaves; a client of another user that connects meanwhile is still
     /// refused by the server's credentials check.
     ///
@@ -45,6 +46,14 @@ impl SocketFile {
         owner: InstanceId,
         with_secret: bool,
     ) -> Result<(UnixListener, SocketFile), SocketDirError> {
+        let removed = stale::remove_stale(dir.path(), stale::STALE_AFTER);
+        if removed > 0 {
+            tracing::info!(
+                dir = %dir.path().display(),
+                removed,
+                "removed the socket files of stopped engines from the socket directory"
+            );
+        }
         let path = dir.socket_path(owner);
         let listener = UnixListener::bind(&path).map_err(|source| SocketDirError::Bind {
             path: path.clone(),

@@ -1,0 +1,117 @@
+//! Socket files of stopped engines, removed from the socket directory when an engine starts
+//! serving there: an engine that was killed (a pod's container restarted with SIGKILL, say)
+//! could not remove its file, and a node whose pods restart often would collect them.
+//!
+//! A file is removed only when it is a socket of this user named like an engine's, older than
+//! [`STALE_AFTER`], and a connection to it is refused: nothing listens there any more. A
+//! socket that is being bound right now is younger; one whose engine is alive accepts (or,
+//! with a full backlog, would make the connection wait, which counts as alive here too).
+
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// Socket files younger than this are left alone: their engine may be between binding and
+/// listening, when a connection is refused too.
+pub(super) const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Removes the socket files in `dir` that engines of this user left behind when they stopped
+/// (see the module's doc), those last changed at least `older_than` ago; returns how many it
+/// removed. Entries it cannot read or judge are left, silently: this is housekeeping, and the
+/// engine's own socket does not depend on it.
+pub(super) fn remove_stale(dir: &Path, older_than: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let own = rustix::process::geteuid().as_raw();
+    let now = SystemTime::now();
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with("ferry-") && name.ends_with(".sock")) {
+                return false;
+            }
+            let Ok(metadata) = entry.metadata() else {
+                return false;
+            };
+            let old = metadata
+                .modified()
+                .ok()
+                .and_then(|modified| now.duration_since(modified).ok())
+                .is_some_and(|age| age >= older_than);
+            metadata.file_type().is_socket()
+                && metadata.uid() == own
+                && old
+                && nothing_listens(&entry.path())
+                && std::fs::remove_file(entry.path()).is_ok()
+        })
+        .count()
+}
+
+/// Whether a connection to the socket at `path` is refused, without waiting: a listener with
+/// a full backlog answers "try again", which is not a refusal.
+fn nothing_listens(path: &Path) -> bool {
+    let Ok(address) = SocketAddrUnix::new(path) else {
+        return false;
+    };
+    let Ok(socket) = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    matches!(
+        rustix::net::connect(&socket, &address),
+        Err(Errno::CONNREFUSED)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn only_old_sockets_of_this_user_named_like_an_engines_that_refuse_are_removed() {
+        let temp = tempfile::tempdir().unwrap();
+        let path = |name: &str| temp.path().join(name);
+        // An engine that stopped without removing its file: bound, then closed.
+        drop(UnixListener::bind(path("ferry-0011.sock")).unwrap());
+        // A live engine: its listener is kept open.
+        let live = UnixListener::bind(path("ferry-0022.sock")).unwrap();
+        // A dead socket under another name, and a plain file under an engine's name.
+        drop(UnixListener::bind(path("other.sock")).unwrap());
+        std::fs::write(path("ferry-0033.sock"), b"not a socket").unwrap();
+
+        assert_eq!(remove_stale(temp.path(), Duration::from_secs(3600)), 0);
+        assert!(
+            path("ferry-0011.sock").exists(),
+            "removed before it was old"
+        );
+
+        assert_eq!(remove_stale(temp.path(), Duration::ZERO), 1);
+        assert!(!path("ferry-0011.sock").exists());
+        for kept in ["ferry-0022.sock", "other.sock", "ferry-0033.sock"] {
+            assert!(path(kept).exists(), "{kept} was removed");
+        }
+        // The live one still takes connections at its path.
+        let client = std::os::unix::net::UnixStream::connect(path("ferry-0022.sock")).unwrap();
+        assert!(live.accept().is_ok());
+        drop(client);
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_read_removes_nothing() {
+        let temp = tempfile::tempdir().unwrap();
+        assert_eq!(
+            remove_stale(&temp.path().join("missing"), Duration::ZERO),
+            0
+        );
+    }
+}
