@@ -103,6 +103,8 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
     let peer = engine.connect_blocking(name)?;
     let descriptor = peer.descriptor();
     let mine = engine.descriptor();
+    let same_host = descriptor.host.same_boot(&mine.host);
+    let same_process = descriptor.process == mine.process;
     let _ = writeln!(
         out,
         "peer {name}: engine {} (pid {} on host {}, boot {}); {}",
@@ -110,15 +112,15 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
         descriptor.pid,
         descriptor.host.hostname,
         descriptor.host.boot_id,
-        match (
-            descriptor.host.same_boot(&mine.host),
-            descriptor.process == mine.process
-        ) {
+        match (same_host, same_process) {
             (_, true) => "this process",
             (true, false) => "another process on this host",
             (false, false) => "another host",
         }
     );
+    if let Some(note) = pid_clash(descriptor.pid, mine.pid, same_host && !same_process) {
+        let _ = writeln!(out, "  note: {note}");
+    }
     if descriptor.buffers.is_empty() {
         let _ = writeln!(out, "  the peer has no registered buffers yet");
         return Ok(out);
@@ -166,4 +168,43 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
         }
     }
     Ok(out)
+}
+
+/// What `ferry probe --peer` says of a peer process on this host whose PID, as its own PID
+/// namespace numbers it, equals this process's (`peer_pid == own_pid` for another process can
+/// only mean two PID namespaces, each container's first process being PID 1 in the usual pod
+/// layout): CUDA refused IPC handles between such processes on the GPU machine (measured with
+/// H100s and driver 580, not documented), so their `cudaMalloc` buffers are likely to take TCP.
+/// `None` for any other peer.
+fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<String> {
+    (other_process_here && peer_pid == own_pid).then(|| {
+        format!(
+            "the peer's process has this process's PID ({own_pid}) in another PID namespace; \
+             CUDA has refused IPC handles between such processes, so `cudaMalloc` buffers \
+             (PyTorch's default allocator) are likely to move over TCP: share one PID namespace \
+             (hostPID, or shareProcessNamespace in one pod), or use VMM memory \
+             (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_clash;
+
+    #[test]
+    fn only_another_process_here_with_this_pid_gets_the_pid_clash_note() {
+        let note = pid_clash(1, 1, true).expect("a note for two PID-1 processes");
+        assert!(note.contains("this process's PID (1)"), "{note}");
+        assert!(
+            note.contains("hostPID") && note.contains("expandable_segments"),
+            "{note}"
+        );
+        assert_eq!(pid_clash(1, 2, true), None, "different PIDs map");
+        assert_eq!(
+            pid_clash(7, 7, false),
+            None,
+            "this process, or another host"
+        );
+    }
 }

@@ -31,6 +31,40 @@ fn probe_says_which_path_each_buffer_of_a_peer_gets_and_why() {
     assert!(buffer_line.contains("nvlink: "), "{buffer_line}");
 }
 
+/// Runs a program as PID 1 of a new PID namespace, as the first process of a pod's container
+/// is, and kills it when the launcher dies.
+const AS_PID_1: [&str; 4] = ["unshare", "--pid", "--fork", "--kill-child"];
+
+#[test]
+#[ignore = "needs root to create PID namespaces; .ci/run runs it"]
+fn probe_names_the_pid_clash_of_two_processes_that_are_each_pid_1_of_their_namespace() {
+    let serve = ServeProcess::start_under(&AS_PID_1, 4096, &[], &[]);
+    let probe = |launcher: &[&str]| {
+        let ferry = ferry_bin();
+        let mut words = launcher.to_vec();
+        words.extend([ferry.as_str(), "probe", "--peer", &serve.name]);
+        let output = std::process::Command::new(words[0])
+            .args(&words[1..])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{text}");
+        text
+    };
+    let clash = probe(&AS_PID_1);
+    assert!(clash.contains("(pid 1 on host"), "{clash}");
+    assert!(
+        clash.lines().any(|line| line.starts_with(
+            "  note: the peer's process has this process's PID (1) in another PID namespace"
+        )),
+        "no PID-clash note in:\n{clash}"
+    );
+    // From the host's namespace the PIDs differ: no note.
+    let plain = probe(&[]);
+    assert!(!plain.contains("note: the peer's process"), "{plain}");
+}
+
 /// On a machine without RDMA (CI's), `ferry probe` says so, why, and what carries transfers
 /// between hosts instead; and it always says how far the RDMA path has been tested. The reason
 /// differs by build: without the `rdma` feature it says to rebuild with it, with the feature it

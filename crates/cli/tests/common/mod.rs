@@ -56,7 +56,27 @@ impl ServeProcess {
 
     /// `ferry serve` with extra arguments (`--gpu 1`) and environment (`CUDA_VISIBLE_DEVICES`).
     pub(crate) fn start_with(bytes: usize, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        let mut child = Command::new(ferry_bin())
+        Self::start_under(&[], bytes, args, env)
+    }
+
+    /// [`ServeProcess::start_with`] run by `launcher` (a command and its arguments, such as
+    /// `unshare --pid --fork`), which runs `ferry serve` as its own child; none when empty.
+    pub(crate) fn start_under(
+        launcher: &[&str],
+        bytes: usize,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
+        let ferry = ferry_bin();
+        let mut command = match launcher.split_first() {
+            Some((program, launcher_args)) => {
+                let mut command = Command::new(program);
+                command.args(launcher_args).arg(&ferry);
+                command
+            }
+            None => Command::new(&ferry),
+        };
+        let mut child = command
             .args(["serve", "--bytes", &bytes.to_string()])
             .args(args)
             .envs(env.iter().copied())
