@@ -171,19 +171,31 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
 }
 
 /// What `ferry probe --peer` says of a peer process on this host whose PID, as its own PID
-/// namespace numbers it, equals this process's (`peer_pid == own_pid` for another process can
-/// only mean two PID namespaces, each container's first process being PID 1 in the usual pod
-/// layout): CUDA refused IPC handles between such processes on the GPU machine (measured with
-/// H100s and driver 580, not documented), so their `cudaMalloc` buffers are likely to take TCP.
-/// `None` for any other peer.
+/// namespace numbers it, equals this process's, or is 1 (the first process of a PID namespace
+/// other than the host's, as a container's main process is): CUDA refused IPC handles between
+/// processes of equal PIDs in two PID namespaces on the GPU machine (measured with H100s and
+/// driver 580, not documented), so their `cudaMalloc` buffers are likely to take TCP. `None`
+/// for any other peer.
 fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<String> {
-    (other_process_here && peer_pid == own_pid).then(|| {
-        format!(
+    const REMEDIES: &str = "share one PID namespace (hostPID, or shareProcessNamespace in one \
+        pod), or use VMM memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a \
+        socket directory both mount";
+    if !other_process_here {
+        return None;
+    }
+    if peer_pid == own_pid {
+        return Some(format!(
             "the peer's process has this process's PID ({own_pid}) in another PID namespace; \
              CUDA has refused IPC handles between such processes, so `cudaMalloc` buffers \
-             (PyTorch's default allocator) are likely to move over TCP: share one PID namespace \
-             (hostPID, or shareProcessNamespace in one pod), or use VMM memory \
-             (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
+             (PyTorch's default allocator) are likely to move over TCP: {REMEDIES}"
+        ));
+    }
+    (peer_pid == 1).then(|| {
+        format!(
+            "the peer's process is PID 1 of its own PID namespace (a container's first \
+             process); an engine here that is PID 1 of another one (this pod's main process, \
+             say) is likely to move `cudaMalloc` buffers over TCP with it, since CUDA has \
+             refused IPC handles between processes of equal PIDs: {REMEDIES}"
         )
     })
 }
@@ -193,16 +205,31 @@ mod tests {
     use super::pid_clash;
 
     #[test]
-    fn only_another_process_here_with_this_pid_gets_the_pid_clash_note() {
-        let note = pid_clash(1, 1, true).expect("a note for two PID-1 processes");
-        assert!(note.contains("this process's PID (1)"), "{note}");
+    fn another_process_here_with_this_pid_or_pid_1_gets_the_pid_clash_note() {
+        let equal = pid_clash(1, 1, true).expect("a note for two PID-1 processes");
+        assert!(equal.contains("this process's PID (1)"), "{equal}");
         assert!(
-            note.contains("hostPID") && note.contains("expandable_segments"),
-            "{note}"
+            equal.contains("hostPID") && equal.contains("expandable_segments"),
+            "{equal}"
         );
-        assert_eq!(pid_clash(1, 2, true), None, "different PIDs map");
+        let first = pid_clash(1, 57, true).expect("a note for a peer that is PID 1");
+        assert!(
+            first.contains("is PID 1 of its own PID namespace"),
+            "{first}"
+        );
+        assert!(first.contains("hostPID"), "{first}");
+        assert_eq!(
+            pid_clash(9, 2, true),
+            None,
+            "different PIDs, none of them 1"
+        );
         assert_eq!(
             pid_clash(7, 7, false),
+            None,
+            "this process, or another host"
+        );
+        assert_eq!(
+            pid_clash(1, 1, false),
             None,
             "this process, or another host"
         );

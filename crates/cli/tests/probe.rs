@@ -60,9 +60,16 @@ fn probe_names_the_pid_clash_of_two_processes_that_are_each_pid_1_of_their_names
         )),
         "no PID-clash note in:\n{clash}"
     );
-    // From the host's namespace the PIDs differ: no note.
+    // From the host's namespace the PIDs differ, and the note says what a PID-1 peer means.
     let plain = probe(&[]);
-    assert!(!plain.contains("note: the peer's process"), "{plain}");
+    assert!(
+        plain
+            .lines()
+            .any(|line| line
+                .starts_with("  note: the peer's process is PID 1 of its own PID namespace")),
+        "no PID-1 note in:\n{plain}"
+    );
+    assert!(!plain.contains("has this process's PID"), "{plain}");
 }
 
 /// On a machine without RDMA (CI's), `ferry probe` says so, why, and what carries transfers
