@@ -28,13 +28,9 @@ for binary in "$target"/release/ferry "$target"/release/examples/{pd_demo,decode
 done
 # The host's cost of submitting batches (benches/submit.rs): no GPU needed, but run on the GPU
 # machine it says what a flat entry costs on the host the GPU rows were measured on.
+cargo bench --bench submit --no-run
 cargo bench --bench submit --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json, sys
-for line in sys.stdin:
-    message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message.get("executable") \
-            and message["target"]["name"] == "submit":
-        print(message["executable"])' |
+  python3 scripts/test-binaries.py |
   while read -r executable; do
     cp "$executable" "$out/submit-bench"
   done

@@ -93,7 +93,7 @@ bench() {
 
 # What submitting a batch costs this machine's host (benches/submit.rs, no GPU involved): the
 # `-entries` and `-runs` rows of `ferry bench` are bound by it.
-host() {
+host_cost() {
   step "host cost of a submit (benches/submit.rs)" timeout 300 "$here/submit-bench" --bench \
     --warm-up-time 1 --measurement-time 2
 }
@@ -143,10 +143,10 @@ case ${2:-all} in
   tests) tests ;;
   containers) containers ;;
   bench) bench ;;
-  host) host ;;
+  host) host_cost ;;
   contend) contend ;;
   pairs) pairs ;;
-  *) tests; containers; bench; host; contend; pairs ;;
+  *) tests; containers; bench; host_cost; contend; pairs ;;
 esac
 {
   echo

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints the path of every test binary in the JSON messages of `cargo test --no-run
 --message-format=json` read from stdin, one a line (what gpu-build.sh and
-replay-elsewhere.sh copy)."""
+replay-elsewhere.sh copy); of `cargo bench --bench NAME --no-run --message-format=json`, the
+bench's binary (gpu-build.sh's and gpu-ab.sh's submit-bench)."""
 import json
 import sys
 

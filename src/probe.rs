@@ -185,17 +185,18 @@ fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<St
     }
     if peer_pid == own_pid {
         return Some(format!(
-            "the peer's process has this process's PID ({own_pid}) in another PID namespace; \
-             CUDA has refused IPC handles between such processes, so `cudaMalloc` buffers \
-             (PyTorch's default allocator) are likely to move over TCP: {REMEDIES}"
+            "the peer's process has this probe's PID ({own_pid}), in another PID namespace; \
+             CUDA has refused IPC handles between processes of equal PIDs, so an engine with \
+             this PID here (where this probe runs) is likely to move `cudaMalloc` buffers \
+             (PyTorch's default allocator) over TCP with it: {REMEDIES}"
         ));
     }
     (peer_pid == 1).then(|| {
         format!(
             "the peer's process is PID 1 of its own PID namespace (a container's first \
-             process); an engine here that is PID 1 of another one (this pod's main process, \
-             say) is likely to move `cudaMalloc` buffers over TCP with it, since CUDA has \
-             refused IPC handles between processes of equal PIDs: {REMEDIES}"
+             process); an engine here that is PID 1 of a different PID namespace (another \
+             pod's main process, say) is likely to move `cudaMalloc` buffers over TCP with it, \
+             since CUDA has refused IPC handles between processes of equal PIDs: {REMEDIES}"
         )
     })
 }
@@ -207,7 +208,7 @@ mod tests {
     #[test]
     fn another_process_here_with_this_pid_or_pid_1_gets_the_pid_clash_note() {
         let equal = pid_clash(1, 1, true).expect("a note for two PID-1 processes");
-        assert!(equal.contains("this process's PID (1)"), "{equal}");
+        assert!(equal.contains("this probe's PID (1)"), "{equal}");
         assert!(
             equal.contains("hostPID") && equal.contains("expandable_segments"),
             "{equal}"

@@ -56,7 +56,7 @@ fn probe_names_the_pid_clash_of_two_processes_that_are_each_pid_1_of_their_names
     assert!(clash.contains("(pid 1 on host"), "{clash}");
     assert!(
         clash.lines().any(|line| line.starts_with(
-            "  note: the peer's process has this process's PID (1) in another PID namespace"
+            "  note: the peer's process has this probe's PID (1), in another PID namespace"
         )),
         "no PID-clash note in:\n{clash}"
     );
@@ -69,7 +69,7 @@ fn probe_names_the_pid_clash_of_two_processes_that_are_each_pid_1_of_their_names
                 .starts_with("  note: the peer's process is PID 1 of its own PID namespace")),
         "no PID-1 note in:\n{plain}"
     );
-    assert!(!plain.contains("has this process's PID"), "{plain}");
+    assert!(!plain.contains("has this probe's PID"), "{plain}");
 }
 
 /// On a machine without RDMA (CI's), `ferry probe` says so, why, and what carries transfers

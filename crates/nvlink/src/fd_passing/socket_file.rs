@@ -34,9 +34,10 @@ pub(crate) struct SocketFile {
 
 impl SocketFile {
     /// Binds engine `owner`'s socket in `dir`, non-blocking, with the permissions of
-    /// [`mode`], after removing the files stopped engines left there ([`stale`]). Between the bind and setting the permissions the file has the mode the
-    /// process's umask leaves; a client of another user that connects meanwhile is still
-    /// refused by the server's credentials check.
+    /// [`mode`], after removing the files stopped engines left there ([`stale`]). Between the
+    /// bind and setting the permissions the file has the mode the process's umask leaves; a
+    /// client of another user that connects meanwhile is still refused by the server's
+    /// credentials check.
     ///
     /// # Errors
     /// [`SocketDirError::Bind`] or [`SocketDirError::Mode`]; the file is removed again when

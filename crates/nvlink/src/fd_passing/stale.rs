@@ -6,6 +6,10 @@
 //! [`STALE_AFTER`], and a connection to it is refused: nothing listens there any more. A
 //! socket that is being bound right now is younger; one whose engine is alive accepts (or,
 //! with a full backlog, would make the connection wait, which counts as alive here too).
+//!
+//! Only on a file system of this node ([`node_local`]): a socket file that an engine of
+//! another host bound on a shared network file system refuses every connection from here
+//! however alive its engine is, and must be left to that host.
 
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
@@ -22,6 +26,9 @@ pub(super) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// removed. Entries it cannot read or judge are left, silently: this is housekeeping, and the
 /// engine's own socket does not depend on it.
 pub(super) fn remove_stale(dir: &Path, older_than: Duration) -> usize {
+    if !node_local(dir) {
+        return 0;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -50,6 +57,24 @@ pub(super) fn remove_stale(dir: &Path, older_than: Duration) -> usize {
                 && std::fs::remove_file(entry.path()).is_ok()
         })
         .count()
+}
+
+/// File systems (`statfs` magic numbers) that live on this node only: a socket file on one
+/// of them was bound by an engine of this node. Others (NFS, SMB, FUSE, 9p, Ceph and the
+/// like, or any not listed) may be shared with other hosts.
+const NODE_LOCAL: [u64; 7] = [
+    0x0102_1994, // tmpfs
+    0x0000_EF53, // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x794C_7630, // overlayfs (a container's root)
+    0x2FC1_2FC1, // zfs
+    0x8584_58F6, // ramfs
+];
+
+/// Whether `dir` is on a file system of this node only ([`NODE_LOCAL`]).
+fn node_local(dir: &Path) -> bool {
+    rustix::fs::statfs(dir).is_ok_and(|stat| NODE_LOCAL.contains(&(stat.f_type as u64)))
 }
 
 /// Whether a connection to the socket at `path` is refused, without waiting: a listener with
@@ -104,6 +129,25 @@ mod tests {
         let client = std::os::unix::net::UnixStream::connect(path("ferry-0022.sock")).unwrap();
         assert!(live.accept().is_ok());
         drop(client);
+    }
+
+    #[test]
+    #[ignore = "needs root to give a file to another user; .ci/run runs it"]
+    fn another_users_socket_is_left_however_old_and_dead() {
+        let temp = tempfile::tempdir().unwrap();
+        let path = temp.path().join("ferry-0044.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        std::os::unix::fs::chown(&path, Some(1001), Some(1001)).unwrap();
+        assert_eq!(remove_stale(temp.path(), Duration::ZERO), 0);
+        assert!(path.exists(), "another user's file was removed");
+    }
+
+    #[test]
+    fn only_file_systems_of_this_node_are_swept() {
+        let temp = tempfile::tempdir().unwrap();
+        assert!(node_local(temp.path()), "{}", temp.path().display());
+        // procfs is not among them (as NFS, FUSE or 9p are not): nothing there is touched.
+        assert!(!node_local(Path::new("/proc")));
     }
 
     #[test]

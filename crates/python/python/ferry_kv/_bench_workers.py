@@ -104,8 +104,10 @@ def start_engine(config, pools):
 
 
 # How a request's block ids are drawn: ``random`` picks each id at random (SGLang's rows),
-# ``runs`` lays them out in runs of 1 to ``LONGEST_RUN`` consecutive ids on both sides, as a
-# block allocator hands them out to vLLM (its MooncakeConnector then sends a run as one entry).
+# ``runs`` lays them out in runs of 1 to ``LONGEST_RUN`` consecutive ids, the same runs on both
+# sides, as block allocators may hand them out to vLLM (its MooncakeConnector sends a run as one
+# entry): the best case, since prefill's and decode's allocators are independent and vLLM
+# splits a run wherever either side's ids break.
 ID_PATTERNS = ("random", "runs")
 
 LONGEST_RUN = 64
@@ -120,6 +122,7 @@ def request_block_ids(config, request):
         lengths = []
         while sum(lengths) < config.blocks:
             lengths.append(min(rng.randint(1, LONGEST_RUN), config.blocks - sum(lengths)))
+
         def ids(starts):
             return [start + offset for start, length in zip(starts, lengths)
                     for offset in range(length)]

@@ -9,8 +9,10 @@ Per request: ``2 x layers`` pool tensors (K and V per layer), ``blocks`` blocks 
 picked at random from a pool of ``pool_blocks`` (source and destination ids distinct random
 draws, one block table shared by every tensor), merged where adjacent on both sides, and sent
 with one ``batch_transfer_sync_write`` (or one per thread with ``--threads``). The ``-vllm``
-rows draw the ids in runs of 1-64 consecutive ids on both sides instead, as a block allocator
-hands them out to vLLM, whose MooncakeConnector sends each run as one entry. A decode process
+rows draw the ids in runs of 1-64 consecutive ids, the same runs on both sides, instead, as
+block allocators may hand them out to vLLM, whose MooncakeConnector sends each run as one entry
+(the best case: where the two sides' runs break at different ids, vLLM sends more, shorter
+entries). A decode process
 registers its pools and reports its session id and pool addresses; the prefill process runs the
 warm-up and timed requests. The decode pools are poisoned before the last timed request, and
 every block of every tensor is checked after it: the destination blocks must hold their source
@@ -81,8 +83,8 @@ def parse_args(argv):
                              "mooncake, ferry-vllm, mooncake-vllm (the same with vLLM's "
                              "MooncakeConnector pattern: block ids in runs of 1-64 consecutive "
                              "ids, one entry per run), nixl-pull, nixl-push (ferry through "
-                             "NIXL's API), nixl-own-pull, nixl-own-push (NIXL's own agent, UCX backend, "
-                             "through the same calls)")
+                             "NIXL's API), nixl-own-pull, nixl-own-push (NIXL's own agent, UCX "
+                             "backend, through the same calls)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="pool memory: torch CUDA tensors, or host memory (ferry moves it over "
                              "TCP, NIXL's own agent as UCX picks)")
