@@ -4,11 +4,13 @@
 mod common;
 
 use common::{assert_bytes_eq, captured_logs, engine, pattern, Pair};
-use ferry::Error;
-use ferry::Refusal;
+use ferry::transport::{Endpoint, Link, Reach, Transport};
+use ferry::{BufferDescriptor, Error, Refusal, RegionInfo, SegmentDescriptor};
 use ferry_core::wire::{Header, Kind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Sends `bytes` and reports whether the listener then closed the connection.
@@ -131,7 +133,7 @@ async fn a_peer_that_never_acknowledges_times_out() {
     // A fake peer: answers the descriptor request, then swallows everything in silence.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let descriptor = ferry::SegmentDescriptor {
+    let descriptor = SegmentDescriptor {
         version: ferry::transport::DESCRIPTOR_VERSION,
         name: address.clone(),
         host: ferry::transport::HostIdentity::current(),
@@ -140,11 +142,11 @@ async fn a_peer_that_never_acknowledges_times_out() {
         process: ferry::transport::InstanceId::from_u128(1),
         pid: 0,
         gpus: Vec::new(),
-        endpoints: vec![ferry::transport::Endpoint {
+        endpoints: vec![Endpoint {
             transport: "tcp".into(),
             address: address.clone(),
         }],
-        buffers: vec![ferry::BufferDescriptor {
+        buffers: vec![BufferDescriptor {
             addr: 0x10000,
             len: 1 << 20,
             location: ferry::Location::Host { pinned: false },
@@ -326,4 +328,57 @@ async fn a_peer_restarted_at_the_same_address_is_reached_again() {
     let mut landed = vec![0u8; 4096];
     pool.read_at(0, &mut landed).unwrap();
     assert_bytes_eq(&landed, &pattern(31, 4096), "write to the restarted engine");
+}
+
+/// A transport that records being stopped, and reaches nothing.
+struct Stoppable {
+    stopped: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl Transport for Stoppable {
+    fn name(&self) -> &'static str {
+        "stoppable"
+    }
+
+    fn endpoint(&self) -> Option<Endpoint> {
+        None
+    }
+
+    fn reach(&self, _: &RegionInfo, _: &SegmentDescriptor, _: &BufferDescriptor) -> Reach {
+        Reach::No {
+            reason: "reaches nothing".into(),
+        }
+    }
+
+    async fn open(&self, peer: &SegmentDescriptor) -> ferry::Result<Arc<dyn Link>> {
+        Err(Error::Unavailable {
+            local: "a test transport".into(),
+            peer: peer.name.clone(),
+            reason: "it opens no links".into(),
+        })
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn dropping_an_engine_stops_its_transports_before_the_drop_returns() {
+    // What a transport withdraws in `stop` (a socket file) must be gone when the engine's drop
+    // returns: the transport itself may live on in a task the process does not wait for (here,
+    // in this test's own reference).
+    let stopped = Arc::new(AtomicBool::new(false));
+    let transport = Arc::new(Stoppable {
+        stopped: Arc::clone(&stopped),
+    });
+    let engine = ferry::builder()
+        .transport(transport.clone())
+        .build_blocking()
+        .unwrap();
+    assert!(!stopped.load(Ordering::SeqCst));
+    drop(engine);
+    assert!(stopped.load(Ordering::SeqCst));
+    drop(transport);
 }

@@ -114,6 +114,13 @@ pub trait Transport: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The engine this transport serves is stopping (it is being dropped): withdraw now what
+    /// other processes reach this transport by, a listening socket's file say. The transport
+    /// itself may be dropped later, with the engine's last task, on a thread the process does
+    /// not wait for, so what is left to its `Drop` may outlive a process that exits right
+    /// after. Called once, before the engine's tasks stop. The default does nothing.
+    fn stop(&self) {}
+
     /// Describes a newly registered region for peers in other processes, or `None` when this
     /// transport does not reach such memory from elsewhere. The export is published with the
     /// region; the guard lives until the region is deregistered. The default exports nothing.

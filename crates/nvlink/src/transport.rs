@@ -122,6 +122,18 @@ impl Transport for NvlinkTransport {
         true
     }
 
+    /// Removes the fd socket's file from the socket directory: the engine is stopping, and the
+    /// server itself may be dropped after its process exited.
+    fn stop(&self) {
+        if let Some(server) = self
+            .attached
+            .get()
+            .and_then(|attached| attached.fds.as_ref())
+        {
+            server.withdraw_file();
+        }
+    }
+
     /// Starts the engine's fd socket: the abstract one (a failure is logged, and VMM memory
     /// and notifications of this host's peers then take TCP), and with a socket directory
     /// ([`NvlinkConfig::socket_dir`], else `FERRY_SOCKET_DIR`) its file there too.

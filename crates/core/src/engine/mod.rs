@@ -490,6 +490,9 @@ impl std::fmt::Debug for Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.inner.shutting_down.store(true, Ordering::Release);
+        for transport in self.inner.transports.iter() {
+            transport.stop();
+        }
         self.inner.tasks.stop();
         crate::local::forget(self.inner.instance);
         if let Some(runtime) = self.runtime.take() {

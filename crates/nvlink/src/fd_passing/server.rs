@@ -40,8 +40,11 @@ type Vouched = ByAddress<IpcHandle>;
 pub(crate) struct FdServer {
     name: String,
     owner: InstanceId,
-    /// The socket file, removed from its directory when the server drops.
-    file: Option<SocketFile>,
+    /// The socket file's path, once [`Self::serve_in`] bound it.
+    path: Option<String>,
+    /// The socket file, removed from its directory by [`Self::withdraw_file`] or when the
+    /// server drops.
+    file: parking_lot::Mutex<Option<SocketFile>>,
     shares: Arc<Shares>,
     vouched: Arc<Vouched>,
     /// What each listener serves with.
@@ -117,7 +120,8 @@ impl FdServer {
         Ok(FdServer {
             name,
             owner,
-            file: None,
+            path: None,
+            file: parking_lot::Mutex::new(None),
             shares,
             vouched,
             serving,
@@ -152,8 +156,16 @@ impl FdServer {
             path = file.path(),
             "serving the fd socket in the socket directory too"
         );
-        self.file = Some(file);
+        self.path = Some(file.path().to_owned());
+        *self.file.get_mut() = Some(file);
         Ok(())
+    }
+
+    /// Removes the socket file from its directory now, while the server may live on a little
+    /// (its engine stopping; see `Transport::stop`): no new peer reaches it by the file, and
+    /// a process that exits right after leaves no file behind.
+    pub(crate) fn withdraw_file(&self) {
+        drop(self.file.lock().take());
     }
 
     /// The socket's abstract name, as exports carry it.
@@ -164,7 +176,7 @@ impl FdServer {
     /// The socket file's path in the socket directory, as exports and the descriptor's
     /// endpoint carry it; `None` without a socket directory.
     pub(crate) fn socket_path(&self) -> Option<&str> {
-        self.file.as_ref().map(SocketFile::path)
+        self.path.as_deref()
     }
 
     /// Where peers reach this server: its name, and its file where it has one.

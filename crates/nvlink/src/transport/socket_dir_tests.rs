@@ -41,6 +41,19 @@ async fn a_transport_with_a_socket_directory_binds_publishes_and_removes_its_fil
 }
 
 #[tokio::test]
+async fn stopping_removes_the_file_at_once_while_the_transport_lives_on() {
+    let temp = tempfile::tempdir().unwrap();
+    let transport = NvlinkTransport::new(NvlinkConfig::default().socket_dir(temp.path()));
+    let engine = context(&tokio::runtime::Handle::current(), None);
+    transport.attach(&engine).unwrap();
+    let path = format!("{}/ferry-{}.sock", temp.path().display(), engine.instance);
+    assert!(Path::new(&path).exists());
+    transport.stop();
+    assert!(!Path::new(&path).exists(), "{path} is left after stop");
+    drop(transport);
+}
+
+#[tokio::test]
 async fn a_transport_without_a_socket_directory_publishes_no_endpoint() {
     let transport = NvlinkTransport::new(NvlinkConfig::default());
     transport
