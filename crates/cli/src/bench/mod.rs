@@ -206,6 +206,21 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
 }
 
 /// A progress bar of `len` steps (drawn only on a terminal).
+/// The sending engine of a bench process: `links`, with the secret and metadata store the
+/// command was given, and transfers allowed a minute (a cold first request is measured, not
+/// failed).
+fn sending_engine(
+    links: Links,
+    secret: &crate::secret_file::SecretFile,
+    metadata: &str,
+) -> Result<Engine, BoxError> {
+    Ok(secret
+        .apply(links.builder())?
+        .metadata(ferry::metadata::from_url(metadata)?)
+        .transfer_timeout(Duration::from_secs(60))
+        .build_blocking()?)
+}
+
 fn progress_bar(len: u64) -> ProgressBar {
     ProgressBar::new(len).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")

@@ -121,12 +121,7 @@ pub(crate) fn run(options: &RankOptions) -> Result<(), BoxError> {
         kernel_max_sms: options.kernel_max_sms,
         ..NvlinkConfig::default()
     }));
-    let engine = options
-        .secret
-        .apply(links.builder())?
-        .metadata(ferry::metadata::from_url(&options.metadata)?)
-        .transfer_timeout(Duration::from_secs(60))
-        .build_blocking()?;
+    let engine = super::sending_engine(links, &options.secret, &options.metadata)?;
     let pools = engine.allocate_device(options.gpu, sharded.prefill_area())?;
     let sent = fill(&pools, &sharded, options.data_seed)?;
     let mut targets = Vec::new();

@@ -94,12 +94,7 @@ impl Side {
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
         let links = links.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));
-        let engine = options
-            .secret
-            .apply(links.builder())?
-            .metadata(ferry::metadata::from_url(&options.metadata)?)
-            .transfer_timeout(Duration::from_secs(60))
-            .build_blocking()?;
+        let engine = sending_engine(links, &options.secret, &options.metadata)?;
         let gpu = (!options.host).then_some(options.prefill_gpu);
         let allocate = |bytes: u64| match gpu {
             Some(gpu) => engine.allocate_device(gpu, bytes),

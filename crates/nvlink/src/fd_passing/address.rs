@@ -147,7 +147,7 @@ impl Asked<'_> {
 
 /// Connects to `address` without ever blocking: a listener whose backlog is full (its
 /// engine stopped accepting) is an error at once, not a thread asleep.
-fn connect_nonblocking(
+pub(super) fn connect_nonblocking(
     address: &rustix::net::SocketAddrUnix,
 ) -> std::io::Result<std::os::unix::net::UnixStream> {
     let socket = rustix::net::socket_with(

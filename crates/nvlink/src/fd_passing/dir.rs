@@ -24,7 +24,15 @@ pub(crate) const MAX_SOCKET_PATH: usize = 107;
 /// ([`fd_socket_name`]) with `.sock`. A peer's export must name a file of exactly this name:
 /// one naming another engine's file is refused.
 pub(crate) fn socket_file_name(owner: InstanceId) -> String {
-    format!("{}.sock", fd_socket_name(owner))
+    format!("{}{SOCKET_FILE_SUFFIX}", fd_socket_name(owner))
+}
+
+/// What [`socket_file_name`] adds to the socket's abstract name.
+const SOCKET_FILE_SUFFIX: &str = ".sock";
+
+/// Whether the file `name` has the shape of an engine's socket file ([`socket_file_name`]).
+pub(crate) fn named_like_a_socket_file(name: &str) -> bool {
+    name.starts_with(super::FD_SOCKET_PREFIX) && name.ends_with(SOCKET_FILE_SUFFIX)
 }
 
 /// The socket directory to use: the one the config names, else `env` (the value of

@@ -106,8 +106,11 @@ const MAX_SENDER_NAME: usize = 1024;
 /// name its own engine's socket: one naming another engine's is refused, so a peer cannot
 /// point this engine at a third engine's memory.
 pub fn fd_socket_name(owner: InstanceId) -> String {
-    format!("ferry-{owner}")
+    format!("{FD_SOCKET_PREFIX}{owner}")
 }
+
+/// What every engine's fd socket name starts with ([`fd_socket_name`]).
+const FD_SOCKET_PREFIX: &str = "ferry-";
 
 /// Why a peer's export could not be mapped here (the peer's own faults are [`ferry_core::ProtocolViolation`]s).
 #[derive(Debug, thiserror::Error)]

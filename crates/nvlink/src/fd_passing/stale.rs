@@ -11,8 +11,9 @@
 //! another host bound on a shared network file system refuses every connection from here
 //! however alive its engine is, and must be left to that host.
 
-use rustix::io::Errno;
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use super::address::connect_nonblocking;
+use super::dir::named_like_a_socket_file;
+use rustix::net::SocketAddrUnix;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -37,9 +38,7 @@ pub(super) fn remove_stale(dir: &Path, older_than: Duration) -> usize {
     entries
         .flatten()
         .filter(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if !(name.starts_with("ferry-") && name.ends_with(".sock")) {
+            if !named_like_a_socket_file(&entry.file_name().to_string_lossy()) {
                 return false;
             }
             let Ok(metadata) = entry.metadata() else {
@@ -80,21 +79,10 @@ fn node_local(dir: &Path) -> bool {
 /// Whether a connection to the socket at `path` is refused, without waiting: a listener with
 /// a full backlog answers "try again", which is not a refusal.
 fn nothing_listens(path: &Path) -> bool {
-    let Ok(address) = SocketAddrUnix::new(path) else {
-        return false;
-    };
-    let Ok(socket) = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-        None,
-    ) else {
-        return false;
-    };
-    matches!(
-        rustix::net::connect(&socket, &address),
-        Err(Errno::CONNREFUSED)
-    )
+    SocketAddrUnix::new(path)
+        .map_err(std::io::Error::from)
+        .and_then(|address| connect_nonblocking(&address))
+        .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 #[cfg(test)]

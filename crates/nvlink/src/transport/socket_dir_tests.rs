@@ -20,13 +20,20 @@ fn context(runtime: &tokio::runtime::Handle, secret: Option<Secret>) -> EngineCo
     }
 }
 
+/// A transport attached (without a secret) with the socket directory `dir`, and where its
+/// socket file is to be.
+fn attached_in(dir: &Path) -> (NvlinkTransport, String) {
+    let transport = NvlinkTransport::new(NvlinkConfig::default().socket_dir(dir));
+    let engine = context(&tokio::runtime::Handle::current(), None);
+    transport.attach(&engine).unwrap();
+    let path = format!("{}/ferry-{}.sock", dir.display(), engine.instance);
+    (transport, path)
+}
+
 #[tokio::test]
 async fn a_transport_with_a_socket_directory_binds_publishes_and_removes_its_file() {
     let temp = tempfile::tempdir().unwrap();
-    let transport = NvlinkTransport::new(NvlinkConfig::default().socket_dir(temp.path()));
-    let engine = context(&tokio::runtime::Handle::current(), None);
-    transport.attach(&engine).unwrap();
-    let expected = format!("{}/ferry-{}.sock", temp.path().display(), engine.instance);
+    let (transport, expected) = attached_in(temp.path());
     assert_eq!(
         transport.endpoint(),
         Some(Endpoint {
@@ -43,10 +50,7 @@ async fn a_transport_with_a_socket_directory_binds_publishes_and_removes_its_fil
 #[tokio::test]
 async fn stopping_removes_the_file_at_once_while_the_transport_lives_on() {
     let temp = tempfile::tempdir().unwrap();
-    let transport = NvlinkTransport::new(NvlinkConfig::default().socket_dir(temp.path()));
-    let engine = context(&tokio::runtime::Handle::current(), None);
-    transport.attach(&engine).unwrap();
-    let path = format!("{}/ferry-{}.sock", temp.path().display(), engine.instance);
+    let (transport, path) = attached_in(temp.path());
     assert!(Path::new(&path).exists());
     transport.stop();
     assert!(!Path::new(&path).exists(), "{path} is left after stop");

@@ -119,9 +119,10 @@ def request_block_ids(config, request):
     says."""
     rng = random.Random(config.seed * 1_000_003 + request)
     if config.ids == "runs":
-        lengths = []
-        while sum(lengths) < config.blocks:
-            lengths.append(min(rng.randint(1, LONGEST_RUN), config.blocks - sum(lengths)))
+        lengths, left = [], config.blocks
+        while left:
+            lengths.append(min(rng.randint(1, LONGEST_RUN), left))
+            left -= lengths[-1]
 
         def ids(starts):
             return [start + offset for start, length in zip(starts, lengths)

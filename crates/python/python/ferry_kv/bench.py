@@ -12,9 +12,8 @@ with one ``batch_transfer_sync_write`` (or one per thread with ``--threads``). T
 rows draw the ids in runs of 1-64 consecutive ids, the same runs on both sides, instead, as
 block allocators may hand them out to vLLM, whose MooncakeConnector sends each run as one entry
 (the best case: where the two sides' runs break at different ids, vLLM sends more, shorter
-entries). A decode process
-registers its pools and reports its session id and pool addresses; the prefill process runs the
-warm-up and timed requests. The decode pools are poisoned before the last timed request, and
+entries). A decode process registers its pools and reports its session id and pool addresses;
+the prefill process runs the warm-up and timed requests. The decode pools are poisoned before the last timed request, and
 every block of every tensor is checked after it: the destination blocks must hold their source
 blocks' pattern, all others the poison.
 
@@ -49,13 +48,11 @@ RATIOS = (("ferry", "mooncake"), ("ferry-vllm", "mooncake-vllm"),
 # Rows with vLLM's MooncakeConnector pattern: the engine of the same name without the suffix,
 # the block ids in runs of consecutive ids (one entry per run).
 VLLM = "-vllm"
-# Each engine's two processes: the one started first (it reports "ready"), and the one given
-# its session and addresses.
+# Each engine's two processes (a ``-vllm`` row's are its engine's): the one started first (it
+# reports "ready"), and the one given its session and addresses.
 PROCESSES = {
     "ferry": (workers.decode_main, workers.prefill_main),
     "mooncake": (workers.decode_main, workers.prefill_main),
-    "ferry-vllm": (workers.decode_main, workers.prefill_main),
-    "mooncake-vllm": (workers.decode_main, workers.prefill_main),
     "nixl-push": (nixl_workers.sink_main, nixl_workers.writer_main),
     "nixl-pull": (nixl_workers.source_main, nixl_workers.reader_main),
     "nixl-own-push": (nixl_workers.sink_main, nixl_workers.writer_main),
@@ -192,7 +189,7 @@ def run_engine(context, engine, args, memory):
         base, device=f"cuda:{args.prefill_gpu}" if on_gpu else "cpu")
     row = {"engine": engine}
     finished = False
-    first, second = PROCESSES[engine]
+    first, second = PROCESSES[base.engine]
     pull = engine in PULL
     first_config, second_config = (
         (prefill_config, decode_config) if pull else (decode_config, prefill_config))
