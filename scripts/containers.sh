@@ -7,7 +7,7 @@
 # (the notification path still crosses the fd socket, so the socket-directory rows mean
 # something there too). LAYOUTS="pod-dir-secret pod-dir ..." runs only the layouts named;
 # REQUESTS (5 by default) sets the requests per case, whose median GB/s after the first each
-# row gives.
+# row gives. SHAPE sets the request's shape (see below).
 # Writes LOG_DIR/containers.txt (one row per case) and LOG_DIR/containers.log (all output);
 # exits non-zero when any case failed to verify, hung, fell back to TCP without saying why, or
 # (the socket-directory rows) did not take the path its layout must take.
@@ -33,7 +33,9 @@ chmod 755 "$bin" "$bin"/*
 work=$(mktemp -d /var/tmp/ferry-containers.XXXXXX)
 chmod 755 "$work"
 
-shape=(--layers 4 --pool-blocks 512 --request-blocks 128)
+# SHAPE (decode and prefill's shape options) replaces the small default, for figures of a
+# larger request on a few layouts.
+read -r -a shape <<<"${SHAPE:---layers 4 --pool-blocks 512 --request-blocks 128}"
 # Requests per case: the first warms up; the row's GB/s is the median of the others, so that
 # a layout's figure can stand beside the plain processes' at the same shape.
 requests=${REQUESTS:-5}
@@ -161,7 +163,7 @@ run_case() {
     # carries VMM memory and notifications; users that differ without a secret share nothing.
     local must_transport="" must_notify=""
     case $layout in
-      pod-dir-secret | pod-dir-same-uid | pod-dir-secret-pid2 | uid-secret) must_notify=ring
+      pod-dir-secret | pod-dir-same-uid | pod-dir-secret-pid2 | pod-dir-restart | uid-secret) must_notify=ring
         [ "$memory" = vmm ] && must_transport=nvlink ;;
       pod-dir) must_notify=tcp
         [ "$memory" = vmm ] && must_transport=tcp ;;
@@ -174,6 +176,8 @@ run_case() {
       reason="took ${transport% } where this layout must take $must_transport; $reason"
     elif [ -n "$must_notify" ] && [ "$notify" != "$must_notify" ]; then
       reason="notifications took $notify where this layout must take $must_notify; $reason"
+    elif [ -n "$stale_socket" ] && [ -e "$stale_socket" ]; then
+      reason="the killed engine's socket file $(basename "$stale_socket") was left in the directory"
     else
       outcome=ok
     fi
@@ -189,6 +193,45 @@ run_case() {
     "$outcome" "$layout" "$memory" "${transport% }" "${probe_route% }" "$notify" "$verified" "$gbps" \
     "$((SECONDS - started))" "$reason" >>"$table"
   rm -f "$sockets"/ferry-*.sock
+  stale_socket=""
+}
+
+# A socket file left in the shared directory by a decode pod's engine killed with SIGKILL (a
+# restarted container), aged past the minute the engines leave young files alone; run_case's
+# next case fails unless that case's engines removed it. Prints nothing; sets stale_socket.
+stale_socket=""
+plant_stale_socket() {
+  local memory=$1
+  local dir="$work/stale-$memory"
+  mkdir -p "$dir"
+  local memory_args=(--gpu "$decode_gpu")
+  case $memory in
+    vmm) memory_args+=(--vmm-pieces 2) ;;
+    host) memory_args=() ;;
+  esac
+  rm -f "$sockets"/ferry-*.sock
+  "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+    unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" \
+    "$bin/decode" "${shape[@]}" "${memory_args[@]}" --listen 10.231.0.1:0 \
+    --reply-to 10.231.0.2:17321 --requests 1 >"$dir/decode.out" 2>"$dir/decode.err" </dev/null &
+  local wrapper=$!
+  for _ in $(seq 1 300); do
+    grep -q '^segment: ' "$dir/decode.out" 2>/dev/null && break
+    kill -0 "$wrapper" 2>/dev/null || break
+    sleep 0.1
+  done
+  pkill -KILL -f "^$bin/decode "
+  wait "$wrapper" 2>/dev/null
+  local left=("$sockets"/ferry-*.sock)
+  if [ "${#left[@]}" -eq 1 ] && [ -S "${left[0]}" ]; then
+    touch -h -d '2 minutes ago' "${left[0]}"
+    stale_socket=${left[0]}
+    echo "planted: the killed decode engine left $(basename "$stale_socket")" >>"$log"
+  else
+    echo "planting a stale socket failed: found ${left[*]}" >>"$log"
+    stale_socket="$sockets/ferry-not-planted.sock"
+    : >"$stale_socket"
+  fi
 }
 
 for memory in ${MEMORY:-cuda vmm}; do
@@ -235,6 +278,16 @@ for memory in ${MEMORY:-cuda vmm}; do
       unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
       "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
       unshare -p -f --mount-proc -i -u sh -c "$(pod_as_child prefill-pod 1002)"
+    # The decode pod restarted after a SIGKILL left its socket file: the new engine removes
+    # that file (old enough, nothing listening) and the pair crosses as in pod-dir-secret.
+    if wanted pod-dir-restart; then
+      plant_stale_socket "$memory"
+      run_case pod-dir-restart "$memory" 10.231.0.1:0 \
+        "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+        unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" -- \
+        "${in_p[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+        unshare -p -f --mount-proc -i -u sh -c "$(pod_as prefill-pod 1002)"
+    fi
     # The same without a secret: users that differ share nothing (TCP, with the cause).
     run_case pod-dir "$memory" 10.231.0.1:0 \
       "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" \
