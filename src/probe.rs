@@ -178,8 +178,9 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
 /// for any other peer.
 fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<String> {
     const REMEDIES: &str = "share one PID namespace (hostPID, or shareProcessNamespace in one \
-        pod), or use VMM memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a \
-        socket directory both mount";
+        pod), run one of the two servers under an init that stays PID 1 (tini, or a shell that \
+        does not exec it) so that their PIDs differ, or use VMM memory \
+        (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount";
     if !other_process_here {
         return None;
     }

@@ -210,8 +210,9 @@ fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
     format!(
         "{reason}; likely because the peer's process has this process's PID ({peer_pid}) in another \
          PID namespace, and CUDA refuses an IPC handle whose exporter's PID equals the importer's: share one PID \
-         namespace (hostPID, or shareProcessNamespace in one pod), or use VMM memory \
-         (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
+         namespace (hostPID, or shareProcessNamespace in one pod), run one of the two servers under an \
+         init that stays PID 1 (tini, or a shell that does not exec it) so that their PIDs differ, or use \
+         VMM memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
     )
 }
 
