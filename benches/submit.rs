@@ -244,6 +244,30 @@ fn submit_cost(c: &mut Criterion) {
         }
         batch
     };
+    group.bench_function("flat entries as one list, planned into a block copy", |b| {
+        b.iter_custom(|iterations| {
+            let spent = timed_submits(iterations, || {
+                let source = &sides.source;
+                let entries = (0..TENSORS).flat_map(|tensor| {
+                    local_ids
+                        .iter()
+                        .zip(remote_ids.iter())
+                        .map(move |(&local, &remote)| {
+                            (
+                                tensor * POOL + u64::from(local) * BLOCK,
+                                sides.remote.addr + tensor * POOL + u64::from(remote) * BLOCK,
+                                BLOCK,
+                            )
+                        })
+                });
+                sides
+                    .prefill
+                    .batch(&sides.peer)
+                    .write_entries(source, entries)
+            });
+            spent / ENTRIES as u32
+        })
+    });
     let unplanned = engines(TENSORS * POOL, false);
     for (name, sides, read) in [
         ("flat entries, planned into a block copy", &sides, false),

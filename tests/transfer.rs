@@ -189,6 +189,77 @@ async fn an_entry_outside_the_peer_in_a_later_slice_fails_the_transfer_naming_it
     assert_bytes_eq(&landed, &bytes, "a write after the failed batch");
 }
 
+/// `write_entries` and `read_entries`: a list of entries added in one call moves exactly what
+/// the same entries added one `write` or `read` at a time move, across slices, beside single
+/// entries of the same batch; an empty list adds nothing; a bad entry in a list is named by
+/// its index in the batch.
+#[tokio::test]
+async fn entries_added_as_a_list_land_as_if_added_one_by_one() {
+    const ENTRY: usize = 64;
+    let pair = Pair::new(ENTRY * SLICED, ENTRY * SLICED).await;
+    let bytes = pattern(43, ENTRY * SLICED);
+    pair.source.write_at(0, &bytes).unwrap();
+    let entry = |index: usize| {
+        (
+            (index * ENTRY) as u64,
+            pair.remote + (sliced_slot(index) * ENTRY) as u64,
+            ENTRY as u64,
+        )
+    };
+    // Entry 0 alone, then the rest as a list, then an empty list.
+    let (offset, remote, len) = entry(0);
+    let batch = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, offset, remote, len)
+        .write_entries(&pair.source, (1..SLICED).map(entry))
+        .write_entries(&pair.source, std::iter::empty());
+    assert_eq!(batch.len(), SLICED);
+    let done = batch.submit().unwrap().await.unwrap();
+    assert_eq!(done.bytes, (ENTRY * SLICED) as u64);
+    let mut landed = vec![0u8; ENTRY * SLICED];
+    pair.pool.read_at(0, &mut landed).unwrap();
+    for index in 0..SLICED {
+        let at = sliced_slot(index) * ENTRY;
+        assert_bytes_eq(
+            &landed[at..at + ENTRY],
+            &bytes[index * ENTRY..(index + 1) * ENTRY],
+            &format!("entry {index} written from a list"),
+        );
+    }
+
+    pair.source.write_at(0, &vec![0u8; ENTRY * SLICED]).unwrap();
+    let entries: Vec<_> = (0..SLICED).map(entry).collect();
+    pair.prefill
+        .batch(&pair.peer)
+        .read_entries(&pair.source, entries.iter().copied())
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut back = vec![0u8; ENTRY * SLICED];
+    pair.source.read_at(0, &mut back).unwrap();
+    assert_bytes_eq(&back, &bytes, "the entries read back from a list");
+
+    // A list whose entry 100 (101st of the batch, after one single write) lies past every
+    // buffer of the peer: the transfer fails naming index 101.
+    let mut bad = entries.clone();
+    bad[100].1 = pair.remote + (ENTRY * SLICED) as u64 + (1 << 30);
+    let failed = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, offset, remote, len)
+        .write_entries(&pair.source, bad)
+        .submit()
+        .unwrap()
+        .await
+        .expect_err("an entry of the list outside the peer's buffers");
+    match failed {
+        Error::Range(ferry::RangeError::NotRegistered { index, .. }) => assert_eq!(index, 101),
+        other => panic!("expected NotRegistered for entry 101, got {other}"),
+    }
+}
+
 #[tokio::test]
 async fn notification_arrives_only_after_its_data() {
     let pair = Pair::new(16 << 20, 16 << 20).await;

@@ -447,16 +447,14 @@ impl Side {
                 };
             }
             Shape::Entries(blocks) => {
-                for &(local, remote, len) in blocks {
-                    batch = match direction {
-                        Direction::Write => {
-                            batch.write(&self.local, local, self.remote + remote, len)
-                        }
-                        Direction::Read => {
-                            batch.read(&self.local, local, self.remote + remote, len)
-                        }
-                    };
-                }
+                // The list in one call, as a server holding a request's entries adds them.
+                let entries = blocks
+                    .iter()
+                    .map(|&(local, remote, len)| (local, self.remote + remote, len));
+                batch = match direction {
+                    Direction::Write => batch.write_entries(&self.local, entries),
+                    Direction::Read => batch.read_entries(&self.local, entries),
+                };
             }
             Shape::Ping(len) => {
                 batch = batch.write(&self.local, 0, self.remote, *len);

@@ -131,6 +131,32 @@ impl State {
             len,
         });
     }
+
+    /// [`State::push`] for each of `entries`, all of `region`: the region is looked up once.
+    fn push_all<I>(&mut self, direction: Direction, region: &Region, entries: I)
+    where
+        I: IntoIterator<Item = (u64, u64, u64)>,
+    {
+        let mut entries = entries.into_iter();
+        // No entries, no region: an empty list leaves the batch as it was.
+        let Some(first) = entries.next() else {
+            return;
+        };
+        let index = self.region_index(&region.entry, self.entries.len());
+        self.entries.reserve(entries.size_hint().0 + 1);
+        self.entries
+            .extend(
+                std::iter::once(first)
+                    .chain(entries)
+                    .map(|(offset, remote_addr, len)| Entry {
+                        direction,
+                        region: index,
+                        offset,
+                        remote_addr,
+                        len,
+                    }),
+            );
+    }
 }
 
 /// A block copy of a batch, with the batch's index of each pool's region.
@@ -174,6 +200,29 @@ impl Batch {
     pub fn read(mut self, region: &Region, offset: u64, remote_addr: u64, len: u64) -> Self {
         self.state
             .push(Direction::Read, region, offset, remote_addr, len);
+        self
+    }
+
+    /// Adds a write for each `(offset, remote_addr, len)` of `entries`, from `region`, in
+    /// order: the same batch as [`Batch::write`] called once per entry, built without the
+    /// per-call work. For callers that hold a request's entries as a list (a block or a run of
+    /// blocks each, tens of thousands of them): the copies cannot start before
+    /// [`Batch::submit`], so the time spent building the batch adds to the transfer's.
+    pub fn write_entries<I>(mut self, region: &Region, entries: I) -> Self
+    where
+        I: IntoIterator<Item = (u64, u64, u64)>,
+    {
+        self.state.push_all(Direction::Write, region, entries);
+        self
+    }
+
+    /// Adds a read for each `(offset, remote_addr, len)` of `entries`, into `region`, in order:
+    /// the same batch as [`Batch::read`] called once per entry (see [`Batch::write_entries`]).
+    pub fn read_entries<I>(mut self, region: &Region, entries: I) -> Self
+    where
+        I: IntoIterator<Item = (u64, u64, u64)>,
+    {
+        self.state.push_all(Direction::Read, region, entries);
         self
     }
 

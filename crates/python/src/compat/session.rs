@@ -268,28 +268,27 @@ impl Session {
         let mut notify = notify;
         for part in entries.chunks(size) {
             let mut batch = self.engine.batch(&peer.peer);
-            // Callers list one tensor's blocks one after another: the last entry's region
-            // usually holds the next one too, which spares the search.
-            let mut last: Option<(u64, u64, &ferry::Region)> = None;
-            for &(local, remote, len) in part {
-                let (region, offset) = match last {
-                    Some((start, region_len, region))
-                        if local >= start && local + len <= start + region_len =>
-                    {
-                        (region, local - start)
-                    }
-                    _ => {
-                        let (region, offset) = regions.containing(local, len)?;
-                        last = Some((local - offset, region.len(), region));
-                        (region, offset)
-                    }
-                };
-                // The engine plans entries of block shape into block copies for links that
-                // move those faster.
+            // Callers list one tensor's blocks one after another: the entries are added a run
+            // of one region at a time, the region searched once per run. (The engine plans
+            // entries of block shape into block copies for links that move those faster.)
+            let mut rest = part;
+            while let Some(&(local, _, len)) = rest.first() {
+                let (region, offset) = regions.containing(local, len)?;
+                let (start, end) = (local - offset, local - offset + region.len());
+                // `check` found every range inside a registration: no end overflows, and the
+                // run holds at least its first entry.
+                let run = rest
+                    .iter()
+                    .position(|&(local, _, len)| local < start || local + len > end)
+                    .unwrap_or(rest.len());
+                let entries = rest[..run]
+                    .iter()
+                    .map(|&(local, remote, len)| (local - start, remote, len));
                 batch = match direction {
-                    Direction::Write => batch.write(region, offset, remote, len),
-                    Direction::Read => batch.read(region, offset, remote, len),
+                    Direction::Write => batch.write_entries(region, entries),
+                    Direction::Read => batch.read_entries(region, entries),
                 };
+                rest = &rest[run..];
             }
             if let Some(payload) = notify.take() {
                 batch = batch.notify(payload);
