@@ -176,6 +176,8 @@ run_case() {
       reason="took ${transport% } where this layout must take $must_transport; $reason"
     elif [ -n "$must_notify" ] && [ "$notify" != "$must_notify" ]; then
       reason="notifications took $notify where this layout must take $must_notify; $reason"
+    elif [ "$stale_socket" = - ]; then
+      reason="no socket file was left to clean up: planting it failed (see containers.log)"
     elif [ -n "$stale_socket" ] && [ -e "$stale_socket" ]; then
       reason="the killed engine's socket file $(basename "$stale_socket") was left in the directory"
     else
@@ -198,7 +200,8 @@ run_case() {
 
 # A socket file left in the shared directory by a decode pod's engine killed with SIGKILL (a
 # restarted container), aged past the minute the engines leave young files alone; run_case's
-# next case fails unless that case's engines removed it. Prints nothing; sets stale_socket.
+# next case fails unless that case's engines removed it (or when planting failed: `-`).
+# Prints nothing; sets stale_socket.
 stale_socket=""
 plant_stale_socket() {
   local memory=$1
@@ -210,7 +213,7 @@ plant_stale_socket() {
     host) memory_args=() ;;
   esac
   rm -f "$sockets"/ferry-*.sock
-  "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
+  timeout 60 "${in_d[@]}" env FERRY_SOCKET_DIR="$sockets" FERRY_SECRET="$secret" \
     unshare -p -f --mount-proc -i -u sh -c "$(pod_as decode-pod 1001)" \
     "$bin/decode" "${shape[@]}" "${memory_args[@]}" --listen 10.231.0.1:0 \
     --reply-to 10.231.0.2:17321 --requests 1 >"$dir/decode.out" 2>"$dir/decode.err" </dev/null &
@@ -221,7 +224,9 @@ plant_stale_socket() {
     sleep 0.1
   done
   pkill -KILL -f "^$bin/decode "
+  # Bounded by its timeout should nothing have matched (the decode never started).
   wait "$wrapper" 2>/dev/null
+  pkill -KILL -f "^$bin/decode "
   local left=("$sockets"/ferry-*.sock)
   if [ "${#left[@]}" -eq 1 ] && [ -S "${left[0]}" ]; then
     touch -h -d '2 minutes ago' "${left[0]}"
@@ -229,8 +234,7 @@ plant_stale_socket() {
     echo "planted: the killed decode engine left $(basename "$stale_socket")" >>"$log"
   else
     echo "planting a stale socket failed: found ${left[*]}" >>"$log"
-    stale_socket="$sockets/ferry-not-planted.sock"
-    : >"$stale_socket"
+    stale_socket=-
   fi
 }
 

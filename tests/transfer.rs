@@ -258,6 +258,55 @@ async fn entries_added_as_a_list_land_as_if_added_one_by_one() {
         Error::Range(ferry::RangeError::NotRegistered { index, .. }) => assert_eq!(index, 101),
         other => panic!("expected NotRegistered for entry 101, got {other}"),
     }
+
+    // A list from a second region after a write from the first: each entry moves from the
+    // region its call named.
+    let second = pair.prefill.allocate((ENTRY * 100) as u64).unwrap();
+    let second_bytes = pattern(47, ENTRY * 100);
+    second.write_at(0, &second_bytes).unwrap();
+    let slot = |index: usize| pair.remote + (index * ENTRY) as u64;
+    pair.prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, slot(0), ENTRY as u64)
+        .write_entries(
+            &second,
+            (0..100).map(|index| ((index * ENTRY) as u64, slot(index + 1), ENTRY as u64)),
+        )
+        .submit()
+        .unwrap()
+        .await
+        .unwrap();
+    let mut landed = vec![0u8; ENTRY * 101];
+    pair.pool.read_at(0, &mut landed).unwrap();
+    assert_bytes_eq(
+        &landed[..ENTRY],
+        &bytes[..ENTRY],
+        "the write from the first region",
+    );
+    assert_bytes_eq(
+        &landed[ENTRY..],
+        &second_bytes,
+        "the list from the second region",
+    );
+
+    // A list whose region belongs to another engine is refused at submit, naming the list's
+    // first entry.
+    let other = engine().await;
+    let foreign = other.allocate(4096).unwrap();
+    let refused = pair
+        .prefill
+        .batch(&pair.peer)
+        .write(&pair.source, 0, slot(0), ENTRY as u64)
+        .write_entries(
+            &foreign,
+            (0..3).map(|index| ((index * ENTRY) as u64, slot(index), ENTRY as u64)),
+        )
+        .submit()
+        .map(|_| ());
+    match refused {
+        Err(Error::Range(ferry::RangeError::ForeignRegion { index })) => assert_eq!(index, 1),
+        other => panic!("expected ForeignRegion for entry 1, got {other:?}"),
+    }
 }
 
 #[tokio::test]

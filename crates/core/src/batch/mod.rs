@@ -143,7 +143,6 @@ impl State {
             return;
         };
         let index = self.region_index(&region.entry, self.entries.len());
-        self.entries.reserve(entries.size_hint().0 + 1);
         self.entries
             .extend(
                 std::iter::once(first)
