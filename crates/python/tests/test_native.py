@@ -521,3 +521,53 @@ def test_python_m_ferry_kv_probe_prints_the_machine_and_a_peers_paths() -> None:
     bench_help = subprocess.run([sys.executable, "-m", "ferry_kv", "bench", "--help"],
                                 capture_output=True, text=True, timeout=60)
     assert bench_help.returncode == 0 and "--device" in bench_help.stdout
+
+
+def test_entries_added_as_lists_land_as_single_writes_would(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    count, size = 500, 64
+    pool = receiver.allocate(count * size)
+    local = bytearray(pattern(count * size, seed=21))
+    region = sender.register(local)
+    peer = sender.connect(receiver.name)
+    slots = [(index * 7 + 3) % count for index in range(count)]
+    offsets = [index * size for index in range(count)]
+    remote = [pool.addr + slot * size for slot in slots]
+    batch = sender.batch(peer).write(region, 0, pool.addr + slots[0] * size, size)
+    batch.write_entries(region, offsets[1:], remote[1:], size)
+    assert len(batch) == count
+    batch.submit().wait(WAIT)
+    landed = pool.read(0, count * size)
+    for index, slot in enumerate(slots):
+        at = slot * size
+        assert landed[at : at + size] == local[index * size : (index + 1) * size], f"entry {index}"
+
+    # Back with one length per entry, into the zeroed region.
+    local[:] = bytes(count * size)
+    sender.batch(peer).read_entries(region, offsets, remote, [size] * count).submit().wait(WAIT)
+    assert bytes(local) == pattern(count * size, seed=21)
+
+
+def test_entry_lists_that_do_not_fit_are_refused(pair: tuple[Engine, Engine]) -> None:
+    sender, receiver = pair
+    pool = receiver.allocate(4096)
+    region = sender.register(bytearray(4096))
+    peer = sender.connect(receiver.name)
+    with pytest.raises(ValueError, match="2 offsets, 1 remote_addrs and 2 lengths"):
+        sender.batch(peer).write_entries(region, [0, 64], [pool.addr], 64)
+    with pytest.raises(ValueError, match="2 offsets, 2 remote_addrs and 1 lengths"):
+        sender.batch(peer).write_entries(region, [0, 64], [pool.addr, pool.addr + 64], [64])
+    with pytest.raises(TypeError, match="remote_addrs: item 1 "):
+        sender.batch(peer).write_entries(region, [0, 64], [pool.addr, -1], 64)
+    with pytest.raises(TypeError, match="nbytes"):
+        sender.batch(peer).read_entries(region, [0], [pool.addr], -1)
+
+    # An entry of a list that runs past the region is refused by submit, named by its index
+    # in the batch, and nothing moves.
+    pool.write(0, pattern(4096, seed=4))
+    batch = sender.batch(peer).write(region, 0, pool.addr, 64)
+    batch.write_entries(region, [64, 4090], [pool.addr + 64, pool.addr + 128], 64)
+    with pytest.raises(RangeError) as refused:
+        batch.submit()
+    assert "entry 2" in str(refused.value), refused.value
+    assert pool.read(0, 4096) == pattern(4096, seed=4)

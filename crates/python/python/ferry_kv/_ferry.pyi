@@ -4,7 +4,7 @@ The native classes here take integer addresses; use them through ``ferry_kv.Engi
 registers objects without raw pointers and wraps transfers and notifications for ``asyncio``.
 """
 
-from typing import Any, Callable, ClassVar, final
+from typing import Any, Callable, ClassVar, Sequence, final
 
 __version__: str
 
@@ -108,6 +108,12 @@ class Batch:
 
     def write(self, region: Region, offset: int, remote_addr: int, nbytes: int) -> None: ...
     def read(self, region: Region, offset: int, remote_addr: int, nbytes: int) -> None: ...
+    def write_entries(
+        self, region: Region, offsets: Sequence[int], remote_addrs: Sequence[int], nbytes: int | Sequence[int]
+    ) -> None: ...
+    def read_entries(
+        self, region: Region, offsets: Sequence[int], remote_addrs: Sequence[int], nbytes: int | Sequence[int]
+    ) -> None: ...
     def write_blocks(
         self,
         nbytes: int,

@@ -3,9 +3,11 @@
 use super::region::Region;
 use super::transfer::Transfer;
 use crate::errors::{to_py, FerryError, RangeError};
+use crate::lists;
 use parking_lot::Mutex;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyInt;
 
 /// One side's pool layout as Python passes it: `(pool_bytes, block_stride, offset)`.
 type Layout = (u64, u64, u64);
@@ -81,6 +83,44 @@ impl Batch {
     }
 }
 
+/// The `(offset, remote_addr, nbytes)` entries of `write_entries` / `read_entries`: one offset
+/// and one peer address per entry, and either one length for all or one per entry.
+fn entry_list(
+    offsets: &Bound<'_, PyAny>,
+    remote_addrs: &Bound<'_, PyAny>,
+    nbytes: &Bound<'_, PyAny>,
+) -> PyResult<Vec<(u64, u64, u64)>> {
+    let py = offsets.py();
+    // A list's conversion error, with the argument it came from.
+    let named =
+        |name: &str, error: PyErr| PyTypeError::new_err(format!("{name}: {}", error.value(py)));
+    let offsets = lists::u64s(offsets).map_err(|error| named("offsets", error))?;
+    let remote_addrs = lists::u64s(remote_addrs).map_err(|error| named("remote_addrs", error))?;
+    let lengths = match nbytes.is_instance_of::<PyInt>() {
+        true => vec![
+            nbytes
+                .extract::<u64>()
+                .map_err(|error| named("nbytes", error))?;
+            offsets.len()
+        ],
+        false => lists::u64s(nbytes).map_err(|error| named("nbytes", error))?,
+    };
+    if remote_addrs.len() != offsets.len() || lengths.len() != offsets.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} offsets, {} remote_addrs and {} lengths; pass one of each per entry (or one int as nbytes)",
+            offsets.len(),
+            remote_addrs.len(),
+            lengths.len()
+        )));
+    }
+    Ok(offsets
+        .into_iter()
+        .zip(remote_addrs)
+        .zip(lengths)
+        .map(|((offset, remote_addr), len)| (offset, remote_addr, len))
+        .collect())
+}
+
 fn submitted() -> PyErr {
     FerryError::new_err("the batch was submitted already; start another with engine.batch(peer)")
 }
@@ -107,6 +147,33 @@ impl Batch {
         nbytes: u64,
     ) -> PyResult<()> {
         self.update(|batch| region.with(|region| batch.read(region, offset, remote_addr, nbytes)))
+    }
+
+    /// Adds a write for each entry, from `region`: `nbytes` (or `nbytes[i]`) bytes at
+    /// `offsets[i]` to the peer's `remote_addrs[i]`. The same as `write` once per entry, built
+    /// in one call: lists of ints are read without a Python call per entry.
+    fn write_entries(
+        &self,
+        region: PyRef<'_, Region>,
+        offsets: &Bound<'_, PyAny>,
+        remote_addrs: &Bound<'_, PyAny>,
+        nbytes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let entries = entry_list(offsets, remote_addrs, nbytes)?;
+        self.update(|batch| region.with(|region| batch.write_entries(region, entries)))
+    }
+
+    /// Adds a read for each entry: `nbytes` (or `nbytes[i]`) bytes from the peer's
+    /// `remote_addrs[i]` into `region` at `offsets[i]`; arguments as `write_entries`.
+    fn read_entries(
+        &self,
+        region: PyRef<'_, Region>,
+        offsets: &Bound<'_, PyAny>,
+        remote_addrs: &Bound<'_, PyAny>,
+        nbytes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let entries = entry_list(offsets, remote_addrs, nbytes)?;
+        self.update(|batch| region.with(|region| batch.read_entries(region, entries)))
     }
 
     /// Adds a paged copy to the peer: `nbytes` of block `local_ids[i]` of every local pool to
