@@ -177,10 +177,7 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
 /// driver 580, not documented), so their `cudaMalloc` buffers are likely to take TCP. `None`
 /// for any other peer.
 fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<String> {
-    const REMEDIES: &str = "share one PID namespace (hostPID, or shareProcessNamespace in one \
-        pod), run one of the two servers under an init that stays PID 1 (tini, or a shell that \
-        does not exec it) so that their PIDs differ, or use VMM memory \
-        (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount";
+    use ferry_nvlink::PID_CLASH_REMEDIES as REMEDIES;
     if !other_process_here {
         return None;
     }

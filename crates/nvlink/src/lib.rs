@@ -52,3 +52,4 @@ pub use gemm::{Gemm, GemmRate, GEMM_TILE};
 pub use mnnvl::{MnnvlTransport, MNNVL};
 pub use plan::{engines_from, CopyPath, BATCHED_FROM, ENGINE_FROM};
 pub use transport::{NvlinkConfig, NvlinkTransport, NVLINK};
+pub use trial::PID_CLASH_REMEDIES;

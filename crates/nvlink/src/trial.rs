@@ -195,6 +195,14 @@ impl Trials {
     }
 }
 
+/// What lets `cudaMalloc` memory cross between two processes on one host whose PIDs, each as
+/// its own PID namespace numbers it, are equal (CUDA refuses IPC handles between them), as the
+/// mapping's warning and `ferry probe --peer` name it.
+pub const PID_CLASH_REMEDIES: &str = "share one PID namespace (hostPID, or \
+    shareProcessNamespace in one pod), run one of the two servers under an init that stays PID 1 \
+    (tini, or a shell that does not exec it) so that their PIDs differ, or use VMM memory \
+    (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount";
+
 /// `reason` with the likely cause added when a CUDA IPC handle of a peer whose PID, as its own
 /// PID namespace numbers it, equals this process's was refused: the driver then takes the
 /// handle for one this process exported itself and refuses it (measured on H100 with driver
@@ -209,10 +217,7 @@ fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
     }
     format!(
         "{reason}; likely because the peer's process has this process's PID ({peer_pid}) in another \
-         PID namespace, and CUDA refuses an IPC handle whose exporter's PID equals the importer's: share one PID \
-         namespace (hostPID, or shareProcessNamespace in one pod), run one of the two servers under an \
-         init that stays PID 1 (tini, or a shell that does not exec it) so that their PIDs differ, or use \
-         VMM memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) with a socket directory both mount"
+         PID namespace, and CUDA refuses an IPC handle whose exporter's PID equals the importer's: {PID_CLASH_REMEDIES}"
     )
 }
 

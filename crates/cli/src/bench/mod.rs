@@ -205,7 +205,6 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         .all(|row| row.verified))
 }
 
-/// A progress bar of `len` steps (drawn only on a terminal).
 /// The sending engine of a bench process: `links`, with the secret and metadata store the
 /// command was given, and transfers allowed a minute (a cold first request is measured, not
 /// failed).
@@ -221,6 +220,7 @@ fn sending_engine(
         .build_blocking()?)
 }
 
+/// A progress bar of `len` steps (drawn only on a terminal).
 fn progress_bar(len: u64) -> ProgressBar {
     ProgressBar::new(len).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
