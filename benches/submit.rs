@@ -128,6 +128,48 @@ fn engines(bytes: u64, blocks: bool) -> Sides {
     }
 }
 
+/// Engines on both sides with [`TENSORS`] regions of `bytes` each, as a server registers one
+/// tensor per layer and side; the prefill side's ops taken by [`Counting`].
+struct TensorSides {
+    _decode: Engine,
+    _pools: Vec<Region>,
+    prefill: Engine,
+    sources: Vec<Region>,
+    peer: Peer,
+    /// The decode pools as the prefill side sees them, in registration order.
+    remotes: Vec<BufferDescriptor>,
+}
+
+fn tensor_engines(bytes: u64, blocks: bool) -> TensorSides {
+    let decode = ferry::builder().build_blocking().expect("decode engine");
+    let pools: Vec<Region> = (0..TENSORS)
+        .map(|_| decode.allocate(bytes).expect("pool"))
+        .collect();
+    let prefill = ferry::builder()
+        .transport(Arc::new(Counting { blocks }))
+        .build_blocking()
+        .expect("prefill engine");
+    let sources = (0..TENSORS)
+        .map(|_| prefill.allocate(bytes).expect("source"))
+        .collect();
+    let peer = prefill.connect_blocking(decode.name()).expect("connect");
+    let mut remotes = peer.buffers();
+    remotes.sort_by_key(|buffer| {
+        pools
+            .iter()
+            .position(|pool| pool.addr() == buffer.addr)
+            .expect("a decode pool")
+    });
+    TensorSides {
+        _decode: decode,
+        _pools: pools,
+        prefill,
+        sources,
+        peer,
+        remotes,
+    }
+}
+
 /// `count` distinct, scattered ids of a pool of `pool` blocks (a power of two): an odd stride
 /// through the pool, different on each side.
 fn ids(count: u64, pool: u64, stride: u64, start: u64) -> Vec<u32> {
@@ -221,6 +263,26 @@ fn submit_cost(c: &mut Criterion) {
                     copy = copy.pool_at(&sides.source, at, &sides.remote, at);
                 }
                 sides.prefill.batch(&sides.peer).read_blocks(copy)
+            })
+        })
+    });
+    // As vLLM registers the request: one region and one peer buffer per tensor.
+    let tensors = tensor_engines(POOL, true);
+    group.bench_function("paged block copy, a region per tensor", |b| {
+        b.iter_custom(|iterations| {
+            timed_submits(iterations, || {
+                let layout = BlockLayout::packed(POOL, BLOCK);
+                let mut copy = BlockCopy::new(
+                    BLOCK,
+                    layout,
+                    layout,
+                    Arc::clone(&local_ids),
+                    Arc::clone(&remote_ids),
+                );
+                for (source, remote) in tensors.sources.iter().zip(&tensors.remotes) {
+                    copy = copy.pool_at(source, 0, remote, 0);
+                }
+                tensors.prefill.batch(&tensors.peer).write_blocks(copy)
             })
         })
     });

@@ -6,6 +6,7 @@ use crate::memory::RegionEntry;
 use crate::metadata::MetadataStore;
 use crate::transport::{Link, Transport};
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::Poll;
@@ -62,7 +63,7 @@ pub(crate) struct PeerView {
     sorted: Arc<[Arc<BufferDescriptor>]>,
     /// The transport chosen for each pair of a local region (its registration's sequence)
     /// and a remote buffer (where this view holds it) so far ([`PeerView::route`]).
-    routes: Mutex<HashMap<(u64, usize), usize>>,
+    routes: Mutex<FxHashMap<(u64, usize), usize>>,
 }
 
 impl PeerView {

@@ -14,6 +14,7 @@ use ferry_core::{
     ProtocolViolation, Result, TransferOp, TransferOps, TransferPart,
 };
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,7 +55,7 @@ pub(crate) struct NvlinkLink {
     /// The mapping of each peer buffer descriptor planned before, by the descriptor's address
     /// ([`descriptor_key`]): a paged copy names one buffer per pool, and hashing every pool's
     /// export on every transfer cost more than the launch.
-    known: Mutex<HashMap<usize, Known>>,
+    known: Mutex<FxHashMap<usize, Known>>,
     /// Streams, kernels and argument buffers of each local GPU, by ordinal.
     lanes: Mutex<HashMap<u32, Arc<GpuLane>>>,
     alive: AtomicBool,
@@ -211,7 +212,7 @@ impl NvlinkLink {
         }
         // Everything that can fail before the GPUs get work: lanes, mappings, every check.
         let batched = Driver::get().has_batched_copies();
-        let mut held = Vec::new();
+        let mut held = Held::default();
         let mut lanes = Vec::with_capacity(by_gpu.len());
         let mut work = Vec::new();
         for (ordinal, gpu_ops) in &by_gpu {
@@ -246,7 +247,7 @@ impl NvlinkLink {
             self.map_all(blocks.pools().iter().map(|pool| &pool.remote), ordinal)
                 .await?;
         }
-        let mut held = Vec::new();
+        let mut held = Held::default();
         match self.paged(&blocks, &mut held)? {
             Some((lane, paged)) => {
                 let work = vec![(0, Work::Paged(paged))];
@@ -306,7 +307,7 @@ impl Link for NvlinkLink {
     ) -> Result<()> {
         self.map_all(std::iter::once(&remote), gpu).await?;
         let lane = self.lane(gpu)?;
-        let mut held = Vec::new();
+        let mut held = Held::default();
         let resolved = self.resolve(&lane, gpu, &remote, &mut None, &mut held)?;
         if !resolved.reachable {
             return Err(self.refused(&format!(

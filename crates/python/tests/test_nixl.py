@@ -7,6 +7,7 @@ metadata crosses a pipe, as it crosses vLLM's side channel. Every wait is bounde
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from stopping import stop
 
 os.environ.setdefault("FERRY_NIXL_HOST", "127.0.0.1")
 
+from ferry_kv._nixl_api import _index_bytes  # noqa: E402
 from ferry_kv.nixl import (  # noqa: E402
     nixl_agent,
     nixl_agent_config,
@@ -251,6 +253,88 @@ def test_flat_descriptor_lists_move_too(peer):
     assert wait(side.agent, handle) == "DONE"
     assert (side.pools[0][3 * BLOCK : 4 * BLOCK] == value(1, 8, 5)).all()
     assert (side.pools[0][: 3 * BLOCK] == POISON).all()
+
+
+class IdsView(np.ndarray):
+    """A numpy subclass: not read in place, converted like any other sequence."""
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "int64",
+        "int32",
+        "big-endian",
+        "read-only",
+        "every-other",
+        "fortran-2d",
+        "subclass",
+        "list",
+        "tuple",
+    ],
+)
+def test_every_index_form_moves_the_same_blocks(peer, form):
+    # int64 arrays in C order are read where they lie; every other form is converted. Each
+    # must name exactly the blocks its values say, on both sides.
+    side = Side()
+    peer.ask(op="fill", seed=11)
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    local_blocks, remote_blocks = [1, 4, 5, 30], [7, 0, 12, 31]
+
+    def shaped(blocks):
+        values = ids(blocks)
+        if form == "int32":
+            return values.astype(np.int32)
+        if form == "big-endian":
+            return values.astype(">i8")
+        if form == "read-only":
+            values.setflags(write=False)
+            return values
+        if form == "every-other":
+            spread = np.full(2 * len(values), -1, dtype=np.int64)
+            spread[::2] = values
+            return spread[::2]
+        if form == "fortran-2d":
+            # Read in C order, as NIXL flattens: the array's rows are the regions.
+            return np.asfortranarray(values.reshape(REGIONS, len(blocks)))
+        if form == "subclass":
+            return values.view(IdsView)
+        if form == "list":
+            return [int(v) for v in values]
+        if form == "tuple":
+            return tuple(int(v) for v in values)
+        return values
+
+    handle = side.agent.make_prepped_xfer(
+        "READ", side.local, shaped(local_blocks), remote, shaped(remote_blocks), notif_msg=b"forms"
+    )
+    assert side.agent.transfer(handle) in ("PROC", "DONE")
+    assert wait(side.agent, handle) == "DONE"
+    assert side.agent.get_xfer_telemetry(handle).descCount == REGIONS * len(local_blocks)
+    side.agent.release_xfer_handle(handle)
+    check_blocks(side.pools, dict(zip(local_blocks, remote_blocks)), seed=11)
+
+
+def test_index_arrays_read_in_place_are_checked_like_any_other(peer):
+    side = Side()
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    good = ids([0, 1])
+    for bad, needle in [
+        (np.array([0, -3, 1, 2, 3, 4, 5, 6], dtype=np.int64), "local index -3 (position 1) is negative"),
+        (np.array([0, 1, 2, 3, 4, 5, 6, REGIONS * BLOCKS], dtype=np.int64), "is past the"),
+        (np.array([], dtype=np.int64), "0 local indices against 8 remote ones"),
+    ]:
+        with pytest.raises(nixlInvalidParamError, match=re.escape(needle)):
+            side.agent.make_prepped_xfer("READ", side.local, bad, remote, good)
+    # vLLM's arrays are handed over as they are; other sequences go through the scratch.
+    assert _index_bytes(good, 0)[0] is good
+    assert isinstance(_index_bytes(good.view(IdsView), 0)[0], bytearray)
+    # The scratch path and the in-place path give one error for one mistake.
+    with pytest.raises(nixlInvalidParamError, match="local index -3 \\(position 1\\) is negative"):
+        side.agent.make_prepped_xfer("READ", side.local, [0, -3, 1, 2, 3, 4, 5, 6], remote, good)
+    assert (side.pools[0] == POISON).all()
 
 
 def test_transfers_from_many_threads_at_once(peer):

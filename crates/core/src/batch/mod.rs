@@ -21,7 +21,7 @@ use crate::notify::MAX_NOTIFICATION_BYTES;
 use crate::peer::{Peer, PeerContext};
 use crate::transport::{Direction, Transport};
 use overlap::read_overlap;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -76,7 +76,7 @@ struct State {
     engine: Arc<dyn BatchEngine>,
     peer: Peer,
     regions: Vec<Arc<RegionEntry>>,
-    region_index: HashMap<usize, u32>,
+    region_index: FxHashMap<usize, u32>,
     entries: Vec<Entry>,
     blocks: Vec<Blocks>,
     signal: Option<(u64, u32)>,
@@ -175,7 +175,7 @@ impl Batch {
                 engine,
                 peer: peer.clone(),
                 regions: Vec::new(),
-                region_index: HashMap::new(),
+                region_index: FxHashMap::default(),
                 entries,
                 blocks: Vec::new(),
                 signal: None,

@@ -8,9 +8,10 @@ use super::*;
 /// address) and the mapping it lies in.
 pub(super) type Known = (Arc<BufferDescriptor>, Arc<Opened>);
 
-/// The peer mappings a transfer's copies go through, held until the copies are done, so that
-/// closing the link meanwhile unmaps nothing the GPU still uses.
-pub(super) type Held = Vec<Arc<Opened>>;
+/// The peer mappings a transfer's copies go through, by identity, held until the copies are
+/// done, so that closing the link meanwhile unmaps nothing the GPU still uses. A map rather
+/// than a list: a request over a pool per layer holds hundreds, each looked up per pool.
+pub(super) type Held = FxHashMap<usize, Arc<Opened>>;
 
 impl NvlinkLink {
     /// Maps the exports of every distinct buffer of `remotes` not mapped yet into GPU
@@ -129,9 +130,7 @@ impl NvlinkLink {
             remote.len,
         )
         .map_err(|violation| self.fail(violation))?;
-        if !held.iter().any(|known| Arc::ptr_eq(known, &opened)) {
-            held.push(opened);
-        }
+        held.entry(Arc::as_ptr(&opened) as usize).or_insert(opened);
         Ok(buffer)
     }
 }

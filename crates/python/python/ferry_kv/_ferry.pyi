@@ -318,10 +318,10 @@ class NixlAgent:
         self,
         op: str,
         local: int,
-        local_ids: bytearray,
+        local_ids: Any,
         local_bytes: int,
         remote: int,
-        remote_ids: bytearray,
+        remote_ids: Any,
         remote_bytes: int,
         notif: bytes,
     ) -> int: ...

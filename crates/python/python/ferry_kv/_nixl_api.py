@@ -195,14 +195,23 @@ def _u64_bytes(rows, width):
 
 _index_scratch = threading.local()
 
+try:
+    from numpy import ndarray as _ndarray
+except ImportError:  # without numpy, every index sequence goes through the scratch
+    _ndarray = None
+
 
 def _index_bytes(indices, slot):
-    """``indices`` (an integer array or a list) as native-endian int64s at the start of this
-    thread's scratch bytearray ``slot`` (0 or 1): the bytearray and how many bytes hold them.
-    The scratch is reused from call to call because a fresh buffer for a request's tens of
-    thousands of indices cost more in page faults than planning the transfer."""
+    """``indices`` (an integer array or a list) as native-endian int64s the agent reads in
+    place, and how many bytes hold them: a numpy array as it is when it already is such an
+    array in C order (vLLM's are), otherwise converted into this thread's scratch bytearray
+    ``slot`` (0 or 1). The scratch is reused from call to call because a fresh buffer for a
+    request's tens of thousands of indices cost more in page faults than planning the
+    transfer."""
     if hasattr(indices, "astype"):
         values = indices.astype("=i8", order="C", copy=False)
+        if type(values) is _ndarray:
+            return values, values.nbytes
     else:
         values = array.array("q", indices)
     with memoryview(values) as view, view.cast("B") as source:

@@ -7,6 +7,7 @@
 
 mod dlist;
 mod errors;
+mod in_place;
 mod metadata;
 mod notes;
 mod xfer;
@@ -19,7 +20,7 @@ use ferry::Direction;
 use metadata::{AgentMetadata, Registration};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -447,17 +448,18 @@ impl NixlAgent {
     /// Makes a transfer of descriptors `local_ids` of list `local` with `remote_ids` of list
     /// `remote`, `op` `"READ"` or `"WRITE"`, with `notif` sent to the remote agent after the
     /// data; its handle. The indices are native-endian `i64`s in the first `local_bytes` and
-    /// `remote_bytes` of two bytearrays, which the Python layer reuses from call to call: a
-    /// fresh buffer per call cost more in page faults than planning the transfer.
+    /// `remote_bytes` of two buffers, read in place ([`in_place::index_bytes`]): numpy arrays
+    /// as the caller passed them, or bytearrays the Python layer reuses from call to call for
+    /// other sequences (a fresh buffer per call cost more in page faults than planning).
     #[allow(clippy::too_many_arguments)]
     fn make_xfer(
         &self,
         op: &str,
         local: u64,
-        local_ids: &Bound<'_, PyByteArray>,
+        local_ids: &Bound<'_, PyAny>,
         local_bytes: usize,
         remote: u64,
-        remote_ids: &Bound<'_, PyByteArray>,
+        remote_ids: &Bound<'_, PyAny>,
         remote_bytes: usize,
         notif: Vec<u8>,
     ) -> PyResult<u64> {
@@ -490,9 +492,8 @@ impl NixlAgent {
             (Arc::clone(&local.list), Arc::clone(&remote.list), agent)
         };
         self.remote_engine(&remote_agent)?;
-        // SAFETY: the GIL is held from here until planning ends and no Python code runs
-        // meanwhile, so nothing can resize or write either bytearray while its bytes are read.
-        let (local_ids, remote_ids) = unsafe { (local_ids.as_bytes(), remote_ids.as_bytes()) };
+        let local_ids = in_place::index_bytes(local_ids, "local")?;
+        let remote_ids = in_place::index_bytes(remote_ids, "remote")?;
         let local_ids = xfer::Indices::new(local_ids, local_bytes, "local")?;
         let remote_ids = xfer::Indices::new(remote_ids, remote_bytes, "remote")?;
         let (moves, bytes) = xfer::plan(&local_list, local_ids, &remote_list, remote_ids)?;
