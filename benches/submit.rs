@@ -1,5 +1,6 @@
 //! Host cost of handing ferry the kv-llama70b-4k request: 40,960 blocks (160 tensors x 256
-//! blocks), as one paged block copy and as 40,960 separate entries (reported per entry:
+//! blocks), as one paged block copy (the tensors in one region, and a region per tensor as
+//! vLLM registers them) and as 40,960 separate entries (reported per entry:
 //! written and read, planned into a block copy for a transport that prefers them, as nvlink
 //! does, and kept flat for one that does not); the same request as vLLM's MooncakeConnector
 //! sends it, one entry per run of 1-64 consecutive blocks (reported per block); a

@@ -58,8 +58,9 @@ pub(super) fn index_bytes<'a>(ids: &'a Bound<'_, PyAny>, side: &'static str) -> 
     // reference the caller holds keeps the array and the memory it views alive, and with the
     // GIL held and no Python code run until planning ends, nothing can resize or free it.
     // Threads that released the GIL could still write the ids meanwhile (NIXL's contract
-    // forbids it); the planner checks every id it reads, so such a race yields an error or
-    // other valid ids, never an access outside the buffer.
+    // forbids it): such a race changes only the values read, and every block id the plan
+    // yields is checked against its pool by the engine before anything moves, so it ends in
+    // an error or other blocks of registered memory, never an access outside the buffer.
     Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
 }
 
