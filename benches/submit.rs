@@ -221,6 +221,18 @@ fn timed_group<'a>(
     group
 }
 
+/// The request's block copy of pools of [`POOL`] bytes, its pools still to be added.
+fn request_copy(local_ids: &Arc<[u32]>, remote_ids: &Arc<[u32]>) -> BlockCopy {
+    let layout = BlockLayout::packed(POOL, BLOCK);
+    BlockCopy::new(
+        BLOCK,
+        layout,
+        layout,
+        Arc::clone(local_ids),
+        Arc::clone(remote_ids),
+    )
+}
+
 fn submit_cost(c: &mut Criterion) {
     let sides = engines(TENSORS * POOL, true);
     // Shared, as a server keeps a request's ids, so the timed loop copies none.
@@ -232,14 +244,7 @@ fn submit_cost(c: &mut Criterion) {
     group.bench_function("paged block copy", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {
-                let layout = BlockLayout::packed(POOL, BLOCK);
-                let mut copy = BlockCopy::new(
-                    BLOCK,
-                    layout,
-                    layout,
-                    Arc::clone(&local_ids),
-                    Arc::clone(&remote_ids),
-                );
+                let mut copy = request_copy(&local_ids, &remote_ids);
                 for tensor in 0..TENSORS {
                     let at = tensor * POOL;
                     copy = copy.pool_at(&sides.source, at, &sides.remote, at);
@@ -251,14 +256,7 @@ fn submit_cost(c: &mut Criterion) {
     group.bench_function("paged block copy, read", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {
-                let layout = BlockLayout::packed(POOL, BLOCK);
-                let mut copy = BlockCopy::new(
-                    BLOCK,
-                    layout,
-                    layout,
-                    Arc::clone(&local_ids),
-                    Arc::clone(&remote_ids),
-                );
+                let mut copy = request_copy(&local_ids, &remote_ids);
                 for tensor in 0..TENSORS {
                     let at = tensor * POOL;
                     copy = copy.pool_at(&sides.source, at, &sides.remote, at);
@@ -272,14 +270,7 @@ fn submit_cost(c: &mut Criterion) {
     group.bench_function("paged block copy, a region per tensor", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {
-                let layout = BlockLayout::packed(POOL, BLOCK);
-                let mut copy = BlockCopy::new(
-                    BLOCK,
-                    layout,
-                    layout,
-                    Arc::clone(&local_ids),
-                    Arc::clone(&remote_ids),
-                );
+                let mut copy = request_copy(&local_ids, &remote_ids);
                 for (source, remote) in tensors.sources.iter().zip(&tensors.remotes) {
                     copy = copy.pool_at(source, 0, remote, 0);
                 }
