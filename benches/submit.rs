@@ -129,8 +129,7 @@ fn engines(bytes: u64, blocks: bool) -> Sides {
     }
 }
 
-/// Engines on both sides with [`TENSORS`] regions of `bytes` each, as a server registers one
-/// tensor per layer and side; the prefill side's ops taken by [`Counting`].
+/// [`Sides`] with a region per tensor.
 struct TensorSides {
     _decode: Engine,
     _pools: Vec<Region>,
@@ -141,13 +140,16 @@ struct TensorSides {
     remotes: Vec<BufferDescriptor>,
 }
 
-fn tensor_engines(bytes: u64, blocks: bool) -> TensorSides {
+/// Engines on both sides with [`TENSORS`] regions of `bytes` each, as a server registers one
+/// tensor per layer and side; the prefill side's ops taken by [`Counting`], which prefers
+/// block copies.
+fn tensor_engines(bytes: u64) -> TensorSides {
     let decode = ferry::builder().build_blocking().expect("decode engine");
     let pools: Vec<Region> = (0..TENSORS)
         .map(|_| decode.allocate(bytes).expect("pool"))
         .collect();
     let prefill = ferry::builder()
-        .transport(Arc::new(Counting { blocks }))
+        .transport(Arc::new(Counting { blocks: true }))
         .build_blocking()
         .expect("prefill engine");
     let sources = (0..TENSORS)
@@ -266,7 +268,7 @@ fn submit_cost(c: &mut Criterion) {
         })
     });
     // As vLLM registers the request: one region and one peer buffer per tensor.
-    let tensors = tensor_engines(POOL, true);
+    let tensors = tensor_engines(POOL);
     group.bench_function("paged block copy, a region per tensor", |b| {
         b.iter_custom(|iterations| {
             timed_submits(iterations, || {

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::memory::RegionEntry;
 use crate::metadata::MetadataStore;
 use crate::transport::{Link, Transport};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,9 +61,43 @@ pub(crate) struct PeerView {
     pub(crate) descriptor: SegmentDescriptor,
     /// The descriptor's buffers by address, shared with the ops that name them by index.
     sorted: Arc<[Arc<BufferDescriptor>]>,
+    /// `(addr, len)` of each buffer of `sorted`, in its order: searched without visiting every
+    /// descriptor on the way, as each pool of a paged copy is looked up.
+    bounds: Box<[(u64, u64)]>,
     /// The transport chosen for each pair of a local region (its registration's sequence)
     /// and a remote buffer (where this view holds it) so far ([`PeerView::route`]).
     routes: Mutex<FxHashMap<(u64, usize), usize>>,
+}
+
+/// [`PeerView`]'s route cache, held locked between look-ups.
+pub(crate) struct Routes<'a> {
+    known: MutexGuard<'a, FxHashMap<(u64, usize), usize>>,
+}
+
+impl Routes<'_> {
+    /// As [`PeerView::route`].
+    pub(crate) fn route(
+        &mut self,
+        local: &RegionEntry,
+        remote: &Arc<BufferDescriptor>,
+        choose: impl FnOnce() -> Result<usize>,
+    ) -> Result<usize> {
+        // Every remote buffer of a batch is one of this view's, so its place is its identity.
+        let key = (local.sequence, Arc::as_ptr(remote) as usize);
+        if let Some(&transport) = self.known.get(&key) {
+            return Ok(transport);
+        }
+        // The transports are asked unlocked, so batches to this peer on other threads do not
+        // wait on them.
+        let transport = MutexGuard::unlocked(&mut self.known, choose)?;
+        // Regions registered and dropped per request would grow the map for as long as the
+        // view lasts: past a bound it starts over, and the transports are asked again.
+        if self.known.len() >= MAX_ROUTES {
+            self.known.clear();
+        }
+        self.known.insert(key, transport);
+        Ok(transport)
+    }
 }
 
 impl PeerView {
@@ -72,9 +106,14 @@ impl PeerView {
         let mut sorted: Vec<Arc<BufferDescriptor>> =
             descriptor.buffers.iter().cloned().map(Arc::new).collect();
         sorted.sort_by_key(|buffer| buffer.addr);
+        let bounds = sorted
+            .iter()
+            .map(|buffer| (buffer.addr, buffer.len))
+            .collect();
         PeerView {
             descriptor,
             sorted: sorted.into(),
+            bounds,
             routes: Mutex::default(),
         }
     }
@@ -88,10 +127,10 @@ impl PeerView {
     /// The index in [`PeerView::buffers`] of the buffer holding all of `addr..addr+len`.
     pub(crate) fn covering_index(&self, addr: u64, len: u64) -> Option<usize> {
         let end = addr.checked_add(len)?;
-        let index = self.sorted.partition_point(|buffer| buffer.addr <= addr);
+        let index = self.bounds.partition_point(|&(start, _)| start <= addr);
         let index = index.checked_sub(1)?;
-        let buffer = self.sorted.get(index)?;
-        (end <= buffer.addr.saturating_add(buffer.len)).then_some(index)
+        let &(start, len) = self.bounds.get(index)?;
+        (end <= start.saturating_add(len)).then_some(index)
     }
 
     /// The transport (by index) that moves bytes between the local region `local` and
@@ -104,20 +143,15 @@ impl PeerView {
         remote: &Arc<BufferDescriptor>,
         choose: impl FnOnce() -> Result<usize>,
     ) -> Result<usize> {
-        // Every remote buffer of a batch is one of this view's, so its place is its identity.
-        let key = (local.sequence, Arc::as_ptr(remote) as usize);
-        if let Some(&transport) = self.routes.lock().get(&key) {
-            return Ok(transport);
+        self.routes().route(local, remote, choose)
+    }
+
+    /// The route cache of [`PeerView::route`], locked once for many look-ups: a paged copy
+    /// asks about each of its pools, hundreds for a pool per layer.
+    pub(crate) fn routes(&self) -> Routes<'_> {
+        Routes {
+            known: self.routes.lock(),
         }
-        let transport = choose()?;
-        let mut routes = self.routes.lock();
-        // Regions registered and dropped per request would grow the map for as long as the
-        // view lasts: past a bound it starts over, and the transports are asked again.
-        if routes.len() >= MAX_ROUTES {
-            routes.clear();
-        }
-        routes.insert(key, transport);
-        Ok(transport)
     }
 
     /// The descriptor's buffers, sorted by address.

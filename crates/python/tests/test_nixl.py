@@ -274,7 +274,8 @@ class IdsView(np.ndarray):
     ],
 )
 def test_every_index_form_moves_the_same_blocks(peer, form):
-    # int64 arrays in C order are read where they lie; every other form is converted. Each
+    # Arrays are read where they lie (numpy's int64 C-order copy of those that are not such
+    # arrays already); lists, tuples and subclasses go through the scratch bytearray. Each
     # must name exactly the blocks its values say, on both sides.
     side = Side()
     peer.ask(op="fill", seed=11)
@@ -334,7 +335,31 @@ def test_index_arrays_read_in_place_are_checked_like_any_other(peer):
     # The scratch path and the in-place path give one error for one mistake.
     with pytest.raises(nixlInvalidParamError, match="local index -3 \\(position 1\\) is negative"):
         side.agent.make_prepped_xfer("READ", side.local, [0, -3, 1, 2, 3, 4, 5, 6], remote, good)
-    assert (side.pools[0] == POISON).all()
+
+
+def test_the_agent_reads_only_int64_arrays_in_c_order_or_bytearrays(peer):
+    # What reaches the compiled agent is converted by the Python layer first; handed anything
+    # else directly, the agent refuses it rather than reading memory it cannot vouch for.
+    side = Side()
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    good = ids([0, 1])
+    native = "<i8" if sys.byteorder == "little" else ">i8"
+    for bad, needle in [
+        (good.astype(np.int32), f"the local indices are <i4, not {native}"),
+        (good.astype(np.int64)[::2], "the local indices are not in C order"),
+        (np.array(good, dtype="datetime64[s]"), "the local indices are <M8[s]"),
+        (list(good), "the local indices are neither a bytearray nor a numpy.ndarray"),
+        (good.view(IdsView), "the local indices are neither a bytearray nor a numpy.ndarray"),
+    ]:
+        with pytest.raises(nixlInvalidParamError, match=re.escape(needle)):
+            side.agent._agent.make_xfer(
+                "READ", int(side.local), bad, 8 * len(good), int(remote), good, good.nbytes, b""
+            )
+    handle = side.agent._agent.make_xfer(
+        "READ", int(side.local), good, good.nbytes, int(remote), good, good.nbytes, b""
+    )
+    side.agent._agent.release_xfer(handle)
 
 
 def test_transfers_from_many_threads_at_once(peer):

@@ -238,6 +238,8 @@ impl Batch {
     fn push_blocks(mut self, direction: Direction, copy: BlockCopy) -> Self {
         let state = &mut self.state;
         let position = state.entries.len() + state.blocks.len();
+        // A copy over a pool per layer names hundreds of regions: grown once, not by doubling.
+        state.region_index.reserve(copy.pools_len());
         let regions = copy
             .regions()
             .map(|region| state.region_index(region, position))

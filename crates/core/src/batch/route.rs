@@ -286,9 +286,10 @@ fn route_blocks(
             view.covering(addr, len).cloned()
         })?;
         let mut by_transport: Vec<(usize, Vec<_>)> = Vec::new();
+        let mut routes = view.routes();
         for pool in pools {
             let local = &pool.region.entry;
-            let transport = view.route(local, &pool.remote, || {
+            let transport = routes.route(local, &pool.remote, || {
                 choose(transports, &local.info, view, &pool.remote, peer)
             })?;
             match by_transport

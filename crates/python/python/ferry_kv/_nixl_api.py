@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import threading
 from enum import Enum
 
@@ -195,22 +196,19 @@ def _u64_bytes(rows, width):
 
 _index_scratch = threading.local()
 
-try:
-    from numpy import ndarray as _ndarray
-except ImportError:  # without numpy, every index sequence goes through the scratch
-    _ndarray = None
-
-
 def _index_bytes(indices, slot):
     """``indices`` (an integer array or a list) as native-endian int64s the agent reads in
-    place, and how many bytes hold them: a numpy array as it is when it already is such an
-    array in C order (vLLM's are), otherwise converted into this thread's scratch bytearray
-    ``slot`` (0 or 1). The scratch is reused from call to call because a fresh buffer for a
+    place, and how many bytes hold them. A numpy array is handed over as it is when it already
+    is one of int64s in C order (vLLM's are), or else as numpy's C-order int64 copy of it;
+    other sequences (lists, tuples, array subclasses) are converted into this thread's scratch
+    bytearray ``slot`` (0 or 1), reused from call to call because a fresh buffer for a
     request's tens of thousands of indices cost more in page faults than planning the
-    transfer."""
+    transfer. The agent reads an array while the call runs: it must not be written meanwhile."""
     if hasattr(indices, "astype"):
         values = indices.astype("=i8", order="C", copy=False)
-        if type(values) is _ndarray:
+        # Looked up rather than imported: an array of numpy's means numpy is loaded already.
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and type(values) is numpy.ndarray:
             return values, values.nbytes
     else:
         values = array.array("q", indices)

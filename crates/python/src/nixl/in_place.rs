@@ -15,18 +15,45 @@ const NATIVE_I64: &str = if cfg!(target_endian = "little") {
     ">i8"
 };
 
-/// The bytes of index array `ids` of the `side` (`"local"` or `"remote"`) of a transfer: a
-/// bytearray's (the Python layer's scratch for lists and other sequences), or the buffer of a
-/// `numpy.ndarray` (exactly that type) of native-endian 64-bit integers in C order. Anything
-/// else is refused; the Python layer converts it first.
+/// Where one side's index array lies, found with every Python call it needs already made.
+enum Located<'a, 'py> {
+    /// The Python layer's scratch bytearray (lists and other sequences, converted).
+    Scratch(&'a Bound<'py, PyByteArray>),
+    /// A numpy array's own buffer: `len` bytes from `addr`.
+    Array { addr: usize, len: usize },
+}
+
+/// Runs `plan` on the bytes of the two index arrays of a transfer, each a bytearray (the
+/// Python layer's scratch for lists and other sequences) or a `numpy.ndarray` (exactly that
+/// type) of native-endian 64-bit integers in C order; anything else is refused.
 ///
-/// The bytes stay valid while `ids` is held and the GIL is not released: the caller plans from
-/// them at once, running no Python code meanwhile.
-pub(super) fn index_bytes<'a>(ids: &'a Bound<'_, PyAny>, side: &'static str) -> PyResult<&'a [u8]> {
+/// Both arrays are located first, with every Python call that takes; only then are their bytes
+/// taken and `plan` run, with the GIL held and no Python call made until `plan` returns (`plan`
+/// must make none). The arrays must not be written or reallocated while the call runs, which
+/// NIXL's API asks of its callers anyway.
+pub(super) fn with_indices<R>(
+    local: &Bound<'_, PyAny>,
+    remote: &Bound<'_, PyAny>,
+    plan: impl FnOnce(&[u8], &[u8]) -> R,
+) -> PyResult<R> {
+    let local = locate(local, "local")?;
+    let remote = locate(remote, "remote")?;
+    // SAFETY: every Python call was made above; from here until `plan` returns this thread
+    // makes none and holds the GIL, so no Python code runs while the bytes are read. Python
+    // code that ran during the calls locating `remote` (a garbage collection's callbacks, or
+    // another thread let in meanwhile) cannot have freed `local`'s memory: a bytearray's bytes
+    // are taken only now, as they are, this call holds a reference to each array, and a numpy
+    // array's buffer is replaced only by numpy's unchecked calls (`resize` with
+    // `refcheck=False`, `__setstate__`), which numpy leaves to callers to keep away from arrays
+    // in use, as NIXL's contract does.
+    let (local, remote) = unsafe { (local.bytes(), remote.bytes()) };
+    Ok(plan(local, remote))
+}
+
+/// Where `ids`, of the `side` (`"local"` or `"remote"`) of a transfer, lies.
+fn locate<'a, 'py>(ids: &'a Bound<'py, PyAny>, side: &'static str) -> PyResult<Located<'a, 'py>> {
     if let Ok(scratch) = ids.cast::<PyByteArray>() {
-        // SAFETY: the GIL is held until the caller has planned from these bytes and no Python
-        // code runs meanwhile, so nothing can resize or write the bytearray while it is read.
-        return Ok(unsafe { scratch.as_bytes() });
+        return Ok(Located::Scratch(scratch));
     }
     static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let py = ids.py();
@@ -34,38 +61,57 @@ pub(super) fn index_bytes<'a>(ids: &'a Bound<'_, PyAny>, side: &'static str) -> 
         .import(py, "numpy", "ndarray")
         .is_ok_and(|ndarray| ids.get_type().is(ndarray));
     if !is_array {
-        return Err(refused(side, "is neither a bytearray nor a numpy.ndarray").into());
+        return Err(refused(side, "are neither a bytearray nor a numpy.ndarray").into());
     }
     let interface = ids.getattr(intern!(py, "__array_interface__"))?;
     let typestr: String = interface.get_item("typestr")?.extract()?;
     if typestr != NATIVE_I64 {
-        return Err(refused(side, &format!("holds {typestr}, not {NATIVE_I64}")).into());
+        return Err(refused(side, &format!("are {typestr}, not {NATIVE_I64}")).into());
     }
     if !interface.get_item("strides")?.is_none() {
-        return Err(refused(side, "is not in C order").into());
+        return Err(refused(side, "are not in C order").into());
     }
     let shape: Vec<usize> = interface.get_item("shape")?.extract()?;
     let (addr, _read_only): (usize, bool) = interface.get_item("data")?.extract()?;
     let len = shape
         .iter()
         .try_fold(8usize, |bytes, &dim| bytes.checked_mul(dim))
-        .ok_or_else(|| refused(side, "is larger than the address space"))?;
-    if len == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: `ids` is a numpy.ndarray (its exact type checked above), whose array interface
-    // numpy derives from the array's own buffer: `len` bytes from `addr`, in C order. The
-    // reference the caller holds keeps the array and the memory it views alive, and with the
-    // GIL held and no Python code run until planning ends, nothing can resize or free it.
-    // Threads that released the GIL could still write the ids meanwhile (NIXL's contract
-    // forbids it): such a race changes only the values read, and every block id the plan
-    // yields is checked against its pool by the engine before anything moves, so it ends in
-    // an error or other blocks of registered memory, never an access outside the buffer.
-    Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+        .filter(|&len| len <= isize::MAX as usize)
+        .ok_or_else(|| refused(side, "are larger than the address space"))?;
+    Ok(Located::Array { addr, len })
 }
 
+impl<'a> Located<'a, '_> {
+    /// The located bytes.
+    ///
+    /// # Safety
+    /// No Python code may run while the bytes are used, and none may have replaced a numpy
+    /// array's buffer since it was located.
+    unsafe fn bytes(&self) -> &'a [u8] {
+        match *self {
+            // SAFETY: no Python code runs while the bytes are used (the caller's contract), so
+            // nothing resizes or writes the bytearray meanwhile.
+            Located::Scratch(scratch) => unsafe { scratch.as_bytes() },
+            Located::Array { len: 0, .. } => &[],
+            // SAFETY: `locate` found a numpy.ndarray (its exact type checked), whose array
+            // interface numpy derives from the array's own buffer: `len` (at most isize::MAX)
+            // bytes from `addr`, in C order. The caller's reference keeps the array and the
+            // memory it views alive, and no Python code runs while the bytes are used nor
+            // replaced the buffer since (the caller's contract). Another thread that released
+            // the GIL and writes the array during the call would race with this read: NIXL's
+            // contract (the index arrays are inputs of the call) rules that out, and
+            // ferry_kv's documentation says so.
+            Located::Array { addr, len } => unsafe {
+                std::slice::from_raw_parts(addr as *const u8, len)
+            },
+        }
+    }
+}
+
+/// Why one side's index array is refused; the Python layer converts every other form before
+/// it reaches here.
 fn refused(side: &str, problem: &str) -> NixlError {
     NixlError::InvalidParam(format!(
-        "the {side} indices {problem}; pass a list or a 1-D integer array"
+        "the {side} indices {problem}; pass a bytearray or a numpy array of native int64s in C order"
     ))
 }
