@@ -4,6 +4,7 @@ message), on host memory. This process plays one side; ``nixl_peer.py`` the othe
 metadata crosses a pipe, as it crosses vLLM's side channel. Every wait is bounded.
 """
 
+import gc
 import json
 import os
 import queue
@@ -344,22 +345,71 @@ def test_the_agent_reads_only_int64_arrays_in_c_order_or_bytearrays(peer):
     name = side.agent.add_remote_agent(peer.metadata)
     remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
     good = ids([0, 1])
-    native = "<i8" if sys.byteorder == "little" else ">i8"
+    native = np.dtype(np.int64).str
+    swapped = good.astype(np.dtype(np.int64).newbyteorder())
+    grid = good.reshape(REGIONS, 2)
     for bad, needle in [
-        (good.astype(np.int32), f"the local indices are <i4, not {native}"),
-        (good.astype(np.int64)[::2], "the local indices are not in C order"),
-        (np.array(good, dtype="datetime64[s]"), "the local indices are <M8[s]"),
-        (list(good), "the local indices are neither a bytearray nor a numpy.ndarray"),
-        (good.view(IdsView), "the local indices are neither a bytearray nor a numpy.ndarray"),
+        (swapped, f"are {swapped.dtype.str}, not {native}"),
+        (good.astype(np.int32), f"are {np.dtype(np.int32).str}, not {native}"),
+        (np.array(good, dtype="datetime64[s]"), f"are {np.dtype('datetime64[s]').str}"),
+        (good[::2], "are not in C order"),
+        (np.asfortranarray(grid), "are not in C order"),
+        (list(good), "are neither a bytearray nor a numpy.ndarray"),
+        (good.view(IdsView), "are neither a bytearray nor a numpy.ndarray"),
     ]:
-        with pytest.raises(nixlInvalidParamError, match=re.escape(needle)):
-            side.agent._agent.make_xfer(
-                "READ", int(side.local), bad, 8 * len(good), int(remote), good, good.nbytes, b""
-            )
+        for side_name in ("local", "remote"):
+            local_ids, remote_ids = (bad, good) if side_name == "local" else (good, bad)
+            with pytest.raises(nixlInvalidParamError, match=re.escape(f"the {side_name} indices {needle}")):
+                side.agent._agent.make_xfer(
+                    "READ", int(side.local), local_ids, good.nbytes, int(remote), remote_ids, good.nbytes, b""
+                )
+    # C-order 2-D arrays and bytearrays are read as they are.
     handle = side.agent._agent.make_xfer(
-        "READ", int(side.local), good, good.nbytes, int(remote), good, good.nbytes, b""
+        "READ", int(side.local), np.ascontiguousarray(grid), good.nbytes, int(remote),
+        bytearray(good.tobytes()), good.nbytes, b"",
     )
     side.agent._agent.release_xfer(handle)
+
+
+def test_python_code_run_while_the_arrays_are_located_is_seen_whole(peer):
+    # A garbage collection can run Python code (its callbacks, other threads) while the agent
+    # reads the remote array's interface. Here a callback grows the local bytearray then,
+    # which moves its buffer and rewrites its ids: the agent must plan from the new bytes, not
+    # read the freed ones. CPython 3.12 and later collect only between bytecodes, so there the
+    # callback never runs inside the call and the test has nothing to show.
+    side = Side()
+    peer.ask(op="fill", seed=13)
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    before, after, remote_ids = ids([0, 1]), ids([2, 3]), ids([4, 5])
+    local_ids = bytearray(before.tobytes())
+    fired = []
+
+    def grow(phase, info):
+        if phase == "start" and not fired:
+            fired.append(True)
+            local_ids[:] = after.tobytes() + bytes(1 << 20)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(grow)
+    gc.set_threshold(1)
+    try:
+        handle = side.agent._agent.make_xfer(
+            "READ", int(side.local), local_ids, before.nbytes, int(remote), remote_ids, remote_ids.nbytes, b""
+        )
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(grow)
+    if not fired:
+        side.agent._agent.release_xfer(handle)
+        pytest.skip(f"no collection ran inside the call on Python {sys.version_info[:2]}")
+    side.agent._agent.post_xfer(handle, None)
+    deadline = time.monotonic() + 20
+    while side.agent._agent.xfer_state(handle) == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    assert side.agent._agent.xfer_state(handle) == "DONE"
+    side.agent._agent.release_xfer(handle)
+    check_blocks(side.pools, {2: 4, 3: 5}, seed=13)
 
 
 def test_transfers_from_many_threads_at_once(peer):

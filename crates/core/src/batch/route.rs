@@ -300,6 +300,7 @@ fn route_blocks(
                 None => by_transport.push((transport, vec![pool])),
             }
         }
+        drop(routes);
         for (transport, pools) in by_transport {
             routed.push((
                 transport,

@@ -2,7 +2,9 @@
 //! of tens of thousands of ids per request, and copying them first costs as much as planning
 //! them on a busy host.
 
+use super::dlist::DescList;
 use super::errors::NixlError;
+use super::xfer::{self, Indices, Moves};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -15,6 +17,15 @@ const NATIVE_I64: &str = if cfg!(target_endian = "little") {
     ">i8"
 };
 
+/// A transfer's descriptor pairs, planned.
+pub(super) struct Planned {
+    pub(super) moves: Moves,
+    /// Bytes the transfer moves.
+    pub(super) bytes: u64,
+    /// Descriptor pairs it names.
+    pub(super) descriptors: u64,
+}
+
 /// Where one side's index array lies, found with every Python call it needs already made.
 enum Located<'a, 'py> {
     /// The Python layer's scratch bytearray (lists and other sequences, converted).
@@ -23,31 +34,47 @@ enum Located<'a, 'py> {
     Array { addr: usize, len: usize },
 }
 
-/// Runs `plan` on the bytes of the two index arrays of a transfer, each a bytearray (the
-/// Python layer's scratch for lists and other sequences) or a `numpy.ndarray` (exactly that
-/// type) of native-endian 64-bit integers in C order; anything else is refused.
+/// Plans descriptors `local_ids` of `local_list` with `remote_ids` of `remote_list` (see
+/// [`xfer::plan`]), the ids being the first `local_bytes` and `remote_bytes` of two arrays,
+/// each a bytearray (the Python layer's scratch for lists and other sequences) or a
+/// `numpy.ndarray` (exactly that type) of native-endian 64-bit integers in C order; anything
+/// else is refused.
 ///
 /// Both arrays are located first, with every Python call that takes; only then are their bytes
-/// taken and `plan` run, with the GIL held and no Python call made until `plan` returns (`plan`
-/// must make none). The arrays must not be written or reallocated while the call runs, which
+/// taken and planned from, with the GIL held and no Python call made until planning ends. The
+/// arrays must not be written, nor their memory freed or replaced, while the call runs, which
 /// NIXL's API asks of its callers anyway.
-pub(super) fn with_indices<R>(
-    local: &Bound<'_, PyAny>,
-    remote: &Bound<'_, PyAny>,
-    plan: impl FnOnce(&[u8], &[u8]) -> R,
-) -> PyResult<R> {
-    let local = locate(local, "local")?;
-    let remote = locate(remote, "remote")?;
+pub(super) fn plan(
+    local_list: &DescList,
+    (local_ids, local_bytes): (&Bound<'_, PyAny>, usize),
+    remote_list: &DescList,
+    (remote_ids, remote_bytes): (&Bound<'_, PyAny>, usize),
+) -> PyResult<Planned> {
+    let local = locate(local_ids, "local")?;
+    let remote = locate(remote_ids, "remote")?;
     // SAFETY: every Python call was made above; from here until `plan` returns this thread
     // makes none and holds the GIL, so no Python code runs while the bytes are read. Python
     // code that ran during the calls locating `remote` (a garbage collection's callbacks, or
     // another thread let in meanwhile) cannot have freed `local`'s memory: a bytearray's bytes
-    // are taken only now, as they are, this call holds a reference to each array, and a numpy
-    // array's buffer is replaced only by numpy's unchecked calls (`resize` with
-    // `refcheck=False`, `__setstate__`), which numpy leaves to callers to keep away from arrays
-    // in use, as NIXL's contract does.
+    // are taken only now, as they are, and this call holds a reference to each array, which
+    // keeps a numpy array's own buffer alive. What is left is the caller's, as NIXL's contract
+    // has it (the index arrays are inputs of the call): numpy's unchecked calls that replace a
+    // buffer (`resize(refcheck=False)`, `__setstate__`), or the owner of memory an array only
+    // views (a tensor's `.numpy()`, `np.ctypeslib.as_array`) freeing it, during the call.
     let (local, remote) = unsafe { (local.bytes(), remote.bytes()) };
-    Ok(plan(local, remote))
+    let planned = || -> Result<Planned, NixlError> {
+        let local = Indices::new(local, local_bytes, "local")?;
+        let remote = Indices::new(remote, remote_bytes, "remote")?;
+        let (moves, bytes) = xfer::plan(local_list, local, remote_list, remote)?;
+        Ok(Planned {
+            moves,
+            bytes,
+            descriptors: local.len() as u64,
+        })
+    };
+    // Planned before an error becomes a Python exception, which takes Python calls.
+    let planned = planned();
+    Ok(planned?)
 }
 
 /// Where `ids`, of the `side` (`"local"` or `"remote"`) of a transfer, lies.
@@ -85,8 +112,11 @@ impl<'a> Located<'a, '_> {
     /// The located bytes.
     ///
     /// # Safety
-    /// No Python code may run while the bytes are used, and none may have replaced a numpy
-    /// array's buffer since it was located.
+    /// While the bytes are used, no Python code may run on this thread (which must hold the
+    /// GIL: ferry_kv's abi3 build loads only on CPython with one) and no other thread may write
+    /// or free them; and since the array was located, nothing may have freed or replaced a
+    /// numpy array's memory: neither numpy's unchecked calls (`resize(refcheck=False)`,
+    /// `__setstate__`) nor, for an array viewing memory it does not own, that memory's owner.
     unsafe fn bytes(&self) -> &'a [u8] {
         match *self {
             // SAFETY: no Python code runs while the bytes are used (the caller's contract), so
@@ -94,13 +124,9 @@ impl<'a> Located<'a, '_> {
             Located::Scratch(scratch) => unsafe { scratch.as_bytes() },
             Located::Array { len: 0, .. } => &[],
             // SAFETY: `locate` found a numpy.ndarray (its exact type checked), whose array
-            // interface numpy derives from the array's own buffer: `len` (at most isize::MAX)
-            // bytes from `addr`, in C order. The caller's reference keeps the array and the
-            // memory it views alive, and no Python code runs while the bytes are used nor
-            // replaced the buffer since (the caller's contract). Another thread that released
-            // the GIL and writes the array during the call would race with this read: NIXL's
-            // contract (the index arrays are inputs of the call) rules that out, and
-            // ferry_kv's documentation says so.
+            // interface numpy derives from the array's buffer: `len` (at most isize::MAX) bytes
+            // from `addr`, in C order, alive and unchanged while the bytes are used (the
+            // caller's contract, above).
             Located::Array { addr, len } => unsafe {
                 std::slice::from_raw_parts(addr as *const u8, len)
             },

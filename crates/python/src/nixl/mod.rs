@@ -448,7 +448,7 @@ impl NixlAgent {
     /// Makes a transfer of descriptors `local_ids` of list `local` with `remote_ids` of list
     /// `remote`, `op` `"READ"` or `"WRITE"`, with `notif` sent to the remote agent after the
     /// data; its handle. The indices are native-endian `i64`s in the first `local_bytes` and
-    /// `remote_bytes` of two buffers, read in place ([`in_place::with_indices`]): numpy arrays
+    /// `remote_bytes` of two buffers, read in place ([`in_place::plan`]): numpy arrays
     /// as the caller passed them, or bytearrays the Python layer reuses from call to call for
     /// other sequences (a fresh buffer per call cost more in page faults than planning).
     #[allow(clippy::too_many_arguments)]
@@ -492,13 +492,16 @@ impl NixlAgent {
             (Arc::clone(&local.list), Arc::clone(&remote.list), agent)
         };
         self.remote_engine(&remote_agent)?;
-        let planned = in_place::with_indices(local_ids, remote_ids, |local_ids, remote_ids| {
-            let local_ids = xfer::Indices::new(local_ids, local_bytes, "local")?;
-            let remote_ids = xfer::Indices::new(remote_ids, remote_bytes, "remote")?;
-            let planned = xfer::plan(&local_list, local_ids, &remote_list, remote_ids)?;
-            Ok::<_, NixlError>((planned, local_ids.len() as u64))
-        })?;
-        let ((moves, bytes), descriptors) = planned?;
+        let in_place::Planned {
+            moves,
+            bytes,
+            descriptors,
+        } = in_place::plan(
+            &local_list,
+            (local_ids, local_bytes),
+            &remote_list,
+            (remote_ids, remote_bytes),
+        )?;
         let handle = self.handle();
         self.xfers.lock().insert(
             handle,
