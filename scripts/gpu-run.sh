@@ -89,6 +89,11 @@ bench() {
     --paths auto,kernel,copy-engine,batched --json "$logs/bench.json" --plot "$logs/bench.svg"
   step "ferry bench over tcp" timeout 300 "$here/ferry" bench --tcp --iterations 3 \
     --prefill-gpu 0 --decode-gpu "$decode" --workloads contiguous,kv-llama70b-4k,blocks-1m,small-write
+  # Servers send a notification with each request (NIXL's and Mooncake's layers do): the same
+  # rows with one, against the rows above without.
+  step "ferry bench, a notification per request" timeout 300 "$here/ferry" bench \
+    --notify-requests --prefill-gpu 0 --decode-gpu "$decode" \
+    --workloads kv-llama70b-4k,kv-llama70b-4k-runs,blocks-1m --json "$logs/bench-notify.json"
 }
 
 # What submitting a batch costs this machine's host (benches/submit.rs, no GPU involved): the

@@ -64,6 +64,46 @@ fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
 }
 
 #[test]
+fn requests_that_carry_a_notification_are_timed_until_the_peer_took_it_and_verified() {
+    let json = std::env::temp_dir().join(format!("ferry-bench-notify-{}.json", std::process::id()));
+    let output = std::process::Command::new(ferry_bin())
+        .args([
+            "bench",
+            "--host",
+            "--block-bytes",
+            "4096",
+            "--blocks",
+            "256",
+            "--iterations",
+            "2",
+            "--notify-requests",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("ferry bench runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("each request of the bandwidth rows carries a notification"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).expect("JSON");
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(report["notify_requests"], true, "{report}");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "a write and a read row: {report}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "{row}");
+        assert!(row["gbps"].as_f64().is_some_and(|gbps| gbps > 0.0), "{row}");
+    }
+}
+
+#[test]
 fn the_multi_pair_bench_checks_every_gpu_it_lists() {
     let output = std::process::Command::new(ferry_bin())
         .args(["bench", "--prefill-gpus", "0,0", "--decode-gpus"])

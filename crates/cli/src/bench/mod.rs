@@ -151,6 +151,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         decode_gpu: options.decode_gpu,
         peer_copy_gbps,
         line_rate_gbps: line_rate,
+        notify_requests: options.notify_requests,
         rows: Vec::new(),
         sweep: Vec::new(),
     };

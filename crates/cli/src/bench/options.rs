@@ -62,6 +62,12 @@ pub(crate) struct Options {
     /// shared-memory ring (the same-run baseline of `small-write`'s notification path).
     #[arg(long)]
     pub(crate) notify_over_tcp: bool,
+    /// Every request of the bandwidth rows carries a notification to the decode process, as a
+    /// server's request does (NIXL's and Mooncake's layers send one with each): its transfer
+    /// ends once the peer accepted the notification, and the rows time that too. The decode
+    /// process's echo of it is awaited between rounds, outside the timing.
+    #[arg(long)]
+    pub(crate) notify_requests: bool,
     /// Batches of at most this many bytes have the GPU publish their notification into the
     /// shared-memory ring right after their copies; 0 leaves every notification to the host
     /// (the same-run baseline of GPU-published notifications).

@@ -117,6 +117,8 @@ pub(crate) struct Report {
     /// Over RDMA, the baseline instead: the line rate of this host's fastest active RDMA
     /// port, GB/s, when the port reports it.
     pub(crate) line_rate_gbps: Option<f64>,
+    /// Whether each bandwidth round's request carried a notification (`--notify-requests`).
+    pub(crate) notify_requests: bool,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.
     pub(crate) sweep: Vec<Row>,
@@ -150,6 +152,13 @@ impl Report {
                 self.prefill_gpu, self.decode_gpu
             ),
         };
+        if self.notify_requests {
+            let _ = writeln!(
+                out,
+                "each request of the bandwidth rows carries a notification; its time includes \
+                 the decode process accepting it"
+            );
+        }
         let baseline = self
             .peer_copy_gbps
             .or(self.line_rate_gbps)
@@ -317,6 +326,7 @@ pub(crate) mod tests {
             decode_gpu: 1,
             peer_copy_gbps: Some(400.0),
             line_rate_gbps: None,
+            notify_requests: false,
             rows: vec![
                 row("auto", 4096, Some(360.0), true),
                 row("auto", 4096, None, false),

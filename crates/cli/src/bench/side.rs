@@ -59,6 +59,8 @@ pub(super) struct Side {
     pub(super) only: Option<&'static str>,
     /// The copy path asked for.
     pub(super) path: CopyPath,
+    /// Whether each bandwidth round's request carries a notification (`--notify-requests`).
+    pub(super) notify_requests: bool,
     /// The copy kernel's multiprocessor cap; `None` for all.
     pub(super) cap: Option<u32>,
     /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` and
@@ -127,6 +129,7 @@ impl Side {
             remote_buffer,
             only,
             path,
+            notify_requests: options.notify_requests,
             cap,
             computing,
             gate,
@@ -290,13 +293,20 @@ impl Side {
         let mut timing = Timing::default();
         for round in 0..iterations + 2 {
             let started = Instant::now();
-            let transfer = self.batch(shape, direction).submit()?;
+            let mut batch = self.batch(shape, direction);
+            if self.notify_requests {
+                batch = batch.notify(format!("request {round}").into_bytes());
+            }
+            let transfer = batch.submit()?;
             let submitted = started.elapsed();
             // This thread has nothing else to do: it looks for the end as a latency-critical
             // server thread would, so the figures are the transfer's and not a wake-up's.
             let done = transfer.wait_spinning(WAIT_SPIN)?;
             let elapsed = started.elapsed();
             let done = self.carried(done)?;
+            if self.notify_requests {
+                self.echoed()?;
+            }
             if round >= 2 {
                 gbps.push(bytes / elapsed.as_secs_f64() / 1e9);
                 timing.latencies.push(elapsed.as_secs_f64() * 1e6);
