@@ -28,8 +28,9 @@ fn a_bench_on_gpus_this_machine_lacks_fails_at_once_saying_it_needs_them() {
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
-#[test]
-fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
+/// `ferry bench --host` of 256 blocks of 4 KiB, two rounds a row, with `extra` arguments:
+/// its stdout, once it succeeded.
+fn host_bench(extra: &[&std::ffi::OsStr]) -> String {
     let output = std::process::Command::new(ferry_bin())
         .args([
             "bench",
@@ -41,6 +42,7 @@ fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
             "--iterations",
             "2",
         ])
+        .args(extra)
         .output()
         .expect("ferry bench runs");
     let (stdout, stderr) = (
@@ -48,6 +50,12 @@ fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
         String::from_utf8_lossy(&output.stderr),
     );
     assert!(output.status.success(), "{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+#[test]
+fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
+    let stdout = host_bench(&[]);
     assert!(
         stdout.contains("memcpy (host memory, 1 GiB, one process, same run)"),
         "{stdout}"
@@ -66,27 +74,11 @@ fn a_bench_of_host_memory_needs_no_gpu_and_verifies_every_row() {
 #[test]
 fn requests_that_carry_a_notification_are_timed_until_the_peer_took_it_and_verified() {
     let json = std::env::temp_dir().join(format!("ferry-bench-notify-{}.json", std::process::id()));
-    let output = std::process::Command::new(ferry_bin())
-        .args([
-            "bench",
-            "--host",
-            "--block-bytes",
-            "4096",
-            "--blocks",
-            "256",
-            "--iterations",
-            "2",
-            "--notify-requests",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("ferry bench runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let stdout = host_bench(&[
+        "--notify-requests".as_ref(),
+        "--json".as_ref(),
+        json.as_os_str(),
+    ]);
     assert!(
         stdout.contains("each request of the bandwidth rows carries a notification"),
         "{stdout}"

@@ -258,12 +258,7 @@ impl BlockCopy {
         self.len * self.local_ids.len() as u64 * self.pools.len() as u64
     }
 
-    /// How many pools the copy names.
-    pub(crate) fn pools_len(&self) -> usize {
-        self.pools.len()
-    }
-
-    pub(crate) fn regions(&self) -> impl Iterator<Item = &Arc<RegionEntry>> {
+    pub(crate) fn regions(&self) -> impl ExactSizeIterator<Item = &Arc<RegionEntry>> {
         self.pools.iter().map(|pool| &pool.region)
     }
 

@@ -403,11 +403,8 @@ def test_python_code_run_while_the_arrays_are_located_is_seen_whole(peer):
     if not fired:
         side.agent._agent.release_xfer(handle)
         pytest.skip(f"no collection ran inside the call on Python {sys.version_info[:2]}")
-    side.agent._agent.post_xfer(handle, None)
-    deadline = time.monotonic() + 20
-    while side.agent._agent.xfer_state(handle) == "PROC" and time.monotonic() < deadline:
-        time.sleep(0.0005)
-    assert side.agent._agent.xfer_state(handle) == "DONE"
+    assert side.agent.transfer(handle) in ("PROC", "DONE")
+    assert wait(side.agent, handle) == "DONE"
     side.agent._agent.release_xfer(handle)
     check_blocks(side.pools, {2: 4, 3: 5}, seed=13)
 

@@ -59,8 +59,6 @@ pub(super) struct Side {
     pub(super) only: Option<&'static str>,
     /// The copy path asked for.
     pub(super) path: CopyPath,
-    /// Whether each bandwidth round's request carries a notification (`--notify-requests`).
-    pub(super) notify_requests: bool,
     /// The copy kernel's multiprocessor cap; `None` for all.
     pub(super) cap: Option<u32>,
     /// `kv-layerwise`'s stand-in for prefill's computing stream: it waits on `gate` and
@@ -129,7 +127,6 @@ impl Side {
             remote_buffer,
             only,
             path,
-            notify_requests: options.notify_requests,
             cap,
             computing,
             gate,
@@ -239,7 +236,8 @@ impl Side {
                 }
             }
             _ => {
-                let (gbps, timing) = self.measure(shape, direction, options.rounds())?;
+                let (gbps, timing) =
+                    self.measure(shape, direction, options.rounds(), options.notify_requests)?;
                 Measured::new(Some(gbps), timing)
             }
         })
@@ -281,12 +279,14 @@ impl Side {
         Ok(())
     }
 
-    /// Two warm-up rounds, then `iterations` timed ones: median GB/s and the rounds' times.
+    /// Two warm-up rounds, then `iterations` timed ones: median GB/s and the rounds' times;
+    /// with `notify`, each request carries a notification (`--notify-requests`).
     pub(super) fn measure(
         &self,
         shape: &Shape,
         direction: Direction,
         iterations: usize,
+        notify: bool,
     ) -> Result<(f64, Timing), BoxError> {
         let bytes = shape.bytes() as f64;
         let mut gbps = Vec::new();
@@ -294,7 +294,7 @@ impl Side {
         for round in 0..iterations + 2 {
             let started = Instant::now();
             let mut batch = self.batch(shape, direction);
-            if self.notify_requests {
+            if notify {
                 batch = batch.notify(format!("request {round}").into_bytes());
             }
             let transfer = batch.submit()?;
@@ -304,7 +304,7 @@ impl Side {
             let done = transfer.wait_spinning(WAIT_SPIN)?;
             let elapsed = started.elapsed();
             let done = self.carried(done)?;
-            if self.notify_requests {
+            if notify {
                 self.echoed()?;
             }
             if round >= 2 {

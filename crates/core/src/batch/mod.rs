@@ -238,10 +238,10 @@ impl Batch {
     fn push_blocks(mut self, direction: Direction, copy: BlockCopy) -> Self {
         let state = &mut self.state;
         let position = state.entries.len() + state.blocks.len();
+        let regions = copy.regions();
         // A copy over a pool per layer names hundreds of regions: grown once, not by doubling.
-        state.region_index.reserve(copy.pools_len());
-        let regions = copy
-            .regions()
+        state.region_index.reserve(regions.len());
+        let regions = regions
             .map(|region| state.region_index(region, position))
             .collect::<Vec<_>>();
         state.blocks.push(Blocks {
