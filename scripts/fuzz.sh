@@ -16,6 +16,7 @@ targets=(
   "client crates/core/tests/data/fuzz/client"
   "rdma_peer_input crates/rdma/tests/data/fuzz/peer_input"
   "message_ring crates/nvlink/tests/data/fuzz/message_ring"
+  "staging_request crates/nvlink/tests/data/fuzz/staging_request"
   "handshake crates/core/tests/data/fuzz/handshake"
   "descriptor crates/core/tests/data/fuzz/descriptor"
 )

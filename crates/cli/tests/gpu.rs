@@ -173,6 +173,92 @@ fn same_gpu_ipc_between_processes() {
     write_and_read_every_size(0, "0", &[]);
 }
 
+/// `cudaMalloc` memory of a peer whose IPC handles do not open here (two pods whose servers
+/// have equal PIDs) moves through the staging buffer the peer's engine hands over by file
+/// descriptor; forced here between plain processes (`stage_cuda_malloc`), which nvlink then
+/// reaches only through staging, so a transfer that says "nvlink" went through it. Sizes from
+/// one byte to five 64 MiB slots (the staging buffer has four, so slots are reused), at odd
+/// offsets, and 4,096 scattered 32 KiB entries in one batch, each written and read back.
+#[test]
+fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
+    gpus();
+    const REMOTE: usize = 640 << 20;
+    const LOCAL: u64 = 320 << 20;
+    let target = ServeProcess::start_with(REMOTE, &["--gpu", "0"], &[]);
+    let engine = ferry::Links::default()
+        .nvlink(ferry::NvlinkConfig {
+            stage_cuda_malloc: true,
+            ..ferry::NvlinkConfig::default()
+        })
+        .builder()
+        .transfer_timeout(Duration::from_secs(20))
+        .build_blocking()
+        .expect("engine starts");
+    let source = engine.allocate_device(0, LOCAL).unwrap();
+    let back = engine.allocate_device(0, LOCAL).unwrap();
+    let peer = engine.connect_blocking(&target.name).unwrap();
+    let mut remote_offset = 3u64;
+    for (seed, size) in [1usize, 999, 32 << 10, 1 << 20, 300 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = pattern(seed as u64 + 70, size);
+        source.write_at(5, &bytes).unwrap();
+        let done = engine
+            .batch(&peer)
+            .write(&source, 5, target.buffer_addr + remote_offset, size as u64)
+            .submit_blocking()
+            .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte staged write");
+        back.write_at(7, &vec![0u8; size]).unwrap();
+        let done = engine
+            .batch(&peer)
+            .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
+            .submit_blocking()
+            .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte staged read");
+        let mut arrived = vec![0u8; size];
+        back.read_at(7, &mut arrived).unwrap();
+        assert_bytes_eq(
+            &arrived,
+            &bytes,
+            &format!("{size} bytes written then read back through staging"),
+        );
+        remote_offset = (remote_offset + size as u64 + 513) % (REMOTE as u64 / 2);
+    }
+    // Scattered blocks: block i of the source goes to remote slot (i * 7) % 8192.
+    const BLOCK: u64 = 32 << 10;
+    const BLOCKS: u64 = 4096;
+    let blocks = pattern(90, (BLOCKS * BLOCK) as usize);
+    source.write_at(0, &blocks).unwrap();
+    let slot = |block: u64| (block * 7) % 8192 * BLOCK;
+    let mut write = engine.batch(&peer);
+    for block in 0..BLOCKS {
+        write = write.write(
+            &source,
+            block * BLOCK,
+            target.buffer_addr + slot(block),
+            BLOCK,
+        );
+    }
+    let done = write.submit_blocking().unwrap();
+    assert_eq!(done.transports, vec!["nvlink"], "scattered staged write");
+    back.write_at(0, &vec![0u8; blocks.len()]).unwrap();
+    let mut read = engine.batch(&peer);
+    for block in 0..BLOCKS {
+        read = read.read(
+            &back,
+            block * BLOCK,
+            target.buffer_addr + slot(block),
+            BLOCK,
+        );
+    }
+    read.submit_blocking().unwrap();
+    let mut arrived = vec![0u8; blocks.len()];
+    back.read_at(0, &mut arrived).unwrap();
+    assert_bytes_eq(&arrived, &blocks, "4,096 scattered blocks through staging");
+}
+
 #[test]
 fn a_peer_that_sees_only_its_own_gpu() {
     two_gpus();

@@ -56,6 +56,12 @@ pub struct NvlinkConfig {
     /// A `&'static Path` keeps this config `Copy`; [`Self::socket_dir`] takes any path and
     /// keeps one copy of each distinct directory for the rest of the process.
     pub socket_dir: Option<&'static Path>,
+    /// Moves peers' `cudaMalloc` memory through the staging buffers their engines hand over
+    /// by file descriptor even where its CUDA IPC handles map here (off by default): to
+    /// measure the staged path beside the direct one between plain processes. Staging is
+    /// otherwise taken only where the IPC handle does not open (two pods whose servers have
+    /// equal PIDs), as `docs/containers.md` describes.
+    pub stage_cuda_malloc: bool,
 }
 
 impl NvlinkConfig {
@@ -95,6 +101,7 @@ impl Default for NvlinkConfig {
             shared_memory_notifications: true,
             gpu_notification_max_bytes: 4 << 20,
             socket_dir: None,
+            stage_cuda_malloc: false,
         }
     }
 }

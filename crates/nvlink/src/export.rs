@@ -2,7 +2,7 @@
 //! a peer's: a [`GpuExport`], carried in the descriptor as the transport's opaque
 //! [`ferry_core::Export`].
 
-use crate::fd_passing::{FdServer, Share};
+use crate::fd_passing::{FdServer, Share, Vouch};
 use ferry_core::cuda::{
     AllocationHandle, Context, DevicePointer, Driver, IpcHandle, FABRIC_HANDLE, POSIX_FD_HANDLE,
 };
@@ -119,7 +119,12 @@ pub(crate) fn export_local(
         let (export, handle) = export_ipc(addr, len, &pointer)?;
         // Peers confirm the handle with this engine before they map it; without the fd
         // socket only peers with the secret (whose descriptors are signed) will.
-        let guard = fds.map(|server| Box::new(server.vouch(addr, handle)) as ExportGuard);
+        let vouch = |handle| Vouch {
+            handle,
+            ordinal: pointer.ordinal,
+            len,
+        };
+        let guard = fds.map(|server| Box::new(server.vouch(addr, vouch(handle))) as ExportGuard);
         return Ok(Some((export, guard)));
     }
     if pointer.handle_types & POSIX_FD_HANDLE != 0 {

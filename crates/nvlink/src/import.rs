@@ -251,12 +251,21 @@ mod tests {
         FdServer::start(InstanceId::random().unwrap(), secret, &runtime, inbox).unwrap()
     }
 
+    /// What an export of a 4 KiB buffer on GPU 0 with `handle` vouches for.
+    fn vouch(handle: IpcHandle) -> crate::fd_passing::Vouch {
+        crate::fd_passing::Vouch {
+            handle,
+            ordinal: 0,
+            len: 4096,
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_ipc_handle_is_mapped_only_as_its_owner_confirms_or_signed() {
         let (ours, theirs) = (IpcHandle([7; 64]), IpcHandle([9; 64]));
         for secret in [None, Some(secret())] {
             let server = server(secret.clone());
-            let _vouched = server.vouch(0x1000, ours);
+            let _vouched = server.vouch(0x1000, vouch(ours));
             let silent = Mutex::new(None);
             let address = server.address();
             let owner = |region| Owner {
@@ -301,7 +310,7 @@ mod tests {
     async fn a_handle_is_unknown_once_its_buffer_is_deregistered() {
         let server = server(None);
         let handle = IpcHandle([3; 64]);
-        let vouched = server.vouch(0x1000, handle);
+        let vouched = server.vouch(0x1000, vouch(handle));
         confirm_ipc(&server.address(), 0x1000, &handle, None)
             .await
             .unwrap();

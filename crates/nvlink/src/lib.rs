@@ -42,6 +42,7 @@ mod link;
 mod messages;
 mod mnnvl;
 mod plan;
+mod staging;
 mod transport;
 mod trial;
 

@@ -7,6 +7,7 @@ use crate::import::{OpenError, Opened, Owner, PeerMapping};
 use crate::kernels::{CopyKernels, KernelShare};
 use crate::messages::MessageSender;
 use crate::plan;
+use crate::trial::Trials;
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{Context, DeviceInfo, Driver, Stream};
 use ferry_core::{
@@ -25,10 +26,12 @@ mod lanes;
 mod launches;
 mod mappings;
 mod paged;
+mod staged;
 
 use lanes::GpuLane;
 use launches::{Paged, Side, Work};
 use mappings::{Held, Known};
+use staged::StagingSlot;
 
 /// Mappings of one peer's allocations and the local streams and kernels that copy to and from
 /// them.
@@ -61,6 +64,11 @@ pub(crate) struct NvlinkLink {
     alive: AtomicBool,
     /// The shared-memory ring notifications to the peer take, or why there is none.
     messages: std::result::Result<MessageSender, NoRing>,
+    /// What trying found for the peer's memory, which says where its `cudaMalloc` memory goes
+    /// through staging; `None` for a link that never stages (mnnvl's).
+    trials: Option<Arc<Trials>>,
+    /// The staging session of each local GPU, by ordinal.
+    staging: Mutex<HashMap<u32, StagingSlot>>,
 }
 
 /// Why a link sends its notifications over TCP instead of a shared-memory message ring.
@@ -107,7 +115,16 @@ impl NvlinkLink {
             lanes: Mutex::default(),
             alive: AtomicBool::new(true),
             messages: Err(NoRing::NotOpened { transport }),
+            trials: None,
+            staging: Mutex::default(),
         }
+    }
+
+    /// The link moving the peer's `cudaMalloc` memory through staging on the GPUs where
+    /// `trials` found that only staging reaches it.
+    pub(crate) fn with_trials(mut self, trials: Arc<Trials>) -> NvlinkLink {
+        self.trials = Some(trials);
+        self
     }
 
     /// The link asking the peer engine's fd socket at `socket` (its abstract name and, where
@@ -206,6 +223,13 @@ impl NvlinkLink {
                 None => by_gpu.push((ordinal, vec![op])),
             }
         }
+        // The staged part first, so that a notification riding on the direct copies' launch
+        // is published after every byte.
+        for (ordinal, gpu_ops) in &mut by_gpu {
+            let staged = self.take_staged(&ops, *ordinal, gpu_ops)?;
+            self.move_staged(&ops, *ordinal, &staged).await?;
+        }
+        by_gpu.retain(|(_, gpu_ops)| !gpu_ops.is_empty());
         for (ordinal, gpu_ops) in &by_gpu {
             self.map_all(gpu_ops.iter().map(|op| ops.remote(op)), *ordinal)
                 .await?;
@@ -244,6 +268,10 @@ impl NvlinkLink {
             .first()
             .map(|pool| pool.region.info().location)
         {
+            if self.any_staged(ordinal, blocks.pools().iter().map(|pool| &pool.remote))? {
+                blocks.wait_on_host().await?;
+                return self.move_ops(blocks.into_ops(), payload).await;
+            }
             self.map_all(blocks.pools().iter().map(|pool| &pool.remote), ordinal)
                 .await?;
         }
@@ -354,5 +382,6 @@ impl Link for NvlinkLink {
         }
         self.mappings.lock().clear();
         self.known.lock().clear();
+        self.staging.lock().clear();
     }
 }

@@ -4,7 +4,7 @@ use crate::fd_passing::{
     configured_socket_dir, open_messages, FdServer, FdSocket, SocketDir, SOCKET_DIR_ENV,
 };
 use crate::link::{NoRing, NvlinkLink};
-use crate::trial::{ExportKind, Trials};
+use crate::trial::{ExportKind, Mapped, Trials};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{DeviceInfo, Driver};
 use ferry_core::{
@@ -28,8 +28,9 @@ pub struct NvlinkTransport {
     /// The id shared by this process's engines; `None` when none could be drawn, and then no
     /// peer is taken for this process.
     process: Option<InstanceId>,
-    /// Whether mapping each peer's kinds of export worked, tried once per peer and kind.
-    trials: Trials,
+    /// Whether mapping each peer's kinds of export worked, tried once per peer and kind; the
+    /// links read it to tell which memory goes through staging.
+    trials: Arc<Trials>,
     /// Whether an instance id names an engine alive in this process.
     is_local: fn(InstanceId) -> bool,
     /// What the engine this transport serves told it, once attached.
@@ -77,7 +78,7 @@ impl NvlinkTransport {
             config,
             unavailable,
             process: InstanceId::of_this_process().ok(),
-            trials: Trials::default(),
+            trials: Arc::new(Trials::real(config.stage_cuda_malloc)),
             is_local: ferry_core::is_local_engine,
             attached: OnceLock::new(),
         }
@@ -266,7 +267,9 @@ impl Transport for NvlinkTransport {
             .trials
             .verdict(local_gpu, peer.instance, ExportKind::of(&export))
         {
-            Some(Ok(())) => Reach::Yes { cost: 10 },
+            Some(Ok(Mapped::Directly)) => Reach::Yes { cost: 10 },
+            // One more copy, on the peer's GPU: still far ahead of TCP's host staging.
+            Some(Ok(Mapped::ThroughStaging { .. })) => Reach::Yes { cost: 20 },
             Some(Err(unmappable)) => no(unmappable.to_string()),
             // Left untried as the peer's lie: routed here, it fails with the violation.
             None if crate::bounds::export_owner(&export, peer.instance).is_err() => {
@@ -304,7 +307,8 @@ impl Transport for NvlinkTransport {
                 self.secret().cloned(),
             )
             .with_socket(socket)
-            .with_messages(messages),
+            .with_messages(messages)
+            .with_trials(Arc::clone(&self.trials)),
         ))
     }
 }
@@ -360,7 +364,7 @@ mod tests {
             config: NvlinkConfig::default(),
             unavailable: None,
             process: Some(THIS_PROCESS),
-            trials: Trials::new(maps_unless_vmm()),
+            trials: Arc::new(Trials::new(maps_unless_vmm())),
             is_local: |instance| instance == THIS_PROCESS,
             attached: OnceLock::new(),
         }
@@ -391,7 +395,7 @@ mod tests {
                     GpuExport::VmmFd { .. } => Err(crate::trial::Failed::lasting(
                         "connecting to the peer's fd socket: Connection refused",
                     )),
-                    _ => Ok(()),
+                    _ => Ok(Mapped::Directly),
                 }
             })
         })

@@ -11,6 +11,7 @@
 use crate::export::GpuExport;
 use crate::fd_passing::FdSocket;
 use crate::import::{OpenError, Owner, PeerMapping};
+use crate::staging::StagingSession;
 use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
 use ferry_core::{InstanceId, SegmentDescriptor};
@@ -37,12 +38,32 @@ impl Failed {
     }
 }
 
+/// How a peer's kind of memory reaches a local GPU, as trying found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mapped {
+    /// It maps here: copies go straight into it.
+    Directly,
+    /// Its mapping failed for `refused`, but the peer's staging session opened: its bytes
+    /// go through staging ([`crate::staging`]).
+    ThroughStaging {
+        /// Why the direct mapping failed.
+        refused: String,
+    },
+}
+
 /// Maps an export of the buffer at `u64` of the engine behind fd socket `FdSocket` (which
 /// confirms its IPC handles) into GPU `ordinal` of this process and releases it again,
-/// proving the secret to the peer's fd socket where one is asked; `Err` holds why it could
-/// not be mapped.
+/// proving the secret to the peer's fd socket where one is asked (for `cudaMalloc` memory
+/// that does not map, opens and closes a staging session instead); `Err` holds why neither
+/// worked.
 pub(crate) type Mapper = Arc<
-    dyn Fn(u32, GpuExport, FdSocket, u64, Option<Secret>) -> BoxFuture<'static, Result<(), Failed>>
+    dyn Fn(
+            u32,
+            GpuExport,
+            FdSocket,
+            u64,
+            Option<Secret>,
+        ) -> BoxFuture<'static, Result<Mapped, Failed>>
         + Send
         + Sync,
 >;
@@ -79,7 +100,7 @@ impl ExportKind {
 }
 
 /// What trying found, by peer engine, export kind and local GPU; `Err` holds the reason.
-type Verdicts = HashMap<(InstanceId, ExportKind, u32), Result<(), Unmappable>>;
+type Verdicts = HashMap<(InstanceId, ExportKind, u32), Result<Mapped, Unmappable>>;
 
 /// Why a peer's kind of GPU memory does not map here: the reason the router gives for taking
 /// TCP staging instead.
@@ -98,10 +119,20 @@ pub(crate) struct Trials {
     verdicts: Mutex<Verdicts>,
 }
 
-impl Default for Trials {
-    fn default() -> Self {
-        Trials::new(Arc::new(|ordinal, export, owner, region, secret| {
-            Box::pin(map_and_release(ordinal, export, owner, region, secret))
+impl Trials {
+    /// Trials that really map, or with `stage_cuda_malloc` open a staging session for
+    /// `cudaMalloc` memory without trying its IPC handle
+    /// ([`crate::NvlinkConfig::stage_cuda_malloc`]).
+    pub(crate) fn real(stage_cuda_malloc: bool) -> Trials {
+        Trials::new(Arc::new(move |ordinal, export, owner, region, secret| {
+            Box::pin(map_and_release(
+                ordinal,
+                export,
+                owner,
+                region,
+                secret,
+                stage_cuda_malloc,
+            ))
         }))
     }
 }
@@ -128,8 +159,18 @@ impl Trials {
         ordinal: u32,
         peer: InstanceId,
         kind: ExportKind,
-    ) -> Option<Result<(), Unmappable>> {
+    ) -> Option<Result<Mapped, Unmappable>> {
         self.verdicts.lock().get(&(peer, kind, ordinal)).cloned()
+    }
+
+    /// Whether `peer`'s `cudaMalloc` memory reaches GPU `ordinal` only through staging.
+    pub(crate) fn stages(&self, ordinal: u32, peer: InstanceId) -> bool {
+        matches!(
+            self.verdicts
+                .lock()
+                .get(&(peer, ExportKind::CudaIpc, ordinal)),
+            Some(Ok(Mapped::ThroughStaging { .. }))
+        )
     }
 
     /// Tries one of `exports` (the peer's, as this transport reads them, each with its
@@ -185,7 +226,8 @@ impl Trials {
                 let mut verdicts = self.verdicts.lock();
                 verdicts.entry((peer.instance, kind, ordinal)).or_insert_with(|| {
                     match &verdict {
-                        Ok(()) => tracing::debug!(peer = %peer.name, kind = kind.describe(), gpu = ordinal, "peer memory maps over nvlink"),
+                        Ok(Mapped::Directly) => tracing::debug!(peer = %peer.name, kind = kind.describe(), gpu = ordinal, "peer memory maps over nvlink"),
+                        Ok(Mapped::ThroughStaging { refused }) => tracing::warn!(peer = %peer.name, instance = %peer.instance, pid = peer.pid, gpu = ordinal, "mapping the peer's {} here failed ({}); its transfers go over nvlink through staging buffers the peer hands over by file descriptor, with one more copy on the peer's GPU", kind.describe(), with_pid_hint(refused.clone(), kind, peer.pid)),
                         Err(reason) => tracing::warn!(peer = %peer.name, instance = %peer.instance, pid = peer.pid, gpu = ordinal, "{reason}"),
                     }
                     verdict
@@ -222,30 +264,51 @@ fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
 }
 
 /// The real trial: maps the export of the buffer at `region` of the engine behind `socket`
-/// into GPU `ordinal`'s context and unmaps it at once.
+/// into GPU `ordinal`'s context and unmaps it at once; where `cudaMalloc` memory does not
+/// map for good, or `stage_cuda_malloc` asks for staging, opens a staging session for it and
+/// closes it again.
 async fn map_and_release(
     ordinal: u32,
     export: GpuExport,
     socket: FdSocket,
     region: u64,
     secret: Option<Secret>,
-) -> Result<(), Failed> {
+    stage_cuda_malloc: bool,
+) -> Result<Mapped, Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
-    let silent = Mutex::new(None);
-    let owner = Owner {
-        socket: &socket,
-        region,
-        silent: &silent,
+    let ipc = matches!(export, GpuExport::CudaIpc { .. });
+    let refused = match ipc && stage_cuda_malloc {
+        true => "NvlinkConfig::stage_cuda_malloc asks for staging".to_owned(),
+        false => {
+            let silent = Mutex::new(None);
+            let owner = Owner {
+                socket: &socket,
+                region,
+                silent: &silent,
+            };
+            match PeerMapping::open(context, &export, owner, secret.as_ref()).await {
+                Ok(_) => return Ok(Mapped::Directly),
+                // A malformed export is the peer's fault, not the layout's: the transfer
+                // routed here meets the same violation, fails with it and closes the peer,
+                // instead of quietly taking TCP.
+                Err(OpenError::Peer(_)) => return Ok(Mapped::Directly),
+                Err(OpenError::Local(reason)) if reason.is_passing() || !ipc => {
+                    return Err(Failed {
+                        passing: reason.is_passing(),
+                        reason: reason.to_string(),
+                    })
+                }
+                Err(OpenError::Local(reason)) => reason.to_string(),
+            }
+        }
     };
-    match PeerMapping::open(context, &export, owner, secret.as_ref()).await {
-        Ok(_) => Ok(()),
-        // A malformed export is the peer's fault, not the layout's: the transfer routed here
-        // meets the same violation, fails with it and closes the peer, instead of quietly
-        // taking TCP.
-        Err(OpenError::Peer(_)) => Ok(()),
-        Err(OpenError::Local(reason)) => Err(Failed {
-            passing: reason.is_passing(),
-            reason: reason.to_string(),
+    match StagingSession::open(&socket, region, ordinal, secret.as_ref()).await {
+        Ok(_) => Ok(Mapped::ThroughStaging { refused }),
+        Err(staging) => Err(Failed {
+            passing: staging.is_passing(),
+            reason: format!(
+                "{refused}; staging through the peer's fd socket failed too: {staging}"
+            ),
         }),
     }
 }
@@ -300,7 +363,7 @@ mod tests {
             tried.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
                 match export {
-                    GpuExport::CudaIpc { .. } => Ok(()),
+                    GpuExport::CudaIpc { .. } => Ok(Mapped::Directly),
                     _ => Err(Failed::lasting(
                         "connecting to the peer's fd socket \"ferry-x\": Connection refused",
                     )),
@@ -325,7 +388,7 @@ mod tests {
                 .await;
             assert_eq!(
                 trials.verdict(0, InstanceId::from_u128(1), ExportKind::CudaIpc),
-                Some(Ok(()))
+                Some(Ok(Mapped::Directly))
             );
             let refusal = trials
                 .verdict(0, InstanceId::from_u128(1), ExportKind::VmmFd)
@@ -349,7 +412,7 @@ mod tests {
         assert_eq!(tried.load(Ordering::SeqCst), 4);
         assert_eq!(
             trials.verdict(1, InstanceId::from_u128(1), ExportKind::CudaIpc),
-            Some(Ok(()))
+            Some(Ok(Mapped::Directly))
         );
     }
 

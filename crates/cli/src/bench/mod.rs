@@ -152,6 +152,7 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         peer_copy_gbps,
         line_rate_gbps: line_rate,
         notify_requests: options.notify_requests,
+        stage_cuda_malloc: options.stage_cuda_malloc,
         rows: Vec::new(),
         sweep: Vec::new(),
     };

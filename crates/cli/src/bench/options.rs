@@ -68,6 +68,12 @@ pub(crate) struct Options {
     /// process's echo of it is awaited between rounds, outside the timing.
     #[arg(long)]
     pub(crate) notify_requests: bool,
+    /// Move the decode process's `cudaMalloc` memory through the staging buffers its engine
+    /// hands over by file descriptor, as between two pods whose servers have equal PIDs,
+    /// instead of through its IPC handles: the staged path's figure, for a run without the
+    /// option as its baseline.
+    #[arg(long, conflicts_with_all = ["host", "tcp"])]
+    pub(crate) stage_cuda_malloc: bool,
     /// Batches of at most this many bytes have the GPU publish their notification into the
     /// shared-memory ring right after their copies; 0 leaves every notification to the host
     /// (the same-run baseline of GPU-published notifications).

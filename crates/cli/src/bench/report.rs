@@ -119,6 +119,9 @@ pub(crate) struct Report {
     pub(crate) line_rate_gbps: Option<f64>,
     /// Whether each bandwidth round's request carried a notification (`--notify-requests`).
     pub(crate) notify_requests: bool,
+    /// Whether the decode process's `cudaMalloc` memory went through its staging buffers
+    /// (`--stage-cuda-malloc`).
+    pub(crate) stage_cuda_malloc: bool,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.
     pub(crate) sweep: Vec<Row>,
@@ -152,6 +155,13 @@ impl Report {
                 self.prefill_gpu, self.decode_gpu
             ),
         };
+        if self.stage_cuda_malloc {
+            let _ = writeln!(
+                out,
+                "the decode process's cudaMalloc memory went through the staging buffers its \
+                 engine hands over by file descriptor (one more copy, on its GPU)"
+            );
+        }
         if self.notify_requests {
             let _ = writeln!(
                 out,
@@ -327,6 +337,7 @@ pub(crate) mod tests {
             peer_copy_gbps: Some(400.0),
             line_rate_gbps: None,
             notify_requests: false,
+            stage_cuda_malloc: false,
             rows: vec![
                 row("auto", 4096, Some(360.0), true),
                 row("auto", 4096, None, false),

@@ -90,6 +90,7 @@ impl Side {
                 shared_memory_notifications: !options.notify_over_tcp,
                 gpu_notification_max_bytes: options.gpu_notification_max_bytes,
                 socket_dir: None,
+                stage_cuda_malloc: options.stage_cuda_malloc,
             }));
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]

@@ -217,3 +217,52 @@ async fn refusal(stream: &mut UnixStream) -> ImportError {
         .await;
     ImportError::Refused { reason }
 }
+
+/// Opens a staging session with the engine behind fd socket `target` for its `cudaMalloc`
+/// buffer registered at `buffer` (which names the GPU), asking for `bytes` of staging and
+/// proving `secret` first when there is one. Returns the session's connection, the staging
+/// allocation's descriptor and the staging buffer's length (which the owner may have cut).
+///
+/// # Cancel safety
+/// Cancel safe: dropped half-way, the connection closes and the owner frees the staging.
+pub(crate) async fn open_staging(
+    target: &FdSocket,
+    buffer: u64,
+    bytes: u64,
+    secret: Option<&Secret>,
+) -> Result<(UnixStream, OwnedFd, u64), ImportError> {
+    let socket = &target.to_string();
+    let opened = async {
+        let failed = |action| socket_error(socket, action);
+        let mut stream = connect(target, secret, STAGE).await?;
+        let mut request = buffer.to_le_bytes().to_vec();
+        request.extend_from_slice(&bytes.to_le_bytes());
+        stream
+            .write_all(&request)
+            .await
+            .map_err(failed("writing to"))?;
+        let (status, mut fds) = receive_fds(&stream, 1)
+            .await
+            .map_err(failed("reading from"))?;
+        match (status, fds.pop()) {
+            (None, _) => Err(ImportError::NoAnswer {
+                socket: socket.to_owned(),
+            }),
+            (Some(0), Some(fd)) => {
+                let len = stream.read_u64_le().await.map_err(failed("reading from"))?;
+                Ok((stream, fd, len))
+            }
+            (Some(0), None) => Err(ImportError::Refused {
+                reason: "the staging answer carried no descriptor".into(),
+            }),
+            (Some(_), _) => Err(refusal(&mut stream).await),
+        }
+    };
+    tokio::time::timeout(TIMEOUT, opened)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ImportError::TimedOut {
+                socket: socket.to_owned(),
+            })
+        })
+}

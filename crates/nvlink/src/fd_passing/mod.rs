@@ -39,7 +39,12 @@
 //!    [`DISOWNED`] when that buffer's handle is another (a descriptor that names this engine
 //!    but carries another engine's handle is found out before anything is mapped), and
 //!    [`NOT_REGISTERED`] when no buffer is registered there.
-//! 6. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
+//! 6. For [`STAGE`], it sends the address of a registered `cudaMalloc` buffer (8 bytes,
+//!    little-endian), which names the GPU, and the staging bytes it asks for (8 bytes). The
+//!    server answers with a status byte 0 with the descriptor of a fresh VMM staging
+//!    allocation attached, then the staging buffer's length (8 bytes); from then on the
+//!    connection carries staged-copy requests ([`crate::staging`]) until the client closes it.
+//! 7. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
 //!    socket closes.
 //!
 //! A server with a secret refuses a client that does not authenticate (status 1, before the
@@ -60,12 +65,12 @@ mod stale;
 mod tests;
 
 pub(crate) use address::FdSocket;
-pub(crate) use client::{confirm_ipc, fetch_fds, open_messages};
+pub(crate) use client::{confirm_ipc, fetch_fds, open_messages, open_staging};
 pub(crate) use dir::{
     configured as configured_socket_dir, socket_file_name, SocketDir, MAX_SOCKET_PATH,
 };
 pub use dir::{SocketDirError, SOCKET_DIR_ENV};
-pub(crate) use server::{FdServer, Share};
+pub(crate) use server::{FdServer, Share, Vouch, Vouched};
 
 use ferry_core::{AuthFailure, InstanceId};
 use rustix::net::{
@@ -92,6 +97,8 @@ const FETCH_FDS: u8 = 0;
 const OPEN_MESSAGES: u8 = 1;
 /// The request to confirm that a CUDA IPC handle is this engine's.
 const CONFIRM_IPC: u8 = 2;
+/// The request for a staging session ([`crate::staging`]).
+const STAGE: u8 = 3;
 /// The answer to [`CONFIRM_IPC`] for a handle this engine did not export for that buffer.
 const DISOWNED: u8 = 2;
 /// The answer to [`CONFIRM_IPC`] when no buffer is registered at that address (any more: the
@@ -226,7 +233,7 @@ fn socket_error<'a>(
 }
 
 /// Sends `fds` in messages of at most [`FDS_PER_MESSAGE`], each carried by one 0 byte.
-async fn send_fds(stream: &UnixStream, fds: &[OwnedFd]) -> std::io::Result<()> {
+pub(crate) async fn send_fds(stream: &UnixStream, fds: &[OwnedFd]) -> std::io::Result<()> {
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     for batch in borrowed.chunks(FDS_PER_MESSAGE) {
         stream

@@ -7,6 +7,7 @@ use super::registered::{ByAddress, Held};
 use super::socket_file::SocketFile;
 use super::*;
 use crate::messages::{Incoming, RingReaders, RingSlot};
+use crate::staging::OwnerSession;
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IPC_HANDLE_LEN};
 use ferry_core::telemetry::Throttle;
@@ -31,9 +32,18 @@ pub(crate) struct Share {
 /// Shares by the address the buffer was registered at.
 type Shares = ByAddress<Share>;
 
-/// The CUDA IPC handles this engine exported, by the address of the buffer they were
-/// exported for.
-type Vouched = ByAddress<IpcHandle>;
+/// What this engine exported for one registered `cudaMalloc` buffer.
+pub(crate) struct Vouch {
+    /// The CUDA IPC handle of its allocation, which peers confirm before they map it.
+    pub(crate) handle: IpcHandle,
+    /// The GPU it lives on.
+    pub(crate) ordinal: u32,
+    /// The registered bytes from the buffer's address: what a staging session may copy.
+    pub(crate) len: u64,
+}
+
+/// The `cudaMalloc` buffers this engine exported, by the address they were registered at.
+pub(crate) type Vouched = ByAddress<Vouch>;
 
 /// This engine's fd-passing socket, served on the engine's runtime: its abstract socket and,
 /// once [`Self::serve_in`] bound one, its file in a socket directory.
@@ -113,6 +123,7 @@ impl FdServer {
             rings: Arc::default(),
             max_rings,
             open: Arc::new(tokio::sync::Semaphore::new(MAX_SERVING)),
+            staging: Arc::new(tokio::sync::Semaphore::new(MAX_STAGING_SESSIONS)),
             warnings: Arc::new(Throttle::new(WARN_EVERY)),
             stopped,
         };
@@ -185,10 +196,11 @@ impl FdServer {
         FdSocket::new(self.name.clone(), self.socket_path().map(str::to_owned))
     }
 
-    /// Confirms `handle` as the IPC handle of the buffer registered at `addr`, to peers that
-    /// ask before mapping it, until the guard drops.
-    pub(crate) fn vouch(&self, addr: u64, handle: IpcHandle) -> Held<IpcHandle> {
-        self.vouched.insert(addr, handle)
+    /// Confirms `vouch`'s handle as the IPC handle of the buffer registered at `addr`, to
+    /// peers that ask before mapping it, and lets staging sessions copy its bytes, until the
+    /// guard drops.
+    pub(crate) fn vouch(&self, addr: u64, vouch: Vouch) -> Held<Vouch> {
+        self.vouched.insert(addr, vouch)
     }
 
     /// Shares the allocations of the buffer registered at `addr` until the guard drops.
@@ -212,6 +224,8 @@ struct Serving {
     max_rings: usize,
     /// Connections served at once, over all listeners.
     open: Arc<tokio::sync::Semaphore>,
+    /// Staging sessions served at once, over all listeners.
+    staging: Arc<tokio::sync::Semaphore>,
     /// Throttles the warnings of all listeners.
     warnings: Arc<Throttle>,
     /// Changes (closes) when the server drops: the listeners stop.
@@ -226,6 +240,10 @@ pub(super) const MAX_RINGS: usize = 256;
 /// connections (another user's included, refused as they are) cannot take the process's file
 /// descriptors.
 pub(super) const MAX_SERVING: usize = 64;
+
+/// Staging sessions served at once (each holds a staging buffer of the GPU's memory); a peer
+/// asking for another is refused and its `cudaMalloc` transfers take TCP.
+pub(super) const MAX_STAGING_SESSIONS: usize = 16;
 
 /// Failed or refused requests are logged at most once per this interval, with a count.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -272,6 +290,12 @@ async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
             let served = tokio::time::timeout(TIMEOUT, serve(stream, shares, &serving))
                 .await
                 .unwrap_or(Err(ServeFailure::TimedOut { after: TIMEOUT }));
+            // A staging session lasts as long as its peer's link, past the request's limit.
+            let served = match served {
+                Ok(Some(session)) => session.run().await.map_err(ServeFailure::Staging),
+                Ok(None) => Ok(()),
+                Err(failure) => Err(failure),
+            };
             drop(slot);
             if let Err(failure) = served {
                 warn_failed(&warnings, &failure.to_string());
@@ -281,12 +305,13 @@ async fn accept_loop(listener: tokio::net::UnixListener, serving: Serving) {
 }
 
 /// Serves one connection: checks who asks, then answers with the descriptors, takes the
-/// message ring, or refuses.
+/// message ring, confirms a handle, or refuses; a staging request's session is returned, to
+/// be run without the request's time limit.
 async fn serve(
     mut stream: UnixStream,
     shares: Arc<Shares>,
     serving: &Serving,
-) -> Result<(), ServeFailure> {
+) -> Result<Option<OwnerSession>, ServeFailure> {
     let secret = serving.secret.as_ref();
     let io = ServeFailure::io;
     let credentials = stream
@@ -309,13 +334,15 @@ async fn serve(
         Ok(first) => first,
         // A client that closes before asking anything (an engine checking whether this socket
         // file is still served, see `stale`) is not a failed request.
-        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(error) => return Err(io("reading the request", error)),
     };
     match (authenticates, secret) {
         (0, Some(_)) => {
             tracing::warn!(%client, reason = %AuthFailure::PeerHasNoSecret, "refused an fd-passing request");
-            return refuse(&mut stream, &AuthFailure::NoLocalSecret.to_string()).await;
+            return refuse(&mut stream, &AuthFailure::NoLocalSecret.to_string())
+                .await
+                .map(|()| None);
         }
         (0, None) => {}
         (_, secret) => {
@@ -330,14 +357,16 @@ async fn serve(
         .map_err(|error| io("reading the request", error))?;
     match request {
         FETCH_FDS => {}
-        OPEN_MESSAGES => return take_ring(stream, &client, serving).await,
-        CONFIRM_IPC => return confirm(stream, serving).await,
+        OPEN_MESSAGES => return take_ring(stream, &client, serving).await.map(|()| None),
+        CONFIRM_IPC => return confirm(stream, serving).await.map(|()| None),
+        STAGE => return stage(stream, serving).await,
         other => {
             return refuse(
                 &mut stream,
-                &format!("request {other} is none of {FETCH_FDS} (descriptors), {OPEN_MESSAGES} (a message ring) and {CONFIRM_IPC} (an IPC handle); are both engines the same ferry version?"),
+                &format!("request {other} is none of {FETCH_FDS} (descriptors), {OPEN_MESSAGES} (a message ring), {CONFIRM_IPC} (an IPC handle) and {STAGE} (a staging session); are both engines the same ferry version?"),
             )
             .await
+            .map(|()| None)
         }
     }
     let addr = stream
@@ -350,11 +379,40 @@ async fn serve(
             .await
             .map_err(ServeFailure::ExportStopped)?
     };
-    match exported {
+    let answered = match exported {
         Ok(fds) => send_fds(&stream, &fds)
             .await
             .map_err(|error| io("sending the descriptors", error)),
         Err(refused) => refuse(&mut stream, &refused.to_string()).await,
+    };
+    answered.map(|()| None)
+}
+
+/// Starts a staging session for the `cudaMalloc` buffer the client names, when a session slot
+/// is free, the buffer is registered and its GPU gives the staging memory; refuses otherwise.
+async fn stage(
+    mut stream: UnixStream,
+    serving: &Serving,
+) -> Result<Option<OwnerSession>, ServeFailure> {
+    let io = |error| ServeFailure::io("reading the staging request", error);
+    let buffer = stream.read_u64_le().await.map_err(io)?;
+    let bytes = stream.read_u64_le().await.map_err(io)?;
+    let Ok(slot) = Arc::clone(&serving.staging).try_acquire_owned() else {
+        return refuse(
+            &mut stream,
+            &format!(
+                "this engine already serves its maximum of {MAX_STAGING_SESSIONS} staging sessions"
+            ),
+        )
+        .await
+        .map(|()| None);
+    };
+    let Some(vouched) = serving.vouched.upgrade() else {
+        return Ok(None);
+    };
+    match OwnerSession::start(stream, vouched, buffer, bytes, slot).await {
+        Ok(session) => Ok(Some(session)),
+        Err((mut stream, reason)) => refuse(&mut stream, &reason).await.map(|()| None),
     }
 }
 
@@ -447,7 +505,7 @@ async fn confirm(mut stream: UnixStream, serving: &Serving) -> Result<(), ServeF
     stream.read_exact(&mut handle).await.map_err(io)?;
     let answer = serving.vouched.upgrade().map_or(NOT_REGISTERED, |vouched| {
         vouched.with(addr, |exported| match exported {
-            Some(exported) if exported.0 == handle => 0,
+            Some(exported) if exported.handle.0 == handle => 0,
             Some(_) => DISOWNED,
             None => NOT_REGISTERED,
         })
@@ -523,6 +581,9 @@ enum ServeFailure {
     /// The task that exports the descriptors ended without an answer.
     #[error("exporting the descriptors stopped: {0}")]
     ExportStopped(tokio::task::JoinError),
+    /// A staging session ended on a failure.
+    #[error("a staging session ended: {0}")]
+    Staging(#[from] crate::staging::SessionEnded),
 }
 
 impl ServeFailure {

@@ -585,3 +585,59 @@ async fn a_ring_handed_to_a_sleeping_thread_is_read_at_once() {
     }
     assert_eq!(server.readers.threads(), 1);
 }
+
+/// The refusal `open_staging` met, or a panic naming what it got instead.
+async fn staging_refusal(server: &FdServer, buffer: u64, secret: Option<&Secret>) -> String {
+    match open_staging(&server.address(), buffer, 256 << 20, secret).await {
+        Err(ImportError::Refused { reason }) => reason,
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a staging session opened for the buffer at {buffer:#x}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_is_refused_for_a_buffer_that_is_not_registered_or_without_the_secret() {
+    let server = server(Some(secret("a")));
+    let reason = staging_refusal(&server, 0x1000, Some(&secret("a"))).await;
+    assert!(
+        reason.contains("no cudaMalloc buffer is registered at 0x1000"),
+        "{reason}"
+    );
+    // A deregistered buffer is refused the same way.
+    let vouched = server.vouch(
+        0x1000,
+        Vouch {
+            handle: ferry_core::cuda::IpcHandle([1; 64]),
+            ordinal: 0,
+            len: 4096,
+        },
+    );
+    drop(vouched);
+    let reason = staging_refusal(&server, 0x1000, Some(&secret("a"))).await;
+    assert!(reason.contains("no cudaMalloc buffer"), "{reason}");
+    // Without the secret nothing is allocated: the request is refused before it is read.
+    let refused = open_staging(&server.address(), 0x1000, 256 << 20, None).await;
+    assert!(
+        refused.is_err(),
+        "a staging session opened without the secret"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_for_a_registered_buffer_on_a_gpu_that_cannot_give_it_is_refused_with_the_cause() {
+    // Without a GPU (the build machine) the staging allocation fails; with one, GPU 7 is not
+    // there. Either way the peer hears why, and the slot is given back for the next request.
+    let server = server(None);
+    let _vouched = server.vouch(
+        0x2000,
+        Vouch {
+            handle: ferry_core::cuda::IpcHandle([2; 64]),
+            ordinal: 7,
+            len: 4096,
+        },
+    );
+    for _ in 0..MAX_STAGING_SESSIONS + 1 {
+        let reason = staging_refusal(&server, 0x2000, None).await;
+        assert!(reason.contains("staging on GPU 7 failed"), "{reason}");
+    }
+}

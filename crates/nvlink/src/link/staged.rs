@@ -1,0 +1,263 @@
+//! Copies to and from a peer's `cudaMalloc` memory that does not map into this process,
+//! through the staging buffer the peer hands over ([`crate::staging`]): this GPU's copies go
+//! into or out of the staging buffer, the peer's into or out of its memory, a slot at a time.
+
+use super::*;
+use crate::staging::{plan_chunks, Chunk, Piece, StageEntry, StageOp, StagingSession, SLOTS};
+use ferry_core::cuda::VmmMapping;
+
+/// The staging session of one local GPU with the peer, opened at its first staged transfer;
+/// one staged transfer at a time uses it.
+pub(super) type StagingSlot = Arc<tokio::sync::Mutex<Option<StagingSession>>>;
+
+impl NvlinkLink {
+    /// Whether GPU `ordinal` reaches the peer's `cudaMalloc` memory only through staging: its
+    /// trial mapping failed and a trial staging session worked.
+    pub(super) fn stages(&self, ordinal: u32) -> bool {
+        self.trials
+            .as_ref()
+            .is_some_and(|trials| trials.stages(ordinal, self.instance))
+    }
+
+    /// Whether some of `remotes` is `cudaMalloc` memory that GPU `ordinal` reaches only
+    /// through staging.
+    pub(super) fn any_staged<'a>(
+        &self,
+        ordinal: u32,
+        mut remotes: impl Iterator<Item = &'a Arc<BufferDescriptor>>,
+    ) -> Result<bool> {
+        if !self.stages(ordinal) {
+            return Ok(false);
+        }
+        remotes.try_fold(false, |any, remote| Ok(any || self.is_ipc(remote)?))
+    }
+
+    /// Takes out of `ops` (of GPU `ordinal`, among `all`) those that go through staging.
+    pub(super) fn take_staged<'a>(
+        &self,
+        all: &TransferOps,
+        ordinal: u32,
+        ops: &mut Vec<&'a TransferOp>,
+    ) -> Result<Vec<&'a TransferOp>> {
+        if !self.stages(ordinal) {
+            return Ok(Vec::new());
+        }
+        let mut last: Option<(*const BufferDescriptor, bool)> = None;
+        let mut staged = Vec::new();
+        let mut direct = Vec::with_capacity(ops.len());
+        for op in ops.drain(..) {
+            let remote = all.remote(op);
+            let ipc = match last {
+                Some((key, ipc)) if key == Arc::as_ptr(remote) => ipc,
+                _ => {
+                    let ipc = self.is_ipc(remote)?;
+                    last = Some((Arc::as_ptr(remote), ipc));
+                    ipc
+                }
+            };
+            match ipc {
+                true => staged.push(op),
+                false => direct.push(op),
+            }
+        }
+        *ops = direct;
+        Ok(staged)
+    }
+
+    /// Whether `remote` is `cudaMalloc` memory, shared by IPC handle.
+    fn is_ipc(&self, remote: &BufferDescriptor) -> Result<bool> {
+        match GpuExport::of(remote, self.transport) {
+            Ok(export) => Ok(matches!(export, Some(GpuExport::CudaIpc { .. }))),
+            Err(violation) => Err(self.fail(violation)),
+        }
+    }
+
+    /// Moves `ops` (of GPU `ordinal`, among `all`) through the peer's staging buffer: the
+    /// writes, then the reads.
+    pub(super) async fn move_staged(
+        &self,
+        all: &TransferOps,
+        ordinal: u32,
+        ops: &[&TransferOp],
+    ) -> Result<()> {
+        let Some(first) = ops.first() else {
+            return Ok(());
+        };
+        let lane = self.lane(ordinal)?;
+        let reaches =
+            lane.kernels.is_some() && self.kernel_reaches(&lane, ordinal, all.remote(first));
+        let slot = self.staging_slot(ordinal);
+        let mut held = slot.lock().await;
+        // Taken out while in use: a transfer that fails or is dropped half-way leaves no
+        // session with answers still owed behind, and the next one opens a fresh one.
+        let mut session = match held.take() {
+            Some(session) => session,
+            None => StagingSession::open(
+                &self.socket,
+                all.remote(first).addr,
+                ordinal,
+                self.secret.as_ref(),
+            )
+            .await
+            .map_err(|error| {
+                self.refused(&format!(
+                    "opening a staging session with the peer failed: {error}"
+                ))
+            })?,
+        };
+        let slot_len = session.staging().len() as u64 / SLOTS;
+        for direction in [Direction::Write, Direction::Read] {
+            let pieces = ops
+                .iter()
+                .filter(|op| op.direction == direction)
+                .map(|op| Piece {
+                    local: op.local_addr,
+                    buffer: all.remote(op).addr,
+                    remote: op.remote_addr,
+                    len: op.len,
+                });
+            let chunks = plan_chunks(pieces, slot_len, SLOTS);
+            match direction {
+                Direction::Write => {
+                    self.staged_writes(&lane, &mut session, &chunks, reaches)
+                        .await?
+                }
+                Direction::Read => {
+                    self.staged_reads(&lane, &mut session, &chunks, reaches)
+                        .await?
+                }
+            }
+        }
+        *held = Some(session);
+        self.still_alive()
+    }
+
+    /// Copies each chunk into its slot, then has the peer scatter it, while the next chunk is
+    /// copied into the next slot.
+    async fn staged_writes(
+        &self,
+        lane: &Arc<GpuLane>,
+        session: &mut StagingSession,
+        chunks: &[Chunk],
+        reaches: bool,
+    ) -> Result<()> {
+        for chunk in chunks {
+            while session.unanswered() as u64 >= SLOTS {
+                session
+                    .answer()
+                    .await
+                    .map_err(|error| self.staging_failed(error))?;
+            }
+            let base = session.staging().base();
+            let copies: Vec<plan::Copy> = chunk
+                .pieces
+                .iter()
+                .map(|(piece, at)| plan::Copy {
+                    src: piece.local,
+                    dst: base + at,
+                    len: piece.len,
+                    kernel_reaches: reaches,
+                })
+                .collect();
+            self.copy_staged(lane, &copies, Arc::clone(session.staging()))
+                .await?;
+            session
+                .send(StageOp::Scatter, &entries(chunk))
+                .await
+                .map_err(|error| self.staging_failed(error))?;
+        }
+        while session.unanswered() > 0 {
+            session
+                .answer()
+                .await
+                .map_err(|error| self.staging_failed(error))?;
+        }
+        Ok(())
+    }
+
+    /// Has the peer gather up to [`SLOTS`] chunks ahead, and copies each out of its slot once
+    /// gathered.
+    async fn staged_reads(
+        &self,
+        lane: &Arc<GpuLane>,
+        session: &mut StagingSession,
+        chunks: &[Chunk],
+        reaches: bool,
+    ) -> Result<()> {
+        let mut asked = 0;
+        for (index, chunk) in chunks.iter().enumerate() {
+            while asked < chunks.len() && (asked as u64) < index as u64 + SLOTS {
+                session
+                    .send(StageOp::Gather, &entries(&chunks[asked]))
+                    .await
+                    .map_err(|error| self.staging_failed(error))?;
+                asked += 1;
+            }
+            session
+                .answer()
+                .await
+                .map_err(|error| self.staging_failed(error))?;
+            let base = session.staging().base();
+            let copies: Vec<plan::Copy> = chunk
+                .pieces
+                .iter()
+                .map(|(piece, at)| plan::Copy {
+                    src: base + at,
+                    dst: piece.local,
+                    len: piece.len,
+                    kernel_reaches: reaches,
+                })
+                .collect();
+            self.copy_staged(lane, &copies, Arc::clone(session.staging()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `copies` between this GPU's memory and the staging buffer, which `staging` keeps
+    /// mapped until they finished.
+    async fn copy_staged(
+        &self,
+        lane: &Arc<GpuLane>,
+        copies: &[plan::Copy],
+        staging: Arc<VmmMapping>,
+    ) -> Result<()> {
+        let launches = plan::launches(
+            copies,
+            self.config.copy_path,
+            Driver::get().has_batched_copies(),
+            lane.copy_streams(),
+            lane.pieces(&self.config),
+        );
+        let work = launches
+            .into_iter()
+            .map(|launch| (0, Work::Copies(launch)))
+            .collect();
+        self.run(vec![Arc::clone(lane)], work, staging).await
+    }
+
+    /// The staging session of GPU `ordinal`.
+    fn staging_slot(&self, ordinal: u32) -> StagingSlot {
+        Arc::clone(self.staging.lock().entry(ordinal).or_default())
+    }
+
+    fn staging_failed(&self, error: crate::staging::SessionEnded) -> Error {
+        self.refused(&format!(
+            "a staged copy through the peer's staging buffer failed: {error}"
+        ))
+    }
+}
+
+/// What the owner copies for `chunk`.
+fn entries(chunk: &Chunk) -> Vec<StageEntry> {
+    chunk
+        .pieces
+        .iter()
+        .map(|(piece, at)| StageEntry {
+            buffer: piece.buffer,
+            addr: piece.remote,
+            staging: *at,
+            len: piece.len,
+        })
+        .collect()
+}

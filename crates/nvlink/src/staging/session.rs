@@ -1,0 +1,128 @@
+//! The initiator's end of a staging session: the owner's staging buffer mapped here, and the
+//! requests sent to it, whose answers come back in order.
+
+use super::wire::{self, StageEntry, StageOp, DONE, FAILED, MAX_REASON_BYTES};
+use super::{SessionEnded, ANSWER_TIMEOUT, MIN_STAGING_BYTES, STAGING_BYTES};
+use crate::fd_passing::{open_staging, FdSocket, ImportError};
+use ferry_core::auth::Secret;
+use ferry_core::cuda::{AllocationHandle, Context, VmmMapping};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// A staging session with one peer engine on one of its GPUs, mapped into one local GPU.
+pub(crate) struct StagingSession {
+    stream: UnixStream,
+    /// The owner's staging buffer, mapped here; shared with the copies that use it, which keep
+    /// it mapped until they finished.
+    staging: Arc<VmmMapping>,
+    /// Requests sent whose answers were not read yet.
+    unanswered: usize,
+    /// The last request's bytes, kept for its allocation.
+    request: Vec<u8>,
+}
+
+impl StagingSession {
+    /// Opens a session with the engine behind fd socket `socket` for its `cudaMalloc` buffer
+    /// registered at `buffer`, and maps the staging buffer into GPU `ordinal` here.
+    ///
+    /// # Errors
+    /// The [`ImportError`] that says why the owner could not be asked, refused, or its
+    /// staging could not be mapped.
+    pub(crate) async fn open(
+        socket: &FdSocket,
+        buffer: u64,
+        ordinal: u32,
+        secret: Option<&Secret>,
+    ) -> Result<StagingSession, ImportError> {
+        let (stream, fd, len) = open_staging(socket, buffer, STAGING_BYTES, secret).await?;
+        if !(MIN_STAGING_BYTES..=STAGING_BYTES).contains(&len) {
+            return Err(ImportError::Refused {
+                reason: format!(
+                    "the peer gave {len} bytes of staging, not {MIN_STAGING_BYTES} to {STAGING_BYTES}"
+                ),
+            });
+        }
+        let context = Context::get(ordinal).map_err(ferry_core::Error::from)?;
+        // The driver refuses a length past what the allocation holds, so the owner's word for
+        // it cannot make this mapping larger than its memory.
+        let staging = AllocationHandle::import_fd(&fd)
+            .map_err(ferry_core::Error::from)
+            .and_then(|handle| VmmMapping::map(context, vec![(handle, len as usize)]))?;
+        Ok(StagingSession {
+            stream,
+            staging: Arc::new(staging),
+            unanswered: 0,
+            request: Vec::new(),
+        })
+    }
+
+    /// The staging buffer as mapped here.
+    pub(crate) fn staging(&self) -> &Arc<VmmMapping> {
+        &self.staging
+    }
+
+    /// Requests sent and not answered yet.
+    pub(crate) fn unanswered(&self) -> usize {
+        self.unanswered
+    }
+
+    /// Asks the owner to carry out `op` over `entries`; its answer is read by [`Self::answer`].
+    pub(crate) async fn send(
+        &mut self,
+        op: StageOp,
+        entries: &[StageEntry],
+    ) -> Result<(), SessionEnded> {
+        self.request.clear();
+        wire::encode_request(op, entries, &mut self.request);
+        self.stream
+            .write_all(&self.request)
+            .await
+            .map_err(SessionEnded::io("sending a request on"))?;
+        self.unanswered += 1;
+        Ok(())
+    }
+
+    /// Reads the answer to the oldest request not answered yet: `Ok` once the owner's copy
+    /// of it has finished.
+    ///
+    /// # Errors
+    /// [`SessionEnded::Refused`] with the owner's reason, [`SessionEnded::TimedOut`], or the
+    /// socket's failure; the session is of no further use after any of them.
+    pub(crate) async fn answer(&mut self) -> Result<(), SessionEnded> {
+        let read = async {
+            let status = self
+                .stream
+                .read_u8()
+                .await
+                .map_err(SessionEnded::io("reading an answer from"))?;
+            match status {
+                DONE => Ok(()),
+                FAILED => {
+                    let len = self
+                        .stream
+                        .read_u32_le()
+                        .await
+                        .map_err(SessionEnded::io("reading an answer from"))?
+                        .min(MAX_REASON_BYTES);
+                    let mut reason = vec![0u8; len as usize];
+                    self.stream
+                        .read_exact(&mut reason)
+                        .await
+                        .map_err(SessionEnded::io("reading an answer from"))?;
+                    Err(SessionEnded::Refused(
+                        String::from_utf8_lossy(&reason).into_owned(),
+                    ))
+                }
+                other => Err(SessionEnded::Refused(format!(
+                    "its answer began with {other}, neither {DONE} (done) nor {FAILED} (failed)"
+                ))),
+            }
+        };
+        let answered = tokio::time::timeout(ANSWER_TIMEOUT, read)
+            .await
+            .unwrap_or(Err(SessionEnded::TimedOut));
+        self.unanswered = self.unanswered.saturating_sub(1);
+        answered
+    }
+}
