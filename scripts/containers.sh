@@ -160,13 +160,14 @@ run_case() {
     grep -q 'notifications to this peer go over the control connection' \
       "$case_dir/prefill.err" "$case_dir/decode.err" && notify=tcp
     # What the socket-directory rows must show: with a secret (or one user) the directory
-    # carries VMM memory and notifications; users that differ without a secret share nothing.
+    # carries VMM memory, cudaMalloc memory (mapped, or through the owner's staging where the
+    # PIDs clash) and notifications; users that differ without a secret share nothing.
     local must_transport="" must_notify=""
     case $layout in
       pod-dir-secret | pod-dir-same-uid | pod-dir-secret-pid2 | pod-dir-restart | uid-secret) must_notify=ring
-        [ "$memory" = vmm ] && must_transport=nvlink ;;
+        [ "$memory" != host ] && must_transport=nvlink ;;
       pod-dir) must_notify=tcp
-        [ "$memory" = vmm ] && must_transport=tcp ;;
+        [ "$memory" != host ] && must_transport=tcp ;;
     esac
     if [ "$prefill_status" -ne 0 ] || [ "$decode_status" -ne 0 ] || [ "$verified" != true ]; then
       reason="prefill exit $prefill_status, decode exit $decode_status; $reason"

@@ -94,6 +94,12 @@ bench() {
   step "ferry bench, a notification per request" timeout 300 "$here/ferry" bench \
     --notify-requests --prefill-gpu 0 --decode-gpu "$decode" \
     --workloads kv-llama70b-4k,kv-llama70b-4k-runs,blocks-1m --json "$logs/bench-notify.json"
+  # The decode process's cudaMalloc memory through the staging buffers its engine hands over
+  # by file descriptor (as between two pods whose servers have equal PIDs), against the same
+  # rows mapped directly in the first step.
+  step "ferry bench, cudaMalloc through staging" timeout 300 "$here/ferry" bench \
+    --stage-cuda-malloc --prefill-gpu 0 --decode-gpu "$decode" \
+    --workloads contiguous,kv-llama70b-4k,blocks-1m --json "$logs/bench-staged.json"
 }
 
 # What submitting a batch costs this machine's host (benches/submit.rs, no GPU involved): the

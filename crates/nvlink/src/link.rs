@@ -67,8 +67,8 @@ pub(crate) struct NvlinkLink {
     /// What trying found for the peer's memory, which says where its `cudaMalloc` memory goes
     /// through staging; `None` for a link that never stages (mnnvl's).
     trials: Option<Arc<Trials>>,
-    /// The staging session of each local GPU, by ordinal.
-    staging: Mutex<HashMap<u32, StagingSlot>>,
+    /// The staging session of each local GPU (by ordinal) with each GPU of the peer.
+    staging: Mutex<HashMap<(u32, ferry_core::cuda::GpuId), StagingSlot>>,
 }
 
 /// Why a link sends its notifications over TCP instead of a shared-memory message ring.

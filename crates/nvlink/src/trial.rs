@@ -237,8 +237,9 @@ impl Trials {
     }
 }
 
-/// What lets `cudaMalloc` memory cross between two processes on one host whose PIDs, each as
-/// its own PID namespace numbers it, are equal (CUDA refuses IPC handles between them), as the
+/// What lets `cudaMalloc` memory map directly between two processes on one host whose PIDs,
+/// each as its own PID namespace numbers it, are equal (CUDA refuses IPC handles between them,
+/// and the memory otherwise goes through the owner's staging buffers, or TCP), as the
 /// mapping's warning and `ferry probe --peer` name it.
 pub const PID_CLASH_REMEDIES: &str = "share one PID namespace (hostPID, or \
     shareProcessNamespace in one pod), run one of the two servers under an init that stays PID 1 \

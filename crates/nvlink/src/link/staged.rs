@@ -4,10 +4,10 @@
 
 use super::*;
 use crate::staging::{plan_chunks, Chunk, Piece, StageEntry, StageOp, StagingSession, SLOTS};
-use ferry_core::cuda::VmmMapping;
+use ferry_core::cuda::{GpuId, VmmMapping};
 
-/// The staging session of one local GPU with the peer, opened at its first staged transfer;
-/// one staged transfer at a time uses it.
+/// The staging session of one local GPU with one GPU of the peer, opened at its first staged
+/// transfer; one staged transfer at a time uses it.
 pub(super) type StagingSlot = Arc<tokio::sync::Mutex<Option<StagingSession>>>;
 
 impl NvlinkLink {
@@ -72,12 +72,38 @@ impl NvlinkLink {
         }
     }
 
-    /// Moves `ops` (of GPU `ordinal`, among `all`) through the peer's staging buffer: the
-    /// writes, then the reads.
+    /// Moves `ops` (of GPU `ordinal`, among `all`) through the peer's staging buffers, one
+    /// session per GPU of the peer.
     pub(super) async fn move_staged(
         &self,
         all: &TransferOps,
         ordinal: u32,
+        ops: &[&TransferOp],
+    ) -> Result<()> {
+        // Usually one GPU of the peer: a short list beats a map here.
+        let mut by_owner_gpu: Vec<(GpuId, Vec<&TransferOp>)> = Vec::new();
+        for op in ops {
+            let Location::Device { gpu, .. } = all.remote(op).location else {
+                return Err(self.refused("the peer's buffer of a staged op is not GPU memory"));
+            };
+            match by_owner_gpu.iter_mut().find(|(owner, _)| *owner == gpu) {
+                Some((_, owner_ops)) => owner_ops.push(op),
+                None => by_owner_gpu.push((gpu, vec![op])),
+            }
+        }
+        for (gpu, owner_ops) in by_owner_gpu {
+            self.move_staged_on(all, ordinal, gpu, &owner_ops).await?;
+        }
+        Ok(())
+    }
+
+    /// Moves `ops` (of GPU `ordinal`, among `all`, into or out of the peer's GPU `owner_gpu`)
+    /// through that GPU's staging buffer: the writes, then the reads.
+    async fn move_staged_on(
+        &self,
+        all: &TransferOps,
+        ordinal: u32,
+        owner_gpu: GpuId,
         ops: &[&TransferOp],
     ) -> Result<()> {
         let Some(first) = ops.first() else {
@@ -86,7 +112,7 @@ impl NvlinkLink {
         let lane = self.lane(ordinal)?;
         let reaches =
             lane.kernels.is_some() && self.kernel_reaches(&lane, ordinal, all.remote(first));
-        let slot = self.staging_slot(ordinal);
+        let slot = self.staging_slot(ordinal, owner_gpu);
         let mut held = slot.lock().await;
         // Taken out while in use: a transfer that fails or is dropped half-way leaves no
         // session with answers still owed behind, and the next one opens a fresh one.
@@ -236,9 +262,9 @@ impl NvlinkLink {
         self.run(vec![Arc::clone(lane)], work, staging).await
     }
 
-    /// The staging session of GPU `ordinal`.
-    fn staging_slot(&self, ordinal: u32) -> StagingSlot {
-        Arc::clone(self.staging.lock().entry(ordinal).or_default())
+    /// The staging session of local GPU `ordinal` with the peer's GPU `owner_gpu`.
+    fn staging_slot(&self, ordinal: u32, owner_gpu: GpuId) -> StagingSlot {
+        Arc::clone(self.staging.lock().entry((ordinal, owner_gpu)).or_default())
     }
 
     fn staging_failed(&self, error: crate::staging::SessionEnded) -> Error {
