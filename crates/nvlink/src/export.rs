@@ -119,12 +119,9 @@ pub(crate) fn export_local(
         let (export, handle) = export_ipc(addr, len, &pointer)?;
         // Peers confirm the handle with this engine before they map it; without the fd
         // socket only peers with the secret (whose descriptors are signed) will.
-        let vouch = |handle| Vouch {
-            handle,
-            ordinal: pointer.ordinal,
-            len,
-        };
-        let guard = fds.map(|server| Box::new(server.vouch(addr, vouch(handle))) as ExportGuard);
+        let guard = fds.map(|server| {
+            Box::new(server.vouch(addr, Vouch::new(handle, pointer.ordinal, len))) as ExportGuard
+        });
         return Ok(Some((export, guard)));
     }
     if pointer.handle_types & POSIX_FD_HANDLE != 0 {

@@ -248,16 +248,19 @@ mod tests {
     fn server(secret: Option<Secret>) -> FdServer {
         let runtime = tokio::runtime::Handle::current();
         let (inbox, _) = InboxHandle::standalone(4, 1 << 20, runtime.clone());
-        FdServer::start(InstanceId::random().unwrap(), secret, &runtime, inbox).unwrap()
+        FdServer::start(
+            InstanceId::random().unwrap(),
+            secret,
+            &runtime,
+            inbox,
+            crate::NvlinkConfig::default(),
+        )
+        .unwrap()
     }
 
     /// What an export of a 4 KiB buffer on GPU 0 with `handle` vouches for.
     fn vouch(handle: IpcHandle) -> crate::fd_passing::Vouch {
-        crate::fd_passing::Vouch {
-            handle,
-            ordinal: 0,
-            len: 4096,
-        }
+        crate::fd_passing::Vouch::new(handle, 0, 4096)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -223,11 +223,13 @@ impl NvlinkLink {
                 None => by_gpu.push((ordinal, vec![op])),
             }
         }
-        // The staged part first, so that a notification riding on the direct copies' launch
-        // is published after every byte.
+        // The peer's cudaMalloc memory that maps here only through its staging buffers.
+        let mut staged = Vec::new();
         for (ordinal, gpu_ops) in &mut by_gpu {
-            let staged = self.take_staged(&ops, *ordinal, gpu_ops)?;
-            self.move_staged(&ops, *ordinal, &staged).await?;
+            let through = self.take_staged(&ops, *ordinal, gpu_ops)?;
+            if !through.is_empty() {
+                staged.push((*ordinal, through));
+            }
         }
         by_gpu.retain(|(_, gpu_ops)| !gpu_ops.is_empty());
         for (ordinal, gpu_ops) in &by_gpu {
@@ -257,6 +259,12 @@ impl NvlinkLink {
             lanes.push(lane);
         }
         drop(by_gpu);
+        // Staged after every check of the direct part, and before its copies, so that a
+        // notification riding on the direct copies' launch is published after every byte.
+        for (ordinal, through) in &staged {
+            self.move_staged(&ops, *ordinal, through).await?;
+        }
+        drop(staged);
         self.run_with(lanes, work, (ops, held), payload).await
     }
 

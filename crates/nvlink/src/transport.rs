@@ -157,6 +157,7 @@ impl Transport for NvlinkTransport {
             engine.secret.clone(),
             &engine.runtime,
             engine.inbox.clone(),
+            self.config,
         )
         .inspect_err(|error| {
             tracing::warn!(%error, "opening the fd-passing socket failed; VMM GPU memory cannot be shared, and notifications from this host's peers come over TCP");

@@ -36,8 +36,14 @@ fn served_dir() -> (tempfile::TempDir, SocketDir) {
 fn server_in(dir: &SocketDir, secret: Option<Secret>) -> (FdServer, Notifications) {
     let runtime = tokio::runtime::Handle::current();
     let (inbox, notifications) = InboxHandle::standalone(16, 1 << 20, runtime.clone());
-    let mut server =
-        FdServer::start(InstanceId::random().unwrap(), secret, &runtime, inbox).unwrap();
+    let mut server = FdServer::start(
+        InstanceId::random().unwrap(),
+        secret,
+        &runtime,
+        inbox,
+        crate::NvlinkConfig::default(),
+    )
+    .unwrap();
     server.serve_in(dir).unwrap();
     (server, notifications)
 }

@@ -63,6 +63,7 @@ mod socket_file;
 mod stale;
 #[cfg(test)]
 mod tests;
+mod vouched;
 
 pub(crate) use address::FdSocket;
 pub(crate) use client::{confirm_ipc, fetch_fds, open_messages, open_staging};
@@ -70,7 +71,8 @@ pub(crate) use dir::{
     configured as configured_socket_dir, socket_file_name, SocketDir, MAX_SOCKET_PATH,
 };
 pub use dir::{SocketDirError, SOCKET_DIR_ENV};
-pub(crate) use server::{FdServer, Share, Vouch, Vouched};
+pub(crate) use server::{FdServer, Share};
+pub(crate) use vouched::{InUse, Vouch, Vouched};
 
 use ferry_core::{AuthFailure, InstanceId};
 use rustix::net::{

@@ -5,11 +5,13 @@ use super::credentials::admits;
 use super::dir::{SocketDir, SocketDirError};
 use super::registered::{ByAddress, Held};
 use super::socket_file::SocketFile;
+use super::vouched::{Vouch, VouchGuard, Vouched};
 use super::*;
+use crate::config::NvlinkConfig;
 use crate::messages::{Incoming, RingReaders, RingSlot};
-use crate::staging::OwnerSession;
+use crate::staging::{OwnerServing, OwnerSession};
 use ferry_core::auth::Secret;
-use ferry_core::cuda::{AllocationHandle, Context, IpcHandle, IPC_HANDLE_LEN};
+use ferry_core::cuda::{AllocationHandle, Context, IPC_HANDLE_LEN};
 use ferry_core::telemetry::Throttle;
 use ferry_core::{AuthFailure, InboxHandle, InstanceId};
 use rustix::net::SendFlags;
@@ -31,19 +33,6 @@ pub(crate) struct Share {
 
 /// Shares by the address the buffer was registered at.
 type Shares = ByAddress<Share>;
-
-/// What this engine exported for one registered `cudaMalloc` buffer.
-pub(crate) struct Vouch {
-    /// The CUDA IPC handle of its allocation, which peers confirm before they map it.
-    pub(crate) handle: IpcHandle,
-    /// The GPU it lives on.
-    pub(crate) ordinal: u32,
-    /// The registered bytes from the buffer's address: what a staging session may copy.
-    pub(crate) len: u64,
-}
-
-/// The `cudaMalloc` buffers this engine exported, by the address they were registered at.
-pub(crate) type Vouched = ByAddress<Vouch>;
 
 /// This engine's fd-passing socket, served on the engine's runtime: its abstract socket and,
 /// once [`Self::serve_in`] bound one, its file in a socket directory.
@@ -82,14 +71,15 @@ impl std::fmt::Debug for FdServer {
 impl FdServer {
     /// Binds engine `owner`'s socket and serves it on `runtime` until the server is dropped;
     /// with `secret`, only to clients that prove it. Messages from rings handed to it go to
-    /// `inbox`.
+    /// `inbox`; staging sessions copy as `config` lets the engine's copies use the GPU.
     pub(crate) fn start(
         owner: InstanceId,
         secret: Option<Secret>,
         runtime: &tokio::runtime::Handle,
         inbox: InboxHandle,
+        config: NvlinkConfig,
     ) -> std::io::Result<FdServer> {
-        Self::start_with_rings(owner, secret, runtime, inbox, MAX_RINGS)
+        Self::start_with_rings(owner, secret, runtime, inbox, config, MAX_RINGS)
     }
 
     /// [`Self::start`], reading at most `max_rings` message rings at once.
@@ -98,6 +88,7 @@ impl FdServer {
         secret: Option<Secret>,
         runtime: &tokio::runtime::Handle,
         inbox: InboxHandle,
+        config: NvlinkConfig,
         max_rings: usize,
     ) -> std::io::Result<FdServer> {
         let name = fd_socket_name(owner);
@@ -124,6 +115,7 @@ impl FdServer {
             max_rings,
             open: Arc::new(tokio::sync::Semaphore::new(MAX_SERVING)),
             staging: Arc::new(tokio::sync::Semaphore::new(MAX_STAGING_SESSIONS)),
+            config,
             warnings: Arc::new(Throttle::new(WARN_EVERY)),
             stopped,
         };
@@ -199,8 +191,8 @@ impl FdServer {
     /// Confirms `vouch`'s handle as the IPC handle of the buffer registered at `addr`, to
     /// peers that ask before mapping it, and lets staging sessions copy its bytes, until the
     /// guard drops.
-    pub(crate) fn vouch(&self, addr: u64, vouch: Vouch) -> Held<Vouch> {
-        self.vouched.insert(addr, vouch)
+    pub(crate) fn vouch(&self, addr: u64, vouch: Vouch) -> VouchGuard {
+        VouchGuard::insert(&self.vouched, addr, vouch)
     }
 
     /// Shares the allocations of the buffer registered at `addr` until the guard drops.
@@ -226,6 +218,8 @@ struct Serving {
     open: Arc<tokio::sync::Semaphore>,
     /// Staging sessions served at once, over all listeners.
     staging: Arc<tokio::sync::Semaphore>,
+    /// How the engine's copies may use the GPU, which staging sessions' copies follow.
+    config: NvlinkConfig,
     /// Throttles the warnings of all listeners.
     warnings: Arc<Throttle>,
     /// Changes (closes) when the server drops: the listeners stop.
@@ -408,9 +402,17 @@ async fn stage(
         .map(|()| None);
     };
     let Some(vouched) = serving.vouched.upgrade() else {
-        return Ok(None);
+        return refuse(&mut stream, "the engine is stopping")
+            .await
+            .map(|()| None);
     };
-    match OwnerSession::start(stream, vouched, buffer, bytes, slot).await {
+    let session = OwnerServing {
+        vouched,
+        stopped: serving.stopped.clone(),
+        config: serving.config,
+        slot,
+    };
+    match OwnerSession::start(stream, session, buffer, bytes).await {
         Ok(session) => Ok(Some(session)),
         Err((mut stream, reason)) => refuse(&mut stream, &reason).await.map(|()| None),
     }

@@ -33,7 +33,15 @@ fn server_with_rings(
     let owner = InstanceId::random().unwrap();
     let runtime = tokio::runtime::Handle::current();
     let (inbox, notifications) = InboxHandle::standalone(slots, 64 << 20, runtime.clone());
-    let server = FdServer::start_with_rings(owner, secret, &runtime, inbox, max_rings).unwrap();
+    let server = FdServer::start_with_rings(
+        owner,
+        secret,
+        &runtime,
+        inbox,
+        crate::NvlinkConfig::default(),
+        max_rings,
+    )
+    .unwrap();
     (server, notifications)
 }
 
@@ -606,11 +614,7 @@ async fn staging_is_refused_for_a_buffer_that_is_not_registered_or_without_the_s
     // A deregistered buffer is refused the same way.
     let vouched = server.vouch(
         0x1000,
-        Vouch {
-            handle: ferry_core::cuda::IpcHandle([1; 64]),
-            ordinal: 0,
-            len: 4096,
-        },
+        Vouch::new(ferry_core::cuda::IpcHandle([1; 64]), 0, 4096),
     );
     drop(vouched);
     let reason = staging_refusal(&server, 0x1000, Some(&secret("a"))).await;
@@ -630,11 +634,7 @@ async fn staging_for_a_registered_buffer_on_a_gpu_that_cannot_give_it_is_refused
     let server = server(None);
     let _vouched = server.vouch(
         0x2000,
-        Vouch {
-            handle: ferry_core::cuda::IpcHandle([2; 64]),
-            ordinal: 7,
-            len: 4096,
-        },
+        Vouch::new(ferry_core::cuda::IpcHandle([2; 64]), 7, 4096),
     );
     for _ in 0..MAX_STAGING_SESSIONS + 1 {
         let reason = staging_refusal(&server, 0x2000, None).await;

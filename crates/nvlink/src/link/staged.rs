@@ -117,8 +117,8 @@ impl NvlinkLink {
         // Taken out while in use: a transfer that fails or is dropped half-way leaves no
         // session with answers still owed behind, and the next one opens a fresh one.
         let mut session = match held.take() {
-            Some(session) => session,
-            None => StagingSession::open(
+            Some(session) if !session.is_stale() => session,
+            _ => StagingSession::open(
                 &self.socket,
                 all.remote(first).addr,
                 ordinal,
@@ -267,10 +267,19 @@ impl NvlinkLink {
         Arc::clone(self.staging.lock().entry((ordinal, owner_gpu)).or_default())
     }
 
+    /// The error of a transfer whose staging session failed half-way: the peer's memory may
+    /// hold part of it.
     fn staging_failed(&self, error: crate::staging::SessionEnded) -> Error {
-        self.refused(&format!(
-            "a staged copy through the peer's staging buffer failed: {error}"
-        ))
+        match error {
+            crate::staging::SessionEnded::TimedOut => Error::Timeout {
+                what: "a staged copy on the peer's GPU".into(),
+                after: crate::staging::ANSWER_TIMEOUT,
+            },
+            error => Error::PeerGone {
+                peer: self.peer.clone(),
+                reason: format!("a staged copy through its staging buffer failed: {error}"),
+            },
+        }
     }
 }
 

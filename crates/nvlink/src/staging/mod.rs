@@ -24,7 +24,7 @@ mod session;
 mod wire;
 
 pub(crate) use chunks::{plan_chunks, Chunk, Piece};
-pub(crate) use owner::OwnerSession;
+pub(crate) use owner::{OwnerSession, Serving as OwnerServing};
 pub(crate) use session::StagingSession;
 #[cfg(any(fuzzing, test))]
 pub(crate) use wire::fuzz_request;
@@ -41,6 +41,10 @@ pub(crate) const MIN_STAGING_BYTES: u64 = 2 << 20;
 
 /// Most staging an owner gives one session.
 pub(crate) const MAX_STAGING_BYTES: u64 = 1 << 30;
+
+/// How long an initiator keeps an unused session: past it, a transfer opens a fresh one
+/// (owners end sessions idle for a minute, freeing their staging).
+pub(crate) const REUSE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long an initiator waits for the owner's answer to one request: a slot's copy takes
 /// well under a millisecond, so this only bounds an owner that stopped answering.
@@ -63,6 +67,9 @@ pub(crate) enum SessionEnded {
     /// A range the initiator named is not the owner's to copy.
     #[error("{0}")]
     NotRegistered(String),
+    /// The owner's engine is stopping.
+    #[error("the engine is stopping; its memory is not copied any more")]
+    Stopping,
     /// The owner refused or failed a request, for this reason.
     #[error("the peer did not carry out a staged copy: {0}")]
     Refused(String),

@@ -6,14 +6,16 @@ use super::wire::{self, StageEntry, StageOp, DONE, HEADER_BYTES};
 use super::{SessionEnded, MAX_STAGING_BYTES, MIN_STAGING_BYTES};
 use crate::args::ArgumentPool;
 use crate::config::NvlinkConfig;
-use crate::fd_passing::{send_fds, Vouched};
+use crate::fd_passing::{send_fds, InUse, Vouched};
 use crate::kernels::{CopyKernels, KernelShare, THREADS_PER_BLOCK};
 use crate::plan;
 use ferry_core::cuda::{
-    create_vmm, AllocationHandle, Context, Event, KernelArg, Poller, Stream, VmmMapping,
+    create_vmm, AllocationHandle, Context, CudaError, Event, KernelArg, Pollable, Poller, Stream,
+    VmmMapping,
 };
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -22,16 +24,39 @@ use tokio::sync::OwnedSemaphorePermit;
 pub(crate) struct OwnerSession {
     stream: UnixStream,
     gpu: OwnerGpu,
-    /// This engine's `cudaMalloc` registrations; the session ends once they are gone.
+    /// This engine's `cudaMalloc` registrations; a request that finds them gone ends the
+    /// session.
     vouched: Weak<Vouched>,
+    /// Changes when the fd server stops: an idle session ends then.
+    stopped: tokio::sync::watch::Receiver<()>,
     /// Held while the session runs: the fd server serves a bounded number at once.
     _slot: OwnedSemaphorePermit,
 }
+
+/// What a session needs from the fd server that serves it.
+pub(crate) struct Serving {
+    /// This engine's `cudaMalloc` registrations.
+    pub(crate) vouched: Arc<Vouched>,
+    /// Changes when the fd server stops.
+    pub(crate) stopped: tokio::sync::watch::Receiver<()>,
+    /// How the engine's copies may use the GPU (the copy kernel's grid and piece size).
+    pub(crate) config: NvlinkConfig,
+    /// The server's hold on one of its bounded session slots.
+    pub(crate) slot: OwnedSemaphorePermit,
+}
+
+/// How long a session may sit without a request before the owner ends it and frees its
+/// staging buffer; the initiator opens a fresh one for a transfer after [`super::REUSE_IDLE`].
+const SESSION_IDLE: Duration = Duration::from_secs(60);
+
+/// How long the rest of a request may take once its header arrived.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the owner copies with: the staging buffer and one stream and the copy kernels of its
 /// GPU.
 struct OwnerGpu {
     ordinal: u32,
+    config: NvlinkConfig,
     /// Freed only after `Drop` waited for the stream: a copy still queued when the session
     /// ends finishes first.
     staging: VmmMapping,
@@ -55,11 +80,16 @@ impl OwnerSession {
     /// back with the reason to refuse it with.
     pub(crate) async fn start(
         mut stream: UnixStream,
-        vouched: Arc<Vouched>,
+        serving: Serving,
         buffer: u64,
         bytes: u64,
-        slot: OwnedSemaphorePermit,
     ) -> Result<OwnerSession, (UnixStream, String)> {
+        let Serving {
+            vouched,
+            stopped,
+            config,
+            slot,
+        } = serving;
         let Some(ordinal) = vouched.with(buffer, |vouch| vouch.map(|vouch| vouch.ordinal)) else {
             return Err((
                 stream,
@@ -67,7 +97,7 @@ impl OwnerSession {
             ));
         };
         let bytes = bytes.clamp(MIN_STAGING_BYTES, MAX_STAGING_BYTES);
-        let made = tokio::task::spawn_blocking(move || OwnerGpu::new(ordinal, bytes)).await;
+        let made = tokio::task::spawn_blocking(move || OwnerGpu::new(ordinal, bytes, config)).await;
         let (gpu, fd) = match made {
             Ok(Ok(made)) => made,
             Ok(Err(error)) => {
@@ -98,19 +128,28 @@ impl OwnerSession {
             stream,
             gpu,
             vouched: Arc::downgrade(&vouched),
+            stopped,
             _slot: slot,
         })
     }
 
-    /// Carries out requests until the initiator closes the session (`Ok`) or one fails: its
-    /// reason goes to the initiator, and the session ends with it.
+    /// Carries out requests until the initiator closes the session, it sits idle for
+    /// [`SESSION_IDLE`] or the fd server stops (`Ok`), or one fails: its reason goes to the
+    /// initiator, and the session ends with it.
     pub(crate) async fn run(mut self) -> Result<(), SessionEnded> {
         loop {
             let mut head = [0u8; HEADER_BYTES];
-            match self.stream.read_exact(&mut head).await {
-                Ok(_) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(error) => return Err(SessionEnded::io("reading a request from")(error)),
+            let read = tokio::select! {
+                _ = self.stopped.changed() => return Ok(()),
+                read = tokio::time::timeout(SESSION_IDLE, self.stream.read_exact(&mut head)) => read,
+            };
+            match read {
+                Err(_) => return Ok(()),
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Ok(())
+                }
+                Ok(Err(error)) => return Err(SessionEnded::io("reading a request from")(error)),
             }
             match self.carry_out(head).await {
                 Ok(()) => self
@@ -132,36 +171,127 @@ impl OwnerSession {
     async fn carry_out(&mut self, head: [u8; HEADER_BYTES]) -> Result<(), SessionEnded> {
         let header = wire::decode_header(head)?;
         let mut bytes = vec![0u8; header.entry_bytes()];
-        self.stream
-            .read_exact(&mut bytes)
+        tokio::time::timeout(REQUEST_TIMEOUT, self.stream.read_exact(&mut bytes))
             .await
+            .map_err(|_| SessionEnded::TimedOut)?
             .map_err(SessionEnded::io("reading a request from"))?;
         let entries = wire::decode_entries(header, &bytes, self.gpu.staging.len() as u64)?;
         drop(bytes);
-        let copies = {
-            let Some(vouched) = self.vouched.upgrade() else {
-                return Err(SessionEnded::NotRegistered(
-                    "the engine is stopping; its memory is not copied any more".into(),
-                ));
-            };
-            self.gpu.copies(header.op, &entries, &vouched)?
+        let Some(vouched) = self.vouched.upgrade() else {
+            return Err(SessionEnded::Stopping);
         };
+        let staging = self.gpu.staging.base();
+        let (copies, in_use) =
+            checked_copies(header.op, &entries, staging, self.gpu.ordinal, |buffer| {
+                vouched.with(buffer, |vouch| {
+                    vouch.map(|vouch| (vouch.ordinal, vouch.len, vouch.in_use()))
+                })
+            })?;
+        drop(vouched);
         let fence = self.gpu.launch(&copies)?;
-        Poller::global().wait(fence).await?;
+        // The buffers stay counted as in use until the poller sees the copies end, even if
+        // this session stops waiting: a deregistration waits for them.
+        Poller::global()
+            .wait(CopiesDone {
+                fence,
+                _in_use: in_use,
+            })
+            .await?;
         Ok(())
     }
+}
+
+/// A request's copies on the GPU, and the holds on the buffers they touch.
+struct CopiesDone {
+    fence: Arc<Event>,
+    _in_use: Vec<InUse>,
+}
+
+impl Pollable for CopiesDone {
+    fn query(&self) -> Result<bool, CudaError> {
+        self.fence.query()
+    }
+}
+
+/// The copies of `entries` between the owner's memory and a staging buffer at `staging` on
+/// GPU `ordinal`, each owner range checked to lie inside the registered `cudaMalloc` buffer
+/// it names on that GPU; `find` gives a buffer's GPU, registered length and a hold on it
+/// (taken where it is found), or `None` where none is registered. Returns one hold per buffer
+/// named, kept until the copies end. The staging ranges were checked when the request was
+/// read.
+fn checked_copies(
+    op: StageOp,
+    entries: &[StageEntry],
+    staging: u64,
+    ordinal: u32,
+    mut find: impl FnMut(u64) -> Option<(u32, u64, InUse)>,
+) -> Result<(Vec<plan::Copy>, Vec<InUse>), SessionEnded> {
+    let mut last: Option<(u64, u64)> = None;
+    let mut in_use = Vec::new();
+    let mut copies = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let registered = match last {
+            Some((buffer, len)) if buffer == entry.buffer => len,
+            _ => {
+                let len = match find(entry.buffer) {
+                    Some((found, len, hold)) if found == ordinal => {
+                        in_use.push(hold);
+                        len
+                    }
+                    Some((found, _, _)) => return Err(SessionEnded::NotRegistered(format!(
+                        "entry {index} names the buffer at {:#x} on GPU {found}, but this session stages on GPU {ordinal}; open a session per GPU",
+                        entry.buffer
+                    ))),
+                    None => return Err(SessionEnded::NotRegistered(format!(
+                        "entry {index} names {:#x}, where no cudaMalloc buffer is registered (any more); fetch the peer's descriptor again",
+                        entry.buffer
+                    ))),
+                };
+                last = Some((entry.buffer, len));
+                len
+            }
+        };
+        let inside = entry.addr >= entry.buffer
+            && entry
+                .addr
+                .checked_add(entry.len)
+                .is_some_and(|end| end <= entry.buffer.saturating_add(registered));
+        if !inside {
+            return Err(SessionEnded::NotRegistered(format!(
+                "entry {index} names {} bytes at {:#x}, outside the {registered} bytes registered at {:#x}",
+                entry.len, entry.addr, entry.buffer
+            )));
+        }
+        let staged = staging + entry.staging;
+        let (src, dst) = match op {
+            StageOp::Gather => (entry.addr, staged),
+            StageOp::Scatter => (staged, entry.addr),
+        };
+        copies.push(plan::Copy {
+            dst,
+            src,
+            len: entry.len,
+            kernel_reaches: true,
+        });
+    }
+    Ok((copies, in_use))
 }
 
 impl OwnerGpu {
     /// A staging buffer of `bytes` on GPU `ordinal`, its descriptor, and what copies into and
     /// out of it.
-    fn new(ordinal: u32, bytes: u64) -> ferry_core::Result<(OwnerGpu, OwnedFd)> {
+    fn new(
+        ordinal: u32,
+        bytes: u64,
+        config: NvlinkConfig,
+    ) -> ferry_core::Result<(OwnerGpu, OwnedFd)> {
         let context = Context::get(ordinal)?;
         let staging = create_vmm(Arc::clone(&context), bytes as usize, 1)?;
         let fd = AllocationHandle::retain(staging.base())?.export_fd()?;
         let kernels = CopyKernels::of(&context)?.share();
         let gpu = OwnerGpu {
             ordinal,
+            config,
             stream: Stream::new(Arc::clone(&context))?,
             args: ArgumentPool::new(context),
             staging,
@@ -170,73 +300,14 @@ impl OwnerGpu {
         Ok((gpu, fd))
     }
 
-    /// The copies of `entries`, each owner range checked to lie in a `cudaMalloc` buffer this
-    /// engine registered on the staging buffer's GPU; the staging ranges were checked when
-    /// the request was read.
-    fn copies(
-        &self,
-        op: StageOp,
-        entries: &[StageEntry],
-        vouched: &Vouched,
-    ) -> Result<Vec<plan::Copy>, SessionEnded> {
-        let mut last: Option<(u64, u64)> = None;
-        let mut copies = Vec::with_capacity(entries.len());
-        for (index, entry) in entries.iter().enumerate() {
-            let registered = match last {
-                Some((buffer, len)) if buffer == entry.buffer => len,
-                _ => {
-                    let found = vouched.with(entry.buffer, |vouch| {
-                        vouch.map(|vouch| (vouch.ordinal, vouch.len))
-                    });
-                    let len = match found {
-                        Some((ordinal, len)) if ordinal == self.ordinal => len,
-                        Some((ordinal, _)) => return Err(SessionEnded::NotRegistered(format!(
-                            "entry {index} names the buffer at {:#x} on GPU {ordinal}, but this session stages on GPU {}; open a session per GPU",
-                            entry.buffer, self.ordinal
-                        ))),
-                        None => return Err(SessionEnded::NotRegistered(format!(
-                            "entry {index} names {:#x}, where no cudaMalloc buffer is registered (any more); fetch the peer's descriptor again",
-                            entry.buffer
-                        ))),
-                    };
-                    last = Some((entry.buffer, len));
-                    len
-                }
-            };
-            let inside = entry.addr >= entry.buffer
-                && entry
-                    .addr
-                    .checked_add(entry.len)
-                    .is_some_and(|end| end <= entry.buffer.saturating_add(registered));
-            if !inside {
-                return Err(SessionEnded::NotRegistered(format!(
-                    "entry {index} names {} bytes at {:#x}, outside the {registered} bytes registered at {:#x}",
-                    entry.len, entry.addr, entry.buffer
-                )));
-            }
-            let staged = self.staging.base() + entry.staging;
-            let (src, dst) = match op {
-                StageOp::Gather => (entry.addr, staged),
-                StageOp::Scatter => (staged, entry.addr),
-            };
-            copies.push(plan::Copy {
-                dst,
-                src,
-                len: entry.len,
-                kernel_reaches: true,
-            });
-        }
-        Ok(copies)
-    }
-
     /// Queues `copies` as one launch of the copy kernel on the session's stream; returns the
     /// event recorded after it.
     fn launch(&self, copies: &[plan::Copy]) -> Result<Arc<Event>, SessionEnded> {
-        let config = NvlinkConfig::default();
+        let config = &self.config;
         let bytes = copies.iter().map(|copy| copy.len).sum();
         let pieces = plan::Pieces {
             most: config.kernel_chunk_bytes,
-            full_grid: self.kernels.items_for_full_grid(&config),
+            full_grid: self.kernels.items_for_full_grid(config),
         };
         let indices: Vec<usize> = (0..copies.len()).collect();
         let entries = plan::kernel_entries(copies, &indices, pieces.len_for(bytes));
@@ -246,7 +317,7 @@ impl OwnerGpu {
             false => &self.kernels.list,
         };
         let count = entries.len() as u64;
-        let grid = self.kernels.grid(count, &config, shifted);
+        let grid = self.kernels.grid(count, config, shifted);
         self.stream
             .context()
             .bind()
@@ -276,5 +347,79 @@ impl OwnerGpu {
         self.args.give_back(args, Arc::clone(&fence));
         launched?;
         Ok(fence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fd_passing::Vouch;
+    use ferry_core::cuda::IpcHandle;
+
+    /// Two buffers on GPU 0 (4 KiB at 0x10000, 8 KiB at 0x20000) and one on GPU 1.
+    fn registered(buffer: u64) -> Option<(u32, u64, InUse)> {
+        let hold = || Vouch::new(IpcHandle([0; 64]), 0, 0).in_use();
+        match buffer {
+            0x10000 => Some((0, 4096, hold())),
+            0x20000 => Some((0, 8192, hold())),
+            0x30000 => Some((1, 4096, hold())),
+            _ => None,
+        }
+    }
+
+    fn entry(buffer: u64, addr: u64, staging: u64, len: u64) -> StageEntry {
+        StageEntry {
+            buffer,
+            addr,
+            staging,
+            len,
+        }
+    }
+
+    #[test]
+    fn ranges_inside_their_buffers_become_copies_with_one_hold_per_buffer() {
+        let entries = [
+            entry(0x10000, 0x10000, 0, 4096),
+            entry(0x20000, 0x21000, 4096, 4096),
+            entry(0x20000, 0x20000, 8192, 16),
+        ];
+        for (op, forward) in [(StageOp::Scatter, true), (StageOp::Gather, false)] {
+            let (copies, holds) = checked_copies(op, &entries, 0x9000_0000, 0, registered).unwrap();
+            assert_eq!(holds.len(), 2, "one hold per buffer named in a row");
+            let staged = 0x9000_0000 + 4096;
+            let (src, dst) = match forward {
+                true => (staged, 0x21000),
+                false => (0x21000, staged),
+            };
+            assert_eq!(
+                (copies[1].src, copies[1].dst, copies[1].len),
+                (src, dst, 4096)
+            );
+        }
+    }
+
+    #[test]
+    fn ranges_past_their_buffer_on_another_gpu_or_unregistered_are_refused_by_entry() {
+        let cases = [
+            (entry(0x10000, 0x10001, 0, 4096), "outside the 4096 bytes"),
+            (entry(0x10000, 0x0fff0, 0, 16), "outside the 4096 bytes"),
+            (
+                entry(0x10000, u64::MAX - 8, 0, 16),
+                "outside the 4096 bytes",
+            ),
+            (entry(0x30000, 0x30000, 0, 16), "on GPU 1"),
+            (entry(0x40000, 0x40000, 0, 16), "no cudaMalloc buffer"),
+        ];
+        for (bad, expected) in cases {
+            let entries = [entry(0x20000, 0x20000, 0, 64), bad];
+            match checked_copies(StageOp::Scatter, &entries, 0x9000_0000, 0, registered) {
+                Err(SessionEnded::NotRegistered(reason)) => {
+                    assert!(reason.contains("entry 1"), "{reason}");
+                    assert!(reason.contains(expected), "{reason}");
+                }
+                Err(other) => panic!("{bad:?}: expected a refusal, got {other}"),
+                Ok(_) => panic!("{bad:?} was taken"),
+            }
+        }
     }
 }

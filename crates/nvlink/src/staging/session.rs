@@ -2,11 +2,12 @@
 //! requests sent to it, whose answers come back in order.
 
 use super::wire::{self, StageEntry, StageOp, DONE, FAILED, MAX_REASON_BYTES};
-use super::{SessionEnded, ANSWER_TIMEOUT, MIN_STAGING_BYTES, STAGING_BYTES};
+use super::{SessionEnded, ANSWER_TIMEOUT, MIN_STAGING_BYTES, REUSE_IDLE, STAGING_BYTES};
 use crate::fd_passing::{open_staging, FdSocket, ImportError};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, VmmMapping};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -20,6 +21,8 @@ pub(crate) struct StagingSession {
     unanswered: usize,
     /// The last request's bytes, kept for its allocation.
     request: Vec<u8>,
+    /// When the owner last answered (or the session opened).
+    last_answer: Instant,
 }
 
 impl StagingSession {
@@ -54,12 +57,19 @@ impl StagingSession {
             staging: Arc::new(staging),
             unanswered: 0,
             request: Vec::new(),
+            last_answer: Instant::now(),
         })
     }
 
     /// The staging buffer as mapped here.
     pub(crate) fn staging(&self) -> &Arc<VmmMapping> {
         &self.staging
+    }
+
+    /// Whether the session has gone unused long enough that its owner may have ended it
+    /// ([`REUSE_IDLE`]): a transfer then opens a fresh one.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.last_answer.elapsed() >= REUSE_IDLE
     }
 
     /// Requests sent and not answered yet.
@@ -75,10 +85,16 @@ impl StagingSession {
     ) -> Result<(), SessionEnded> {
         self.request.clear();
         wire::encode_request(op, entries, &mut self.request);
-        self.stream
-            .write_all(&self.request)
-            .await
-            .map_err(SessionEnded::io("sending a request on"))?;
+        if let Err(error) = self.stream.write_all(&self.request).await {
+            // An owner that refused an earlier request closed the session: its reason, still
+            // unread, says more than the broken pipe.
+            while self.unanswered > 0 {
+                if let Err(refused @ SessionEnded::Refused(_)) = self.answer().await {
+                    return Err(refused);
+                }
+            }
+            return Err(SessionEnded::io("sending a request on")(error));
+        }
         self.unanswered += 1;
         Ok(())
     }
@@ -123,6 +139,7 @@ impl StagingSession {
             .await
             .unwrap_or(Err(SessionEnded::TimedOut));
         self.unanswered = self.unanswered.saturating_sub(1);
+        self.last_answer = Instant::now();
         answered
     }
 }

@@ -14,8 +14,8 @@ pub(crate) const HEADER_BYTES: usize = 5;
 /// Bytes of one entry.
 pub(crate) const ENTRY_BYTES: usize = 32;
 
-/// Most entries one request may carry (32 MiB of entries): a slot of staging holds at most
-/// this many 64-byte copies, far below any real KV block.
+/// Most entries one request may carry (32 MiB of entries): a 64 MiB slot of staging holds at
+/// most this many 64-byte copies, and KV blocks are far larger.
 pub(crate) const MAX_ENTRIES: u32 = 1 << 20;
 
 /// The answer to a request the owner carried out.
@@ -37,6 +37,7 @@ pub(crate) enum StageOp {
 }
 
 impl StageOp {
+    /// The operation's byte on the wire.
     fn code(self) -> u8 {
         match self {
             StageOp::Gather => 0,
@@ -62,7 +63,9 @@ pub(crate) struct StageEntry {
 /// A request's header, read before its entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
+    /// What the owner is asked to do.
     pub(crate) op: StageOp,
+    /// Entries that follow.
     pub(crate) count: u32,
 }
 
@@ -85,14 +88,31 @@ pub(crate) enum StageViolation {
     /// An entry's bytes do not fit the staging buffer, or its length is 0.
     #[error("entry {index} ({len} bytes at staging offset {staging}) does not fit the staging buffer of {staging_len} bytes")]
     OutsideStaging {
+        /// The entry's place in the request.
         index: usize,
+        /// Its offset in the staging buffer.
         staging: u64,
+        /// Its length.
         len: u64,
+        /// The staging buffer's bytes.
         staging_len: u64,
     },
     /// The entries' bytes are not as many as the header says.
     #[error("a staged-copy request's entries take {got} bytes, not {expected}")]
-    Truncated { got: usize, expected: usize },
+    Truncated {
+        /// Bytes of entries received.
+        got: usize,
+        /// Bytes the header's count asks for.
+        expected: usize,
+    },
+    /// The entries up to `index` copy more bytes than the staging buffer holds.
+    #[error("entries 0..={index} copy more bytes than the staging buffer's {staging_len}; send at most one staging buffer's worth per request")]
+    TooManyBytes {
+        /// The entry that went over.
+        index: usize,
+        /// The staging buffer's bytes.
+        staging_len: u64,
+    },
 }
 
 /// Appends a request of `entries` to `out`.
@@ -146,6 +166,9 @@ pub(crate) fn decode_entries(
         value.copy_from_slice(field);
         u64::from_le_bytes(value)
     };
+    // Entries may overlap in the staging buffer; their sum bounds the owner's work to one
+    // staging buffer's worth per request, whatever the count.
+    let mut total = 0u64;
     bytes
         .chunks_exact(ENTRY_BYTES)
         .enumerate()
@@ -161,14 +184,18 @@ pub(crate) fn decode_entries(
                     .staging
                     .checked_add(entry.len)
                     .is_some_and(|end| end <= staging_len);
-            match fits {
-                true => Ok(entry),
-                false => Err(StageViolation::OutsideStaging {
+            if !fits {
+                return Err(StageViolation::OutsideStaging {
                     index,
                     staging: entry.staging,
                     len: entry.len,
                     staging_len,
-                }),
+                });
+            }
+            total = total.saturating_add(entry.len);
+            match total <= staging_len {
+                true => Ok(entry),
+                false => Err(StageViolation::TooManyBytes { index, staging_len }),
             }
         })
         .collect()
@@ -261,6 +288,24 @@ mod tests {
                 other => panic!("{bad:?} gave {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn overlapping_entries_that_add_up_past_the_staging_buffer_are_refused() {
+        let staging_len = 1 << 20;
+        let mut bytes = Vec::new();
+        let entries = [entry(0, 1 << 20), entry(0, 1 << 20)];
+        encode_request(StageOp::Scatter, &entries, &mut bytes);
+        assert_eq!(
+            decode(&bytes, staging_len),
+            Err(StageViolation::TooManyBytes {
+                index: 1,
+                staging_len
+            })
+        );
+        bytes.clear();
+        encode_request(StageOp::Scatter, &entries[..1], &mut bytes);
+        assert!(decode(&bytes, staging_len).is_ok());
     }
 
     #[test]
