@@ -1,8 +1,8 @@
 //! The fuzz target's narrow way in: compiled only for `cargo fuzz` (`--cfg fuzzing`) and for
 //! this crate's tests, which replay the committed seeds through the same function.
 
+use crate::fd_passing::fuzz_stage_request;
 use crate::messages::fuzz_message_ring;
-use crate::staging::fuzz_request;
 
 /// Reads `data` as a peer could leave it: the words of a message ring (reader and writer
 /// facing them) and a stream of verdicts. Checks that every record taken fits its bound and
@@ -16,7 +16,7 @@ pub fn message_ring(data: &[u8]) -> usize {
 /// request read whole must write back as itself. Returns how many entries were accepted.
 /// Panics on a decoder that panics or disagrees.
 pub fn staging_request(data: &[u8]) -> usize {
-    fuzz_request(data)
+    fuzz_stage_request(data)
 }
 
 #[cfg(test)]

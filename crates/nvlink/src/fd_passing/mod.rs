@@ -43,7 +43,7 @@
 //!    little-endian), which names the GPU, and the staging bytes it asks for (8 bytes). The
 //!    server answers with a status byte 0 with the descriptor of a fresh VMM staging
 //!    allocation attached, then the staging buffer's length (8 bytes); from then on the
-//!    connection carries staged-copy requests ([`crate::staging`]) until the client closes it.
+//!    connection carries staged-copy requests (`stage`) until the client closes it.
 //! 7. A refusal, at any step, is a status byte 1 followed by the reason as UTF-8 until the
 //!    socket closes.
 //!
@@ -60,6 +60,7 @@ mod dir_tests;
 mod registered;
 mod server;
 mod socket_file;
+mod stage;
 mod stale;
 #[cfg(test)]
 mod tests;
@@ -72,6 +73,13 @@ pub(crate) use dir::{
 };
 pub use dir::{SocketDirError, SOCKET_DIR_ENV};
 pub(crate) use server::{FdServer, Share};
+#[cfg(any(fuzzing, test))]
+pub(crate) use stage::fuzz_request as fuzz_stage_request;
+pub(crate) use stage::{
+    encode_request as encode_stage_request, SessionEnded, StageEntry, StageOp, ANSWER_TIMEOUT,
+    DONE as STAGE_DONE, FAILED as STAGE_FAILED, MAX_REASON_BYTES as STAGE_MAX_REASON_BYTES,
+    MIN_STAGING_BYTES,
+};
 pub(crate) use vouched::{InUse, Vouch, Vouched};
 
 use ferry_core::{AuthFailure, InstanceId};

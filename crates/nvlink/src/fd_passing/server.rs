@@ -5,11 +5,11 @@ use super::credentials::admits;
 use super::dir::{SocketDir, SocketDirError};
 use super::registered::{ByAddress, Held};
 use super::socket_file::SocketFile;
+use super::stage::{OwnerServing, OwnerSession, SessionEnded};
 use super::vouched::{Vouch, VouchGuard, Vouched};
 use super::*;
 use crate::config::NvlinkConfig;
 use crate::messages::{Incoming, RingReaders, RingSlot};
-use crate::staging::{OwnerServing, OwnerSession};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, IPC_HANDLE_LEN};
 use ferry_core::telemetry::Throttle;
@@ -585,7 +585,7 @@ enum ServeFailure {
     ExportStopped(tokio::task::JoinError),
     /// A staging session ended on a failure.
     #[error("a staging session ended: {0}")]
-    Staging(#[from] crate::staging::SessionEnded),
+    Staging(#[from] SessionEnded),
 }
 
 impl ServeFailure {

@@ -3,7 +3,10 @@
 //! into or out of the staging buffer, the peer's into or out of its memory, a slot at a time.
 
 use super::*;
-use crate::staging::{plan_chunks, Chunk, Piece, StageEntry, StageOp, StagingSession, SLOTS};
+use crate::staging::{
+    plan_chunks, Chunk, Piece, SessionEnded, StageEntry, StageOp, StagingSession, ANSWER_TIMEOUT,
+    SLOTS,
+};
 use ferry_core::cuda::{GpuId, VmmMapping};
 
 /// The staging session of one local GPU with one GPU of the peer, opened at its first staged
@@ -269,11 +272,11 @@ impl NvlinkLink {
 
     /// The error of a transfer whose staging session failed half-way: the peer's memory may
     /// hold part of it.
-    fn staging_failed(&self, error: crate::staging::SessionEnded) -> Error {
+    fn staging_failed(&self, error: SessionEnded) -> Error {
         match error {
-            crate::staging::SessionEnded::TimedOut => Error::Timeout {
+            SessionEnded::TimedOut => Error::Timeout {
                 what: "a staged copy on the peer's GPU".into(),
-                after: crate::staging::ANSWER_TIMEOUT,
+                after: ANSWER_TIMEOUT,
             },
             error => Error::PeerGone {
                 peer: self.peer.clone(),

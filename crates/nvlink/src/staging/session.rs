@@ -1,9 +1,11 @@
 //! The initiator's end of a staging session: the owner's staging buffer mapped here, and the
 //! requests sent to it, whose answers come back in order.
 
-use super::wire::{self, StageEntry, StageOp, DONE, FAILED, MAX_REASON_BYTES};
-use super::{SessionEnded, ANSWER_TIMEOUT, MIN_STAGING_BYTES, REUSE_IDLE, STAGING_BYTES};
-use crate::fd_passing::{open_staging, FdSocket, ImportError};
+use super::{REUSE_IDLE, STAGING_BYTES};
+use crate::fd_passing::{
+    encode_stage_request, open_staging, FdSocket, ImportError, SessionEnded, StageEntry, StageOp,
+    ANSWER_TIMEOUT, MIN_STAGING_BYTES, STAGE_DONE, STAGE_FAILED, STAGE_MAX_REASON_BYTES,
+};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, VmmMapping};
 use std::sync::Arc;
@@ -84,7 +86,7 @@ impl StagingSession {
         entries: &[StageEntry],
     ) -> Result<(), SessionEnded> {
         self.request.clear();
-        wire::encode_request(op, entries, &mut self.request);
+        encode_stage_request(op, entries, &mut self.request);
         if let Err(error) = self.stream.write_all(&self.request).await {
             // An owner that refused an earlier request closed the session: its reason, still
             // unread, says more than the broken pipe.
@@ -113,14 +115,14 @@ impl StagingSession {
                 .await
                 .map_err(SessionEnded::io("reading an answer from"))?;
             match status {
-                DONE => Ok(()),
-                FAILED => {
+                STAGE_DONE => Ok(()),
+                STAGE_FAILED => {
                     let len = self
                         .stream
                         .read_u32_le()
                         .await
                         .map_err(SessionEnded::io("reading an answer from"))?
-                        .min(MAX_REASON_BYTES);
+                        .min(STAGE_MAX_REASON_BYTES);
                     let mut reason = vec![0u8; len as usize];
                     self.stream
                         .read_exact(&mut reason)
@@ -131,7 +133,7 @@ impl StagingSession {
                     ))
                 }
                 other => Err(SessionEnded::Refused(format!(
-                    "its answer began with {other}, neither {DONE} (done) nor {FAILED} (failed)"
+                    "its answer began with {other}, neither {STAGE_DONE} (done) nor {STAGE_FAILED} (failed)"
                 ))),
             }
         };

@@ -46,7 +46,7 @@ pub(crate) struct Serving {
 }
 
 /// How long a session may sit without a request before the owner ends it and frees its
-/// staging buffer; the initiator opens a fresh one for a transfer after [`super::REUSE_IDLE`].
+/// staging buffer; the initiator opens a fresh one for a transfer after [`crate::staging::REUSE_IDLE`].
 const SESSION_IDLE: Duration = Duration::from_secs(60);
 
 /// How long the rest of a request may take once its header arrived.
