@@ -11,7 +11,7 @@
 use crate::export::GpuExport;
 use crate::fd_passing::FdSocket;
 use crate::import::{OpenError, Owner, PeerMapping};
-use crate::staging::StagingSession;
+use crate::staging::{StageEntry, StageOp, StagingSession};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
 use ferry_core::{InstanceId, SegmentDescriptor};
@@ -303,15 +303,30 @@ async fn map_and_release(
             }
         }
     };
-    match StagingSession::open(&socket, region, ordinal, secret.as_ref()).await {
-        Ok(_) => Ok(Mapped::ThroughStaging { refused }),
-        Err(staging) => Err(Failed {
-            passing: staging.is_passing(),
-            reason: format!(
-                "{refused}; staging through the peer's fd socket failed too: {staging}"
-            ),
-        }),
-    }
+    let failed = |passing: bool, staging: &dyn std::fmt::Display| Failed {
+        passing,
+        reason: format!("{refused}; staging through the peer's fd socket failed too: {staging}"),
+    };
+    let mut session = StagingSession::open(&socket, region, ordinal, secret.as_ref())
+        .await
+        .map_err(|staging| failed(staging.is_passing(), &staging))?;
+    // One byte gathered on the owner's GPU proves its side of a staged copy (the request, its
+    // checks, its kernel) before any transfer relies on it; reading leaves its memory as it is.
+    let probe = StageEntry {
+        buffer: region,
+        addr: region,
+        staging: 0,
+        len: 1,
+    };
+    session
+        .send(StageOp::Gather, &[probe])
+        .await
+        .map_err(|staging| failed(false, &staging))?;
+    session
+        .answer()
+        .await
+        .map_err(|staging| failed(false, &staging))?;
+    Ok(Mapped::ThroughStaging { refused })
 }
 
 #[cfg(test)]
