@@ -7,7 +7,8 @@
 # (the notification path still crosses the fd socket, so the socket-directory rows mean
 # something there too). LAYOUTS="pod-dir-secret pod-dir ..." runs only the layouts named;
 # REQUESTS (5 by default) sets the requests per case, whose median GB/s after the first each
-# row gives. SHAPE sets the request's shape (see below).
+# row gives. SHAPE sets the request's shape (see below). STAGING (auto by default) sets the
+# engines' FERRY_CUDA_MALLOC_STAGING.
 # Writes LOG_DIR/containers.txt (one row per case) and LOG_DIR/containers.log (all output);
 # exits non-zero when any case failed to verify, hung, fell back to TCP without saying why, or
 # (the socket-directory rows) did not take the path its layout must take.
@@ -35,6 +36,10 @@ chmod 755 "$work"
 
 # SHAPE (decode and prefill's shape options) replaces the small default, for figures of a
 # larger request on a few layouts.
+# cudaMalloc memory whose IPC handle does not open (equal PIDs) goes through the owner's
+# staging buffer in every row (the engines' FERRY_CUDA_MALLOC_STAGING, opt-in until staging has
+# run on a GPU machine); STAGING=never runs the matrix without it.
+export FERRY_CUDA_MALLOC_STAGING=${STAGING:-auto}
 read -r -a shape <<<"${SHAPE:---layers 4 --pool-blocks 512 --request-blocks 128}"
 # Requests per case: the first warms up; the row's GB/s is the median of the others, so that
 # a layout's figure can stand beside the plain processes' at the same shape.
@@ -160,12 +165,14 @@ run_case() {
     grep -q 'notifications to this peer go over the control connection' \
       "$case_dir/prefill.err" "$case_dir/decode.err" && notify=tcp
     # What the socket-directory rows must show: with a secret (or one user) the directory
-    # carries VMM memory, cudaMalloc memory (mapped, or through the owner's staging where the
-    # PIDs clash) and notifications; users that differ without a secret share nothing.
+    # carries VMM memory, cudaMalloc memory (mapped, or with staging on through the owner's
+    # staging buffer where the PIDs clash) and notifications; users that differ without a
+    # secret share nothing.
     local must_transport="" must_notify=""
     case $layout in
       pod-dir-secret | pod-dir-same-uid | pod-dir-secret-pid2 | pod-dir-restart | uid-secret) must_notify=ring
-        [ "$memory" != host ] && must_transport=nvlink ;;
+        [ "$memory" = vmm ] && must_transport=nvlink
+        [ "$memory" = cuda ] && [ "$FERRY_CUDA_MALLOC_STAGING" != never ] && must_transport=nvlink ;;
       pod-dir) must_notify=tcp
         [ "$memory" != host ] && must_transport=tcp ;;
     esac

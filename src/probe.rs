@@ -174,9 +174,8 @@ pub fn routes(engine: &Engine, name: &str) -> Result<String> {
 /// namespace numbers it, equals this process's, or is 1 (the first process of a PID namespace
 /// other than the host's, as a container's main process is): CUDA refused IPC handles between
 /// processes of equal PIDs in two PID namespaces on the GPU machine (measured with H100s and
-/// driver 580, not documented), so their `cudaMalloc` buffers are likely to go through the
-/// owner's staging buffers (or TCP where the two cannot reach each other's fd socket). `None`
-/// for any other peer.
+/// driver 580, not documented), so their `cudaMalloc` buffers are likely to take TCP, or the
+/// owner's staging buffers where staging is on. `None` for any other peer.
 fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<String> {
     use ferry_nvlink::PID_CLASH_REMEDIES as REMEDIES;
     if !other_process_here {
@@ -187,18 +186,20 @@ fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<St
             "the peer's process has this probe's PID ({own_pid}), in another PID namespace; \
              CUDA has refused IPC handles between processes of equal PIDs, so an engine with \
              this PID here (where this probe runs) is likely to move `cudaMalloc` buffers \
-             (PyTorch's default allocator) through staging buffers the owner hands over by \
-             file descriptor (one more copy, on the owner's GPU), or over TCP where the two \
-             cannot reach each other's fd socket; to map them directly: {REMEDIES}"
+             (PyTorch's default allocator) over TCP with it, or with \
+             FERRY_CUDA_MALLOC_STAGING=auto through staging buffers the owner hands over by \
+             file descriptor (one more copy, on the owner's GPU); to map them directly: \
+             {REMEDIES}"
         ));
     }
     (peer_pid == 1).then(|| {
         format!(
             "the peer's process is PID 1 of its own PID namespace (a container's first \
              process); an engine here that is PID 1 of a different PID namespace (another \
-             pod's main process, say) is likely to move `cudaMalloc` buffers through staging \
-             buffers (one more copy) or over TCP with it, since CUDA has refused IPC handles \
-             between processes of equal PIDs; to map them directly: {REMEDIES}"
+             pod's main process, say) is likely to move `cudaMalloc` buffers over TCP (or with \
+             FERRY_CUDA_MALLOC_STAGING=auto through staging buffers, one more copy) with it, \
+             since CUDA has refused IPC handles between processes of equal PIDs; to map them \
+             directly: {REMEDIES}"
         )
     })
 }

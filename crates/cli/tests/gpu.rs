@@ -175,7 +175,7 @@ fn same_gpu_ipc_between_processes() {
 
 /// `cudaMalloc` memory of a peer whose IPC handles do not open here (two pods whose servers
 /// have equal PIDs) moves through the staging buffer the peer's engine hands over by file
-/// descriptor; forced here between plain processes (`stage_cuda_malloc`), which nvlink then
+/// descriptor; forced here between plain processes (staging `Always`), which nvlink then
 /// reaches only through staging, so a transfer that says "nvlink" went through it. Sizes from
 /// one byte to five 64 MiB slots (the staging buffer has four, so slots are reused), at odd
 /// offsets, and 4,096 scattered 32 KiB entries in one batch, each written and read back.
@@ -187,7 +187,7 @@ fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
     let target = ServeProcess::start_with(REMOTE, &["--gpu", "0"], &[]);
     let engine = ferry::Links::default()
         .nvlink(ferry::NvlinkConfig {
-            stage_cuda_malloc: true,
+            cuda_malloc_staging: Some(ferry::CudaMallocStaging::Always),
             ..ferry::NvlinkConfig::default()
         })
         .builder()

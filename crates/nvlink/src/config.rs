@@ -56,12 +56,75 @@ pub struct NvlinkConfig {
     /// A `&'static Path` keeps this config `Copy`; [`Self::socket_dir`] takes any path and
     /// keeps one copy of each distinct directory for the rest of the process.
     pub socket_dir: Option<&'static Path>,
-    /// Moves peers' `cudaMalloc` memory through the staging buffers their engines hand over
-    /// by file descriptor even where its CUDA IPC handles map here (off by default): to
-    /// measure the staged path beside the direct one between plain processes. Staging is
-    /// otherwise taken only where the IPC handle does not open (two pods whose servers have
-    /// equal PIDs), as `docs/containers.md` describes.
-    pub stage_cuda_malloc: bool,
+    /// When peers' `cudaMalloc` memory goes through the staging buffers their engines hand
+    /// over by file descriptor (one more copy, on the peer's GPU) instead of their CUDA IPC
+    /// handles; `None` (the default) for the `FERRY_CUDA_MALLOC_STAGING` environment variable
+    /// ([`CUDA_MALLOC_STAGING_ENV`]: `never`, `auto` or `always`), and without it
+    /// [`CudaMallocStaging::Never`]. See [`CudaMallocStaging`].
+    pub cuda_malloc_staging: Option<CudaMallocStaging>,
+}
+
+/// The environment variable that sets [`NvlinkConfig::cuda_malloc_staging`] where the config
+/// leaves it `None`: `never`, `auto` or `always`.
+pub const CUDA_MALLOC_STAGING_ENV: &str = "FERRY_CUDA_MALLOC_STAGING";
+
+/// When peers' `cudaMalloc` memory goes through their staging buffers
+/// ([`NvlinkConfig::cuda_malloc_staging`]).
+///
+/// CUDA refuses a legacy IPC handle between two processes whose PIDs, each as its own PID
+/// namespace numbers it, are equal: two pods' servers, both PID 1. Staging moves such memory
+/// over NVLink anyway, through a VMM buffer its owner hands over by file descriptor
+/// (`docs/containers.md`). It is opt-in for now: it has passed its tests on the build machine
+/// but has not yet run on a GPU machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaMallocStaging {
+    /// Never: memory whose IPC handle does not open here moves over TCP (the default).
+    #[default]
+    Never,
+    /// Where the IPC handle does not open here and the peer's fd socket gives a staging
+    /// buffer.
+    Auto,
+    /// Always, even where the IPC handle opens: to measure staging beside the direct mapping
+    /// between plain processes.
+    Always,
+}
+
+impl std::str::FromStr for CudaMallocStaging {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "never" => Ok(CudaMallocStaging::Never),
+            "auto" => Ok(CudaMallocStaging::Auto),
+            "always" => Ok(CudaMallocStaging::Always),
+            other => Err(format!(
+                "unknown cudaMalloc staging {other:?}; use never, auto or always"
+            )),
+        }
+    }
+}
+
+impl CudaMallocStaging {
+    /// `configured`, else what `env` (the value of [`CUDA_MALLOC_STAGING_ENV`]) says, else
+    /// [`CudaMallocStaging::Never`]; a value that is none of the three is logged and ignored.
+    pub(crate) fn resolve(
+        configured: Option<CudaMallocStaging>,
+        env: Option<std::ffi::OsString>,
+    ) -> CudaMallocStaging {
+        if let Some(mode) = configured {
+            return mode;
+        }
+        let Some(text) = env else {
+            return CudaMallocStaging::Never;
+        };
+        match text.to_string_lossy().parse() {
+            Ok(mode) => mode,
+            Err(reason) => {
+                tracing::warn!(%reason, "ignoring {CUDA_MALLOC_STAGING_ENV}");
+                CudaMallocStaging::Never
+            }
+        }
+    }
 }
 
 impl NvlinkConfig {
@@ -101,7 +164,7 @@ impl Default for NvlinkConfig {
             shared_memory_notifications: true,
             gpu_notification_max_bytes: 4 << 20,
             socket_dir: None,
-            stage_cuda_malloc: false,
+            cuda_malloc_staging: None,
         }
     }
 }
@@ -121,5 +184,23 @@ mod tests {
         let copied = first;
         assert_eq!(copied, first);
         assert_eq!(NvlinkConfig::default().socket_dir, None);
+    }
+
+    #[test]
+    fn staging_comes_from_the_config_else_the_environment_else_never() {
+        let env = |text: &str| Some(std::ffi::OsString::from(text));
+        let resolve = CudaMallocStaging::resolve;
+        assert_eq!(resolve(None, None), CudaMallocStaging::Never);
+        assert_eq!(resolve(None, env("auto")), CudaMallocStaging::Auto);
+        assert_eq!(resolve(None, env("always")), CudaMallocStaging::Always);
+        assert_eq!(resolve(None, env("sometimes")), CudaMallocStaging::Never);
+        assert_eq!(
+            resolve(Some(CudaMallocStaging::Never), env("always")),
+            CudaMallocStaging::Never
+        );
+        assert!("Auto"
+            .parse::<CudaMallocStaging>()
+            .unwrap_err()
+            .contains("never, auto or always"));
     }
 }

@@ -46,6 +46,7 @@ mod staging;
 mod transport;
 mod trial;
 
+pub use config::{CudaMallocStaging, CUDA_MALLOC_STAGING_ENV};
 pub use export::{GpuExport, EXPORT_VERSION};
 pub use fabric_probe::{probe_fabric, FabricSupport};
 pub use fd_passing::{fd_socket_name, SocketDirError, FDS_PER_MESSAGE, SOCKET_DIR_ENV};

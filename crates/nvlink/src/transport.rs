@@ -1,4 +1,5 @@
 pub use crate::config::NvlinkConfig;
+use crate::config::{CudaMallocStaging, CUDA_MALLOC_STAGING_ENV};
 use crate::export::{export_local, GpuExport};
 use crate::fd_passing::{
     configured_socket_dir, open_messages, FdServer, FdSocket, SocketDir, SOCKET_DIR_ENV,
@@ -78,7 +79,10 @@ impl NvlinkTransport {
             config,
             unavailable,
             process: InstanceId::of_this_process().ok(),
-            trials: Arc::new(Trials::real(config.stage_cuda_malloc)),
+            trials: Arc::new(Trials::real(CudaMallocStaging::resolve(
+                config.cuda_malloc_staging,
+                std::env::var_os(CUDA_MALLOC_STAGING_ENV),
+            ))),
             is_local: ferry_core::is_local_engine,
             attached: OnceLock::new(),
         }

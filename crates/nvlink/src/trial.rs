@@ -8,6 +8,7 @@
 //! A refusal makes the transport decline the pair, so the engine moves those bytes over TCP,
 //! and is logged once with its cause.
 
+use crate::config::CudaMallocStaging;
 use crate::export::GpuExport;
 use crate::fd_passing::FdSocket;
 use crate::import::{OpenError, Owner, PeerMapping};
@@ -120,18 +121,12 @@ pub(crate) struct Trials {
 }
 
 impl Trials {
-    /// Trials that really map, or with `stage_cuda_malloc` open a staging session for
-    /// `cudaMalloc` memory without trying its IPC handle
-    /// ([`crate::NvlinkConfig::stage_cuda_malloc`]).
-    pub(crate) fn real(stage_cuda_malloc: bool) -> Trials {
+    /// Trials that really map, and open a staging session for `cudaMalloc` memory as
+    /// `staging` says ([`crate::NvlinkConfig::cuda_malloc_staging`]).
+    pub(crate) fn real(staging: CudaMallocStaging) -> Trials {
         Trials::new(Arc::new(move |ordinal, export, owner, region, secret| {
             Box::pin(map_and_release(
-                ordinal,
-                export,
-                owner,
-                region,
-                secret,
-                stage_cuda_malloc,
+                ordinal, export, owner, region, secret, staging,
             ))
         }))
     }
@@ -266,20 +261,21 @@ fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
 
 /// The real trial: maps the export of the buffer at `region` of the engine behind `socket`
 /// into GPU `ordinal`'s context and unmaps it at once; where `cudaMalloc` memory does not
-/// map for good, or `stage_cuda_malloc` asks for staging, opens a staging session for it and
-/// closes it again.
+/// map for good (with `staging` auto), or always with `staging` always, opens a staging
+/// session for it, gathers one byte through it and closes it again.
 async fn map_and_release(
     ordinal: u32,
     export: GpuExport,
     socket: FdSocket,
     region: u64,
     secret: Option<Secret>,
-    stage_cuda_malloc: bool,
+    staging: CudaMallocStaging,
 ) -> Result<Mapped, Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
     let ipc = matches!(export, GpuExport::CudaIpc { .. });
-    let refused = match ipc && stage_cuda_malloc {
-        true => "NvlinkConfig::stage_cuda_malloc asks for staging".to_owned(),
+    let stages = staging != CudaMallocStaging::Never;
+    let refused = match ipc && staging == CudaMallocStaging::Always {
+        true => "cudaMalloc staging is set to always".to_owned(),
         false => {
             let silent = Mutex::new(None);
             let owner = Owner {
@@ -293,7 +289,7 @@ async fn map_and_release(
                 // routed here meets the same violation, fails with it and closes the peer,
                 // instead of quietly taking TCP.
                 Err(OpenError::Peer(_)) => return Ok(Mapped::Directly),
-                Err(OpenError::Local(reason)) if reason.is_passing() || !ipc => {
+                Err(OpenError::Local(reason)) if reason.is_passing() || !ipc || !stages => {
                     return Err(Failed {
                         passing: reason.is_passing(),
                         reason: reason.to_string(),

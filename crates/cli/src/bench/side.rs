@@ -79,9 +79,8 @@ impl Side {
         decode: &mut ServeChild,
     ) -> Result<Side, BoxError> {
         let only = options.only_transport();
-        let links = Links::default()
-            .gpu_links(only.is_none())
-            .nvlink(options.socket_dir.config(NvlinkConfig {
+        let links = Links::default().gpu_links(only.is_none()).nvlink(
+            options.socket_dir.config(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
@@ -90,8 +89,11 @@ impl Side {
                 shared_memory_notifications: !options.notify_over_tcp,
                 gpu_notification_max_bytes: options.gpu_notification_max_bytes,
                 socket_dir: None,
-                stage_cuda_malloc: options.stage_cuda_malloc,
-            }));
+                cuda_malloc_staging: options
+                    .stage_cuda_malloc
+                    .then_some(ferry::CudaMallocStaging::Always),
+            }),
+        );
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
         let links = links.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));

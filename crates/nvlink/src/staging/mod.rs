@@ -15,8 +15,10 @@
 //! first, then copies the slot out. With [`SLOTS`] slots the owner's copy of one chunk runs
 //! while the initiator copies the next.
 //!
-//! Staging is taken only where the trial mapping of the peer's `cudaMalloc` memory failed and
-//! a trial session worked ([`crate::trial`]); everything else keeps its direct mapping.
+//! Staging is taken only where [`crate::NvlinkConfig::cuda_malloc_staging`] allows it (opt-in
+//! until it has run on a GPU machine), the trial mapping of the peer's `cudaMalloc` memory
+//! failed, and a trial session gathered a byte ([`crate::trial`]); everything else keeps its
+//! direct mapping.
 
 mod chunks;
 mod session;
