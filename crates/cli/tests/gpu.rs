@@ -127,15 +127,25 @@ fn pinned_host_memory_registers_as_pinned_and_moves() {
 fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)]) {
     const REMOTE: usize = 64 << 20;
     let target = ServeProcess::start_with(REMOTE, &["--gpu", remote_gpu], env);
-    let engine = engine();
-    let source = engine.allocate_device(local, 32 << 20).unwrap();
-    let back = engine.allocate_device(local, 32 << 20).unwrap();
+    let sizes = [1usize, 999, 4096, 32 << 10, 1 << 20, 16 << 20];
+    write_and_read_sizes(&engine(), &target, local, 32 << 20, &sizes);
+}
+
+/// Writes each of `sizes` from GPU `local` of `engine` to `target` over nvlink, at odd offsets
+/// one after another, reads each back into a second buffer (both of `area` bytes), and checks
+/// both directions byte for byte.
+fn write_and_read_sizes(
+    engine: &Engine,
+    target: &ServeProcess,
+    local: u32,
+    area: u64,
+    sizes: &[usize],
+) {
+    let source = engine.allocate_device(local, area).unwrap();
+    let back = engine.allocate_device(local, area).unwrap();
     let peer = engine.connect_blocking(&target.name).unwrap();
     let mut remote_offset = 3u64;
-    for (seed, size) in [1usize, 999, 4096, 32 << 10, 1 << 20, 16 << 20]
-        .into_iter()
-        .enumerate()
-    {
+    for (seed, &size) in sizes.iter().enumerate() {
         let bytes = pattern(seed as u64 + 40, size);
         source.write_at(5, &bytes).unwrap();
         let done = engine
@@ -145,11 +155,12 @@ fn write_and_read_every_size(local: u32, remote_gpu: &str, env: &[(&str, &str)])
             .unwrap();
         assert_eq!(done.transports, vec!["nvlink"], "{size}-byte write");
         back.write_at(7, &vec![0u8; size]).unwrap();
-        engine
+        let done = engine
             .batch(&peer)
             .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
             .submit_blocking()
             .unwrap();
+        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte read");
         let mut arrived = vec![0u8; size];
         back.read_at(7, &mut arrived).unwrap();
         assert_bytes_eq(
@@ -194,38 +205,16 @@ fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
         .transfer_timeout(Duration::from_secs(20))
         .build_blocking()
         .expect("engine starts");
+    write_and_read_sizes(
+        &engine,
+        &target,
+        0,
+        LOCAL,
+        &[1, 999, 32 << 10, 1 << 20, 300 << 20],
+    );
     let source = engine.allocate_device(0, LOCAL).unwrap();
     let back = engine.allocate_device(0, LOCAL).unwrap();
     let peer = engine.connect_blocking(&target.name).unwrap();
-    let mut remote_offset = 3u64;
-    for (seed, size) in [1usize, 999, 32 << 10, 1 << 20, 300 << 20]
-        .into_iter()
-        .enumerate()
-    {
-        let bytes = pattern(seed as u64 + 70, size);
-        source.write_at(5, &bytes).unwrap();
-        let done = engine
-            .batch(&peer)
-            .write(&source, 5, target.buffer_addr + remote_offset, size as u64)
-            .submit_blocking()
-            .unwrap();
-        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte staged write");
-        back.write_at(7, &vec![0u8; size]).unwrap();
-        let done = engine
-            .batch(&peer)
-            .read(&back, 7, target.buffer_addr + remote_offset, size as u64)
-            .submit_blocking()
-            .unwrap();
-        assert_eq!(done.transports, vec!["nvlink"], "{size}-byte staged read");
-        let mut arrived = vec![0u8; size];
-        back.read_at(7, &mut arrived).unwrap();
-        assert_bytes_eq(
-            &arrived,
-            &bytes,
-            &format!("{size} bytes written then read back through staging"),
-        );
-        remote_offset = (remote_offset + size as u64 + 513) % (REMOTE as u64 / 2);
-    }
     // Scattered blocks: block i of the source goes to remote slot (i * 7) % 8192.
     const BLOCK: u64 = 32 << 10;
     const BLOCKS: u64 = 4096;

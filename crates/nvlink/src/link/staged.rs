@@ -177,17 +177,7 @@ impl NvlinkLink {
                     .await
                     .map_err(|error| self.staging_failed(error))?;
             }
-            let base = session.staging().base();
-            let copies: Vec<plan::Copy> = chunk
-                .pieces
-                .iter()
-                .map(|(piece, at)| plan::Copy {
-                    src: piece.local,
-                    dst: base + at,
-                    len: piece.len,
-                    kernel_reaches: reaches,
-                })
-                .collect();
+            let copies = slot_copies(chunk, session.staging().base(), Direction::Write, reaches);
             self.copy_staged(lane, &copies, Arc::clone(session.staging()))
                 .await?;
             session
@@ -226,17 +216,7 @@ impl NvlinkLink {
                 .answer()
                 .await
                 .map_err(|error| self.staging_failed(error))?;
-            let base = session.staging().base();
-            let copies: Vec<plan::Copy> = chunk
-                .pieces
-                .iter()
-                .map(|(piece, at)| plan::Copy {
-                    src: base + at,
-                    dst: piece.local,
-                    len: piece.len,
-                    kernel_reaches: reaches,
-                })
-                .collect();
+            let copies = slot_copies(chunk, session.staging().base(), Direction::Read, reaches);
             self.copy_staged(lane, &copies, Arc::clone(session.staging()))
                 .await?;
         }
@@ -284,6 +264,27 @@ impl NvlinkLink {
             },
         }
     }
+}
+
+/// This GPU's copies of `chunk` between its memory and the staging buffer mapped at `base`:
+/// into the slot for a write, out of it for a read.
+fn slot_copies(chunk: &Chunk, base: u64, direction: Direction, reaches: bool) -> Vec<plan::Copy> {
+    chunk
+        .pieces
+        .iter()
+        .map(|(piece, at)| {
+            let (src, dst) = match direction {
+                Direction::Write => (piece.local, base + at),
+                Direction::Read => (base + at, piece.local),
+            };
+            plan::Copy {
+                src,
+                dst,
+                len: piece.len,
+                kernel_reaches: reaches,
+            }
+        })
+        .collect()
 }
 
 /// What the owner copies for `chunk`.
