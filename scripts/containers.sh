@@ -40,6 +40,10 @@ chmod 755 "$work"
 # staging buffer in every row (the engines' FERRY_CUDA_MALLOC_STAGING, opt-in until staging has
 # run on a GPU machine); STAGING=never runs the matrix without it.
 export FERRY_CUDA_MALLOC_STAGING=${STAGING:-auto}
+case $FERRY_CUDA_MALLOC_STAGING in
+  never | auto | always) ;;
+  *) echo "containers.sh: STAGING=$FERRY_CUDA_MALLOC_STAGING is none of never, auto, always" >&2; exit 2 ;;
+esac
 read -r -a shape <<<"${SHAPE:---layers 4 --pool-blocks 512 --request-blocks 128}"
 # Requests per case: the first warms up; the row's GB/s is the median of the others, so that
 # a layout's figure can stand beside the plain processes' at the same shape.

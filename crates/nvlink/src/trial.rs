@@ -12,7 +12,7 @@ use crate::config::CudaMallocStaging;
 use crate::export::GpuExport;
 use crate::fd_passing::FdSocket;
 use crate::import::{OpenError, Owner, PeerMapping};
-use crate::staging::{StageEntry, StageOp, StagingSession};
+use crate::staging::{SessionEnded, StageEntry, StageOp, StagingSession};
 use ferry_core::auth::Secret;
 use ferry_core::cuda::Context;
 use ferry_core::{InstanceId, SegmentDescriptor};
@@ -234,8 +234,9 @@ impl Trials {
 
 /// What lets `cudaMalloc` memory map directly between two processes on one host whose PIDs,
 /// each as its own PID namespace numbers it, are equal (CUDA refuses IPC handles between them,
-/// and the memory otherwise goes through the owner's staging buffers, or TCP), as the
-/// mapping's warning and `ferry probe --peer` name it.
+/// and the memory otherwise takes TCP, or the owner's staging buffers where
+/// [`crate::NvlinkConfig::cuda_malloc_staging`] allows), as the mapping's warning and
+/// `ferry probe --peer` name it.
 pub const PID_CLASH_REMEDIES: &str = "share one PID namespace (hostPID, or \
     shareProcessNamespace in one pod), run one of the two servers under an init that stays PID 1 \
     (tini, or a shell that does not exec it) so that their PIDs differ, or use VMM memory \
@@ -273,8 +274,7 @@ async fn map_and_release(
 ) -> Result<Mapped, Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
     let ipc = matches!(export, GpuExport::CudaIpc { .. });
-    let stages = staging != CudaMallocStaging::Never;
-    let refused = match ipc && staging == CudaMallocStaging::Always {
+    let refused = match stages_without_mapping(ipc, staging) {
         true => "cudaMalloc staging is set to always".to_owned(),
         false => {
             let silent = Mutex::new(None);
@@ -289,7 +289,9 @@ async fn map_and_release(
                 // routed here meets the same violation, fails with it and closes the peer,
                 // instead of quietly taking TCP.
                 Err(OpenError::Peer(_)) => return Ok(Mapped::Directly),
-                Err(OpenError::Local(reason)) if reason.is_passing() || !ipc || !stages => {
+                Err(OpenError::Local(reason))
+                    if !stages_after_failed_mapping(ipc, reason.is_passing(), staging) =>
+                {
                     return Err(Failed {
                         passing: reason.is_passing(),
                         reason: reason.to_string(),
@@ -314,21 +316,62 @@ async fn map_and_release(
         staging: 0,
         len: 1,
     };
+    // An owner that did not answer in time, or whose socket broke, may do better at the next
+    // lookup; one that refused the gather will not.
+    let passing =
+        |ended: &SessionEnded| matches!(ended, SessionEnded::TimedOut | SessionEnded::Io { .. });
     session
         .send(StageOp::Gather, &[probe])
         .await
-        .map_err(|staging| failed(false, &staging))?;
+        .map_err(|staging| failed(passing(&staging), &staging))?;
     session
         .answer()
         .await
-        .map_err(|staging| failed(false, &staging))?;
+        .map_err(|staging| failed(passing(&staging), &staging))?;
     Ok(Mapped::ThroughStaging { refused })
+}
+
+/// Whether the trial goes straight to staging for an export (`ipc`: `cudaMalloc` memory)
+/// without trying to map it: only `cudaMalloc` memory with staging set to always.
+fn stages_without_mapping(ipc: bool, staging: CudaMallocStaging) -> bool {
+    ipc && staging == CudaMallocStaging::Always
+}
+
+/// Whether the trial tries staging after mapping an export failed (`passing`: a failure that
+/// trying again may not meet): only for `cudaMalloc` memory, a lasting failure, and staging
+/// not set to never.
+fn stages_after_failed_mapping(ipc: bool, passing: bool, staging: CudaMallocStaging) -> bool {
+    ipc && !passing && staging != CudaMallocStaging::Never
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use ferry_core::HostIdentity;
+
+    #[test]
+    fn only_cudamalloc_memory_is_staged_and_only_as_the_setting_allows() {
+        use CudaMallocStaging::{Always, Auto, Never};
+        // Straight to staging: cudaMalloc memory with always, nothing else.
+        assert!(stages_without_mapping(true, Always));
+        for (ipc, staging) in [(true, Auto), (true, Never), (false, Always), (false, Auto)] {
+            assert!(!stages_without_mapping(ipc, staging), "{ipc} {staging:?}");
+        }
+        // After a failed mapping: a lasting failure of cudaMalloc memory with staging on.
+        assert!(stages_after_failed_mapping(true, false, Auto));
+        assert!(stages_after_failed_mapping(true, false, Always));
+        for (ipc, passing, staging) in [
+            (true, false, Never),
+            (true, true, Auto),
+            (false, false, Auto),
+            (false, false, Always),
+        ] {
+            assert!(
+                !stages_after_failed_mapping(ipc, passing, staging),
+                "{ipc} {passing} {staging:?}"
+            );
+        }
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn peer(instance: u128) -> SegmentDescriptor {

@@ -79,8 +79,9 @@ impl Side {
         decode: &mut ServeChild,
     ) -> Result<Side, BoxError> {
         let only = options.only_transport();
-        let links = Links::default().gpu_links(only.is_none()).nvlink(
-            options.socket_dir.config(NvlinkConfig {
+        let links = Links::default()
+            .gpu_links(only.is_none())
+            .nvlink(options.socket_dir.config(NvlinkConfig {
                 streams_per_gpu: options.streams.max(1),
                 copy_path: path,
                 kernel_blocks_per_sm: options.kernel_blocks_per_sm.max(1),
@@ -89,11 +90,12 @@ impl Side {
                 shared_memory_notifications: !options.notify_over_tcp,
                 gpu_notification_max_bytes: options.gpu_notification_max_bytes,
                 socket_dir: None,
-                cuda_malloc_staging: options
-                    .stage_cuda_malloc
-                    .then_some(ferry::CudaMallocStaging::Always),
-            }),
-        );
+                // Set either way, so the environment cannot stage the direct rows.
+                cuda_malloc_staging: Some(match options.stage_cuda_malloc {
+                    true => ferry::CudaMallocStaging::Always,
+                    false => ferry::CudaMallocStaging::Never,
+                }),
+            }));
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]
         let links = links.rdma((!options.tcp && !options.host).then(ferry::RdmaConfig::default));

@@ -17,8 +17,8 @@
 //!
 //! Staging is taken only where [`crate::NvlinkConfig::cuda_malloc_staging`] allows it (opt-in
 //! until it has run on a GPU machine), the trial mapping of the peer's `cudaMalloc` memory
-//! failed, and a trial session gathered a byte ([`crate::trial`]); everything else keeps its
-//! direct mapping.
+//! failed (or staging is set to always), and a trial session gathered a byte
+//! ([`crate::trial`]); everything else keeps its direct mapping.
 
 mod chunks;
 mod session;
