@@ -1,7 +1,8 @@
 //! Pinned host buffers that carry kernel arguments too large for a launch (copy lists, block
 //! ids). The kernels read them in place over the bus, so no upload is queued before a launch.
 
-use ferry_core::cuda::{Context, CudaError, Event, PinnedBuffer};
+use crate::kernels::THREADS_PER_BLOCK;
+use ferry_core::cuda::{Context, CudaError, Event, Kernel, KernelArg, PinnedBuffer, Stream};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -55,5 +56,42 @@ impl ArgumentPool {
     /// Returns `buffer` for reuse once `fence` (recorded after the launch reading it) fires.
     pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Arc<Event>) {
         self.free.lock().push((buffer, fence));
+    }
+}
+
+impl ArgumentPool {
+    /// Launches `kernel` on `stream` with its large arguments in a buffer of this pool of
+    /// `arg_bytes` bytes, which `fill` writes (given the buffer's address) before returning
+    /// the launch's arguments. Returns the event recorded right after the launch; the buffer
+    /// goes back to the pool only with it, so nothing overwrites it while the launch reads it.
+    ///
+    /// # Safety
+    /// The arguments `fill` returns must match `kernel`'s parameters, and every range they
+    /// name must stay valid for the kernel on `stream`'s GPU until the returned event fires.
+    pub(crate) unsafe fn launch(
+        &self,
+        stream: &Stream,
+        kernel: &Kernel,
+        grid: u32,
+        arg_bytes: usize,
+        fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
+    ) -> ferry_core::Result<Arc<Event>> {
+        let mut args = self.take(arg_bytes)?;
+        let base = args.addr();
+        let launch_args = fill(args.as_mut_slice(), base);
+        // SAFETY: the caller vouches for the arguments and the ranges they name (this
+        // function's contract); the argument buffer itself lives until the fence below.
+        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
+        let fence = match Event::record(stream) {
+            Ok(fence) => Arc::new(fence),
+            Err(error) => {
+                // The launch may still read the arguments: leak them rather than free them
+                // under the GPU.
+                std::mem::forget(args);
+                return Err(error.into());
+            }
+        };
+        self.give_back(args, Arc::clone(&fence));
+        launched.map(|()| fence)
     }
 }

@@ -26,26 +26,13 @@ impl NvlinkLink {
         arg_bytes: usize,
         fill: impl FnOnce(&mut [u8], u64) -> Vec<KernelArg>,
     ) -> Result<Arc<Event>> {
-        let mut args = lane.args.take(arg_bytes)?;
-        let base = args.addr();
-        let launch_args = fill(args.as_mut_slice(), base);
-        let stream = &lane.streams[stream];
         // SAFETY: the caller matched the arguments to the kernel and checked every range they
         // name (the transfer keeps the local registrations and the peer mappings until every
-        // stream it gave work has finished); the pinned argument buffer goes back to the pool
-        // only with a fence recorded after this launch, so nothing overwrites it meanwhile.
-        let launched = unsafe { kernel.launch(stream, grid, THREADS_PER_BLOCK, &launch_args) };
-        let fence = match Event::record(stream) {
-            Ok(fence) => Arc::new(fence),
-            Err(error) => {
-                // The launch may still read the arguments: leak them rather than free them
-                // under the GPU.
-                std::mem::forget(args);
-                return Err(error.into());
-            }
-        };
-        lane.args.give_back(args, Arc::clone(&fence));
-        launched.map(|()| fence)
+        // stream it gave work has finished).
+        unsafe {
+            lane.args
+                .launch(&lane.streams[stream], kernel, grid, arg_bytes, fill)
+        }
     }
 
     /// Queues one launch of a transfer on `lane`; for a kernel, returns the event recorded

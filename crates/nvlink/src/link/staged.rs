@@ -172,10 +172,7 @@ impl NvlinkLink {
     ) -> Result<()> {
         for chunk in chunks {
             while session.unanswered() as u64 >= SLOTS {
-                session
-                    .answer()
-                    .await
-                    .map_err(|error| self.staging_failed(error))?;
+                self.staging_answer(session).await?;
             }
             let copies = slot_copies(chunk, session.staging().base(), Direction::Write, reaches);
             self.copy_staged(lane, &copies, Arc::clone(session.staging()))
@@ -186,10 +183,7 @@ impl NvlinkLink {
                 .map_err(|error| self.staging_failed(error))?;
         }
         while session.unanswered() > 0 {
-            session
-                .answer()
-                .await
-                .map_err(|error| self.staging_failed(error))?;
+            self.staging_answer(session).await?;
         }
         Ok(())
     }
@@ -212,10 +206,7 @@ impl NvlinkLink {
                     .map_err(|error| self.staging_failed(error))?;
                 asked += 1;
             }
-            session
-                .answer()
-                .await
-                .map_err(|error| self.staging_failed(error))?;
+            self.staging_answer(session).await?;
             let copies = slot_copies(chunk, session.staging().base(), Direction::Read, reaches);
             self.copy_staged(lane, &copies, Arc::clone(session.staging()))
                 .await?;
@@ -248,6 +239,14 @@ impl NvlinkLink {
     /// The staging session of local GPU `ordinal` with the peer's GPU `owner_gpu`.
     fn staging_slot(&self, ordinal: u32, owner_gpu: GpuId) -> StagingSlot {
         Arc::clone(self.staging.lock().entry((ordinal, owner_gpu)).or_default())
+    }
+
+    /// The owner's answer to the oldest request of `session` not answered yet.
+    async fn staging_answer(&self, session: &mut StagingSession) -> Result<()> {
+        session
+            .answer()
+            .await
+            .map_err(|error| self.staging_failed(error))
     }
 
     /// The error of a transfer whose staging session failed half-way: the peer's memory may

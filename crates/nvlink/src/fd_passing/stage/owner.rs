@@ -7,7 +7,7 @@ use super::{SessionEnded, MAX_STAGING_BYTES, MIN_STAGING_BYTES};
 use crate::args::ArgumentPool;
 use crate::config::NvlinkConfig;
 use crate::fd_passing::{send_fds, InUse, Vouched};
-use crate::kernels::{CopyKernels, KernelShare, THREADS_PER_BLOCK};
+use crate::kernels::{CopyKernels, KernelShare};
 use crate::plan;
 use ferry_core::cuda::{
     create_vmm, AllocationHandle, Context, CudaError, Event, KernelArg, Pollable, Poller, Stream,
@@ -322,30 +322,22 @@ impl OwnerGpu {
             .context()
             .bind()
             .map_err(ferry_core::Error::from)?;
-        let mut args = self
-            .args
-            .take(entries.len() * plan::ENTRY_BYTES)
-            .map_err(ferry_core::Error::from)?;
-        plan::write_entries(&entries, args.as_mut_slice());
-        let launch_args = [KernelArg::U64(args.addr()), KernelArg::U64(count)];
         // SAFETY: `ferry_copy_list` takes (entries, count), as given; every range the entries
-        // name was checked: the owner's against this engine's live registrations on this GPU,
-        // the staging ones against the staging buffer, which lives until the stream drained
-        // (see `OwnerGpu`'s drop). The argument buffer goes back to the pool only with the
-        // fence recorded after this launch.
-        let launched =
-            unsafe { kernel.launch(&self.stream, grid, THREADS_PER_BLOCK, &launch_args) };
-        let fence = match Event::record(&self.stream) {
-            Ok(fence) => Arc::new(fence),
-            Err(error) => {
-                // The launch may still read the arguments: leak them rather than free them
-                // under the GPU.
-                std::mem::forget(args);
-                return Err(ferry_core::Error::from(error).into());
-            }
-        };
-        self.args.give_back(args, Arc::clone(&fence));
-        launched?;
+        // name was checked: the owner's against this engine's live registrations on this GPU
+        // (held in use until the fence fires), the staging ones against the staging buffer,
+        // which lives until the stream drained (see `OwnerGpu`'s drop).
+        let fence = unsafe {
+            self.args.launch(
+                &self.stream,
+                kernel,
+                grid,
+                entries.len() * plan::ENTRY_BYTES,
+                |args, base| {
+                    plan::write_entries(&entries, args);
+                    vec![KernelArg::U64(base), KernelArg::U64(count)]
+                },
+            )
+        }?;
         Ok(fence)
     }
 }
