@@ -117,7 +117,10 @@ pub use ferry_core::{
     ProtocolViolation, RangeError, Refusal, Region, RegionInfo, RegistrationProblem, Result, Route,
     SegmentDescriptor, Side, TcpConfig, Transfer, MAX_NOTIFICATION_BYTES,
 };
-pub use ferry_nvlink::{CopyPath, CudaMallocStaging, NvlinkConfig, CUDA_MALLOC_STAGING_ENV};
+pub use ferry_nvlink::{
+    CopyPath, CudaMallocStaging, NvlinkConfig, CUDA_MALLOC_STAGING_ENV, STAGING_SLOTS_OTHER_GPU,
+    STAGING_SLOTS_SAME_GPU,
+};
 #[cfg(feature = "rdma")]
 pub use ferry_rdma::RdmaConfig;
 pub use links::{builder, Links};

@@ -62,7 +62,25 @@ pub struct NvlinkConfig {
     /// ([`CUDA_MALLOC_STAGING_ENV`]: `never`, `auto` or `always`), and without it
     /// [`CudaMallocStaging::Never`]. See [`CudaMallocStaging`].
     pub cuda_malloc_staging: Option<CudaMallocStaging>,
+    /// GPU memory asked of a peer for each staging session (see [`Self::cuda_malloc_staging`]):
+    /// the peer allocates it on the GPU of its memory for as long as the session lasts (one
+    /// session per pair of GPUs, ended after a minute unused), and gives 2 MiB to 1 GiB of
+    /// what is asked. A transfer larger than one slot of it goes in several turns.
+    pub staging_bytes: u64,
+    /// Slots the staging buffer is cut into, the chunks in flight at once; `None` (the
+    /// default) for [`STAGING_SLOTS_SAME_GPU`] where the peer's memory is on this process's
+    /// GPU and [`STAGING_SLOTS_OTHER_GPU`] otherwise. Two processes' kernels on one GPU take
+    /// turns rather than overlap, so there more slots only add turns; between two GPUs the
+    /// peer's copy of one chunk overlaps this GPU's copy of the next.
+    pub staging_slots: Option<u32>,
 }
+
+/// Staging slots where the peer's memory is on this process's GPU
+/// ([`NvlinkConfig::staging_slots`]).
+pub const STAGING_SLOTS_SAME_GPU: u32 = 1;
+
+/// Staging slots where the peer's memory is on another GPU ([`NvlinkConfig::staging_slots`]).
+pub const STAGING_SLOTS_OTHER_GPU: u32 = 4;
 
 /// The environment variable that sets [`NvlinkConfig::cuda_malloc_staging`] where the config
 /// leaves it `None`: `never`, `auto` or `always`.
@@ -128,6 +146,16 @@ impl CudaMallocStaging {
 }
 
 impl NvlinkConfig {
+    /// The staging slots of a session with a peer whose memory is on this process's GPU
+    /// (`same_gpu`) or not: [`Self::staging_slots`], at least 1.
+    pub(crate) fn staging_slots_for(&self, same_gpu: bool) -> u64 {
+        let auto = match same_gpu {
+            true => STAGING_SLOTS_SAME_GPU,
+            false => STAGING_SLOTS_OTHER_GPU,
+        };
+        u64::from(self.staging_slots.unwrap_or(auto).max(1))
+    }
+
     /// This config with socket directory `dir` (see [`Self::socket_dir`](field@Self::socket_dir)).
     /// Each distinct directory is kept once for the life of the process, however many
     /// configs name it.
@@ -165,6 +193,8 @@ impl Default for NvlinkConfig {
             gpu_notification_max_bytes: 4 << 20,
             socket_dir: None,
             cuda_malloc_staging: None,
+            staging_bytes: 256 << 20,
+            staging_slots: None,
         }
     }
 }

@@ -46,7 +46,9 @@ mod staging;
 mod transport;
 mod trial;
 
-pub use config::{CudaMallocStaging, CUDA_MALLOC_STAGING_ENV};
+pub use config::{
+    CudaMallocStaging, CUDA_MALLOC_STAGING_ENV, STAGING_SLOTS_OTHER_GPU, STAGING_SLOTS_SAME_GPU,
+};
 pub use export::{GpuExport, EXPORT_VERSION};
 pub use fabric_probe::{probe_fabric, FabricSupport};
 pub use fd_passing::{fd_socket_name, SocketDirError, FDS_PER_MESSAGE, SOCKET_DIR_ENV};

@@ -86,7 +86,7 @@ impl NvlinkTransport {
             config,
             unavailable,
             process: InstanceId::of_this_process().ok(),
-            trials: Arc::new(Trials::real(staging)),
+            trials: Arc::new(Trials::real(staging, config.staging_bytes)),
             staging,
             is_local: ferry_core::is_local_engine,
             attached: OnceLock::new(),

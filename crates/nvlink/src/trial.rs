@@ -121,10 +121,14 @@ pub(crate) struct Trials {
 }
 
 impl Trials {
-    /// Trials that really map, and open a staging session for `cudaMalloc` memory as
-    /// `staging` says ([`crate::NvlinkConfig::cuda_malloc_staging`]).
-    pub(crate) fn real(staging: CudaMallocStaging) -> Trials {
+    /// Trials that really map, and open a staging session of `staging_bytes` for
+    /// `cudaMalloc` memory as `staging` says ([`crate::NvlinkConfig::cuda_malloc_staging`]).
+    pub(crate) fn real(staging: CudaMallocStaging, staging_bytes: u64) -> Trials {
         Trials::new(Arc::new(move |ordinal, export, owner, region, secret| {
+            let staging = Staging {
+                mode: staging,
+                bytes: staging_bytes,
+            };
             Box::pin(map_and_release(
                 ordinal, export, owner, region, secret, staging,
             ))
@@ -260,17 +264,29 @@ fn with_pid_hint(reason: String, kind: ExportKind, peer_pid: u32) -> String {
     )
 }
 
+/// How a trial stages `cudaMalloc` memory that does not map.
+#[derive(Clone, Copy)]
+struct Staging {
+    mode: CudaMallocStaging,
+    /// The staging a transfer asks for: the trial asks for as much, so that an owner that
+    /// cannot give it is found out here rather than by a transfer.
+    bytes: u64,
+}
+
 /// The real trial: maps the export of the buffer at `region` of the engine behind `socket`
 /// into GPU `ordinal`'s context and unmaps it at once; where `cudaMalloc` memory does not
-/// map for good (with `staging` auto), or always with `staging` always, opens a staging
-/// session for it, gathers one byte through it and closes it again.
+/// map for good (with staging auto), or always with staging always, opens a staging session
+/// for it, gathers one byte through it and closes it again.
 async fn map_and_release(
     ordinal: u32,
     export: GpuExport,
     socket: FdSocket,
     region: u64,
     secret: Option<Secret>,
-    staging: CudaMallocStaging,
+    Staging {
+        mode: staging,
+        bytes: staging_bytes,
+    }: Staging,
 ) -> Result<Mapped, Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
     let ipc = matches!(export, GpuExport::CudaIpc { .. });
@@ -305,9 +321,10 @@ async fn map_and_release(
         passing,
         reason: format!("{refused}; staging through the peer's fd socket failed too: {staging}"),
     };
-    let mut session = StagingSession::open(&socket, region, ordinal, secret.as_ref())
-        .await
-        .map_err(|staging| failed(staging.is_passing(), &staging))?;
+    let mut session =
+        StagingSession::open(&socket, region, staging_bytes, ordinal, secret.as_ref())
+            .await
+            .map_err(|staging| failed(staging.is_passing(), &staging))?;
     // One byte gathered on the owner's GPU proves its side of a staged copy (the request, its
     // checks, its kernel) before any transfer relies on it; reading leaves its memory as it is.
     let probe = StageEntry {

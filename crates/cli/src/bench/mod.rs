@@ -153,6 +153,8 @@ pub(crate) fn run(options: &Options) -> Result<bool, BoxError> {
         line_rate_gbps: line_rate,
         notify_requests: options.notify_requests,
         stage_cuda_malloc: options.stage_cuda_malloc,
+        staging_bytes: options.stage_cuda_malloc.then_some(options.staging_bytes),
+        staging_slots: options.staging_slots.filter(|_| options.stage_cuda_malloc),
         rows: Vec::new(),
         sweep: Vec::new(),
     };

@@ -74,6 +74,14 @@ pub(crate) struct Options {
     /// option as its baseline.
     #[arg(long, conflicts_with_all = ["host", "tcp"])]
     pub(crate) stage_cuda_malloc: bool,
+    /// With `--stage-cuda-malloc`: bytes of staging asked of the decode process (it gives
+    /// 2 MiB to 1 GiB).
+    #[arg(long, default_value_t = NvlinkConfig::default().staging_bytes, requires = "stage_cuda_malloc")]
+    pub(crate) staging_bytes: u64,
+    /// With `--stage-cuda-malloc`: slots the staging buffer is cut into (chunks in flight at
+    /// once); without it, one where both processes use the same GPU and four otherwise.
+    #[arg(long, requires = "stage_cuda_malloc")]
+    pub(crate) staging_slots: Option<u32>,
     /// Batches of at most this many bytes have the GPU publish their notification into the
     /// shared-memory ring right after their copies; 0 leaves every notification to the host
     /// (the same-run baseline of GPU-published notifications).

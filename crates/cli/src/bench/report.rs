@@ -122,6 +122,10 @@ pub(crate) struct Report {
     /// Whether the decode process's `cudaMalloc` memory went through its staging buffers
     /// (`--stage-cuda-malloc`).
     pub(crate) stage_cuda_malloc: bool,
+    /// With `stage_cuda_malloc`, the staging asked for (`--staging-bytes`) and its slots
+    /// (`--staging-slots`; `None` for the engine's choice).
+    pub(crate) staging_bytes: Option<u64>,
+    pub(crate) staging_slots: Option<u32>,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.
     pub(crate) sweep: Vec<Row>,
@@ -156,10 +160,16 @@ impl Report {
             ),
         };
         if self.stage_cuda_malloc {
+            let slots = self.staging_slots.map_or_else(
+                || "the engine's choice of".to_owned(),
+                |slots| slots.to_string(),
+            );
             let _ = writeln!(
                 out,
                 "the decode process's cudaMalloc memory went through the staging buffers its \
-                 engine hands over by file descriptor (one more copy, on its GPU)"
+                 engine hands over by file descriptor (one more copy, on its GPU): {} MiB asked, \
+                 {slots} slots",
+                self.staging_bytes.unwrap_or(0) >> 20
             );
         }
         if self.notify_requests {
@@ -338,6 +348,8 @@ pub(crate) mod tests {
             line_rate_gbps: None,
             notify_requests: false,
             stage_cuda_malloc: false,
+            staging_bytes: None,
+            staging_slots: None,
             rows: vec![
                 row("auto", 4096, Some(360.0), true),
                 row("auto", 4096, None, false),

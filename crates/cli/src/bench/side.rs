@@ -95,6 +95,8 @@ impl Side {
                     true => ferry::CudaMallocStaging::Always,
                     false => ferry::CudaMallocStaging::Never,
                 }),
+                staging_bytes: options.staging_bytes,
+                staging_slots: options.staging_slots,
             }));
         // `--tcp` measures TCP: RDMA, which would win over it, stays out.
         #[cfg(feature = "rdma")]

@@ -5,7 +5,6 @@
 use super::*;
 use crate::staging::{
     plan_chunks, Chunk, Piece, SessionEnded, StageEntry, StageOp, StagingSession, ANSWER_TIMEOUT,
-    SLOTS,
 };
 use ferry_core::cuda::{GpuId, VmmMapping};
 
@@ -124,6 +123,7 @@ impl NvlinkLink {
             _ => StagingSession::open(
                 &self.socket,
                 all.remote(first).addr,
+                self.config.staging_bytes,
                 ordinal,
                 self.secret.as_ref(),
             )
@@ -134,7 +134,12 @@ impl NvlinkLink {
                 ))
             })?,
         };
-        let slot_len = session.staging().len() as u64 / SLOTS;
+        let same_gpu = self
+            .gpus
+            .iter()
+            .any(|info| info.ordinal == ordinal && info.uuid == owner_gpu);
+        let slots = self.config.staging_slots_for(same_gpu);
+        let slot_len = session.staging().len() as u64 / slots;
         for direction in [Direction::Write, Direction::Read] {
             let pieces = ops
                 .iter()
@@ -145,16 +150,16 @@ impl NvlinkLink {
                     remote: op.remote_addr,
                     len: op.len,
                 });
-            let chunks = plan_chunks(pieces, slot_len, SLOTS);
+            let chunks = plan_chunks(pieces, slot_len, slots);
+            let staged = Staged {
+                lane: &lane,
+                chunks: &chunks,
+                slots,
+                reaches,
+            };
             match direction {
-                Direction::Write => {
-                    self.staged_writes(&lane, &mut session, &chunks, reaches)
-                        .await?
-                }
-                Direction::Read => {
-                    self.staged_reads(&lane, &mut session, &chunks, reaches)
-                        .await?
-                }
+                Direction::Write => self.staged_writes(&mut session, staged).await?,
+                Direction::Read => self.staged_reads(&mut session, staged).await?,
             }
         }
         *held = Some(session);
@@ -163,15 +168,15 @@ impl NvlinkLink {
 
     /// Copies each chunk into its slot, then has the peer scatter it, while the next chunk is
     /// copied into the next slot.
-    async fn staged_writes(
-        &self,
-        lane: &Arc<GpuLane>,
-        session: &mut StagingSession,
-        chunks: &[Chunk],
-        reaches: bool,
-    ) -> Result<()> {
+    async fn staged_writes(&self, session: &mut StagingSession, staged: Staged<'_>) -> Result<()> {
+        let Staged {
+            lane,
+            chunks,
+            slots,
+            reaches,
+        } = staged;
         for chunk in chunks {
-            while session.unanswered() as u64 >= SLOTS {
+            while session.unanswered() as u64 >= slots {
                 self.staging_answer(session).await?;
             }
             let copies = slot_copies(chunk, session.staging().base(), Direction::Write, reaches);
@@ -188,18 +193,18 @@ impl NvlinkLink {
         Ok(())
     }
 
-    /// Has the peer gather up to [`SLOTS`] chunks ahead, and copies each out of its slot once
-    /// gathered.
-    async fn staged_reads(
-        &self,
-        lane: &Arc<GpuLane>,
-        session: &mut StagingSession,
-        chunks: &[Chunk],
-        reaches: bool,
-    ) -> Result<()> {
+    /// Has the peer gather up to one chunk per slot ahead, and copies each out of its slot
+    /// once gathered.
+    async fn staged_reads(&self, session: &mut StagingSession, staged: Staged<'_>) -> Result<()> {
+        let Staged {
+            lane,
+            chunks,
+            slots,
+            reaches,
+        } = staged;
         let mut asked = 0;
         for (index, chunk) in chunks.iter().enumerate() {
-            while asked < chunks.len() && (asked as u64) < index as u64 + SLOTS {
+            while asked < chunks.len() && (asked as u64) < index as u64 + slots {
                 session
                     .send(StageOp::Gather, &entries(&chunks[asked]))
                     .await
@@ -263,6 +268,17 @@ impl NvlinkLink {
             },
         }
     }
+}
+
+/// One direction of a staged transfer, as planned.
+#[derive(Clone, Copy)]
+struct Staged<'a> {
+    lane: &'a Arc<GpuLane>,
+    /// The direction's chunks, chunk `k` in slot `k % slots`.
+    chunks: &'a [Chunk],
+    slots: u64,
+    /// Whether the copy kernels reach this GPU's side of the copies.
+    reaches: bool,
 }
 
 /// This GPU's copies of `chunk` between its memory and the staging buffer mapped at `base`:

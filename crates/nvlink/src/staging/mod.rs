@@ -12,8 +12,9 @@
 //! memory into the slot (the NVLink copy), and asks the owner to scatter the slot into its
 //! memory ([`StageOp::Scatter`]); the owner checks every range against its own
 //! registrations, copies on its GPU and answers. A read asks the owner to gather into a slot
-//! first, then copies the slot out. With [`SLOTS`] slots the owner's copy of one chunk runs
-//! while the initiator copies the next.
+//! first, then copies the slot out. With several slots (between two GPUs) the owner's copy of
+//! one chunk runs while the initiator copies the next
+//! ([`crate::NvlinkConfig::staging_slots`]).
 //!
 //! Staging is taken only where [`crate::NvlinkConfig::cuda_malloc_staging`] allows it (opt-in
 //! until it has run on a GPU machine), the trial mapping of the peer's `cudaMalloc` memory
@@ -26,12 +27,6 @@ mod session;
 pub(crate) use crate::fd_passing::{SessionEnded, StageEntry, StageOp, ANSWER_TIMEOUT};
 pub(crate) use chunks::{plan_chunks, Chunk, Piece};
 pub(crate) use session::StagingSession;
-
-/// Bytes of staging an initiator asks for: [`SLOTS`] slots of 64 MiB.
-pub(crate) const STAGING_BYTES: u64 = 256 << 20;
-
-/// Slots the staging buffer is cut into: chunks in flight at once.
-pub(crate) const SLOTS: u64 = 4;
 
 /// How long an initiator keeps an unused session: past it, a transfer opens a fresh one
 /// (owners end sessions idle for a minute, freeing their staging).

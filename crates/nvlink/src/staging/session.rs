@@ -1,7 +1,7 @@
 //! The initiator's end of a staging session: the owner's staging buffer mapped here, and the
 //! requests sent to it, whose answers come back in order.
 
-use super::{REUSE_IDLE, STAGING_BYTES};
+use super::REUSE_IDLE;
 use crate::fd_passing::{
     encode_stage_request, open_staging, FdSocket, ImportError, SessionEnded, StageEntry, StageOp,
     ANSWER_TIMEOUT, MIN_STAGING_BYTES, STAGE_DONE, STAGE_FAILED, STAGE_MAX_REASON_BYTES,
@@ -29,7 +29,8 @@ pub(crate) struct StagingSession {
 
 impl StagingSession {
     /// Opens a session with the engine behind fd socket `socket` for its `cudaMalloc` buffer
-    /// registered at `buffer`, and maps the staging buffer into GPU `ordinal` here.
+    /// registered at `buffer`, asking for `bytes` of staging, and maps the staging buffer
+    /// into GPU `ordinal` here.
     ///
     /// # Errors
     /// The [`ImportError`] that says why the owner could not be asked, refused, or its
@@ -37,14 +38,16 @@ impl StagingSession {
     pub(crate) async fn open(
         socket: &FdSocket,
         buffer: u64,
+        bytes: u64,
         ordinal: u32,
         secret: Option<&Secret>,
     ) -> Result<StagingSession, ImportError> {
-        let (stream, fd, len) = open_staging(socket, buffer, STAGING_BYTES, secret).await?;
-        if !(MIN_STAGING_BYTES..=STAGING_BYTES).contains(&len) {
+        let asked = bytes.max(MIN_STAGING_BYTES);
+        let (stream, fd, len) = open_staging(socket, buffer, asked, secret).await?;
+        if !(MIN_STAGING_BYTES..=asked).contains(&len) {
             return Err(ImportError::Refused {
                 reason: format!(
-                    "the peer gave {len} bytes of staging, not {MIN_STAGING_BYTES} to {STAGING_BYTES}"
+                    "the peer gave {len} bytes of staging, not {MIN_STAGING_BYTES} to {asked}"
                 ),
             });
         }
