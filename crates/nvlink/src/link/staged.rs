@@ -175,12 +175,14 @@ impl NvlinkLink {
             slots,
             reaches,
         } = staged;
+        let mut times = PhaseTimes::start();
         for chunk in chunks {
             while session.unanswered() as u64 >= slots {
-                self.staging_answer(session).await?;
+                times.waiting(self.staging_answer(session)).await?;
             }
             let copies = slot_copies(chunk, session.staging().base(), Direction::Write, reaches);
-            self.copy_staged(lane, &copies, Arc::clone(session.staging()))
+            times
+                .copying(self.copy_staged(lane, &copies, Arc::clone(session.staging())))
                 .await?;
             session
                 .send(StageOp::Scatter, &entries(chunk))
@@ -188,8 +190,9 @@ impl NvlinkLink {
                 .map_err(|error| self.staging_failed(error))?;
         }
         while session.unanswered() > 0 {
-            self.staging_answer(session).await?;
+            times.waiting(self.staging_answer(session)).await?;
         }
+        times.report("write", chunks.len(), slots);
         Ok(())
     }
 
@@ -202,6 +205,7 @@ impl NvlinkLink {
             slots,
             reaches,
         } = staged;
+        let mut times = PhaseTimes::start();
         let mut asked = 0;
         for (index, chunk) in chunks.iter().enumerate() {
             while asked < chunks.len() && (asked as u64) < index as u64 + slots {
@@ -211,11 +215,13 @@ impl NvlinkLink {
                     .map_err(|error| self.staging_failed(error))?;
                 asked += 1;
             }
-            self.staging_answer(session).await?;
+            times.waiting(self.staging_answer(session)).await?;
             let copies = slot_copies(chunk, session.staging().base(), Direction::Read, reaches);
-            self.copy_staged(lane, &copies, Arc::clone(session.staging()))
+            times
+                .copying(self.copy_staged(lane, &copies, Arc::clone(session.staging())))
                 .await?;
         }
+        times.report("read", chunks.len(), slots);
         Ok(())
     }
 
@@ -267,6 +273,54 @@ impl NvlinkLink {
                 reason: format!("a staged copy through its staging buffer failed: {error}"),
             },
         }
+    }
+}
+
+/// Where one direction of a staged transfer spent its time, for its debug line.
+struct PhaseTimes {
+    started: std::time::Instant,
+    /// On this GPU's copies into or out of the slots.
+    copying: std::time::Duration,
+    /// On the owner's answers.
+    waiting: std::time::Duration,
+}
+
+impl PhaseTimes {
+    fn start() -> PhaseTimes {
+        PhaseTimes {
+            started: std::time::Instant::now(),
+            copying: std::time::Duration::ZERO,
+            waiting: std::time::Duration::ZERO,
+        }
+    }
+
+    /// `copy`, its time counted as this GPU's copying.
+    async fn copying<T>(&mut self, copy: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = copy.await;
+        self.copying += started.elapsed();
+        out
+    }
+
+    /// `answer`, its time counted as waiting for the owner.
+    async fn waiting<T>(&mut self, answer: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = answer.await;
+        self.waiting += started.elapsed();
+        out
+    }
+
+    /// One debug line: the direction's chunks and where its time went.
+    fn report(&self, direction: &str, chunks: usize, slots: u64) {
+        tracing::debug!(
+            direction,
+            chunks,
+            slots,
+            total_us = self.started.elapsed().as_micros() as u64,
+            copying_us = self.copying.as_micros() as u64,
+            waiting_for_owner_us = self.waiting.as_micros() as u64,
+            "staged transfer"
+        );
     }
 }
 

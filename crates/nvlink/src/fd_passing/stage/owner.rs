@@ -169,6 +169,7 @@ impl OwnerSession {
 
     /// Reads the rest of the request headed `head`, checks it and copies it on the GPU.
     async fn carry_out(&mut self, head: [u8; HEADER_BYTES]) -> Result<(), SessionEnded> {
+        let started = std::time::Instant::now();
         let header = wire::decode_header(head)?;
         let mut bytes = vec![0u8; header.entry_bytes()];
         tokio::time::timeout(REQUEST_TIMEOUT, self.stream.read_exact(&mut bytes))
@@ -188,6 +189,7 @@ impl OwnerSession {
                 })
             })?;
         drop(vouched);
+        let checked = started.elapsed();
         let fence = self.gpu.launch(&copies)?;
         // The buffers stay counted as in use until the poller sees the copies end, even if
         // this session stops waiting: a deregistration waits for them.
@@ -197,6 +199,13 @@ impl OwnerSession {
                 _in_use: in_use,
             })
             .await?;
+        tracing::trace!(
+            op = ?header.op,
+            entries = entries.len(),
+            read_and_checked_us = checked.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "staged copy carried out"
+        );
         Ok(())
     }
 }
