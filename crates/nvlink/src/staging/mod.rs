@@ -16,8 +16,8 @@
 //! one chunk runs while the initiator copies the next
 //! ([`crate::NvlinkConfig::staging_slots`]).
 //!
-//! Staging is taken only where [`crate::NvlinkConfig::cuda_malloc_staging`] allows it (opt-in
-//! until it has run on a GPU machine), the trial mapping of the peer's `cudaMalloc` memory
+//! Staging is taken only where [`crate::NvlinkConfig::cuda_malloc_staging`] allows it (by
+//! default it does), the trial mapping of the peer's `cudaMalloc` memory
 //! failed (or staging is set to always), and a trial session gathered a byte
 //! ([`crate::trial`]); everything else keeps its direct mapping.
 
