@@ -6,7 +6,7 @@ use super::*;
 use crate::staging::{
     plan_chunks, Chunk, Piece, SessionEnded, StageEntry, StageOp, StagingSession, ANSWER_TIMEOUT,
 };
-use ferry_core::cuda::{GpuId, VmmMapping};
+use ferry_core::cuda::GpuId;
 
 /// The staging session of one local GPU with one GPU of the peer, opened at its first staged
 /// transfer; one staged transfer at a time uses it.
@@ -169,20 +169,14 @@ impl NvlinkLink {
     /// Copies each chunk into its slot, then has the peer scatter it, while the next chunk is
     /// copied into the next slot.
     async fn staged_writes(&self, session: &mut StagingSession, staged: Staged<'_>) -> Result<()> {
-        let Staged {
-            lane,
-            chunks,
-            slots,
-            reaches,
-        } = staged;
+        let (chunks, slots) = (staged.chunks, staged.slots);
         let mut times = PhaseTimes::start();
         for chunk in chunks {
             while session.unanswered() as u64 >= slots {
                 times.waiting(self.staging_answer(session)).await?;
             }
-            let copies = slot_copies(chunk, session.staging().base(), Direction::Write, reaches);
             times
-                .copying(self.copy_staged(lane, &copies, Arc::clone(session.staging())))
+                .copying(self.copy_slot(session, staged, chunk, Direction::Write))
                 .await?;
             session
                 .send(StageOp::Scatter, &entries(chunk))
@@ -199,12 +193,7 @@ impl NvlinkLink {
     /// Has the peer gather up to one chunk per slot ahead, and copies each out of its slot
     /// once gathered.
     async fn staged_reads(&self, session: &mut StagingSession, staged: Staged<'_>) -> Result<()> {
-        let Staged {
-            lane,
-            chunks,
-            slots,
-            reaches,
-        } = staged;
+        let (chunks, slots) = (staged.chunks, staged.slots);
         let mut times = PhaseTimes::start();
         let mut asked = 0;
         for (index, chunk) in chunks.iter().enumerate() {
@@ -216,25 +205,28 @@ impl NvlinkLink {
                 asked += 1;
             }
             times.waiting(self.staging_answer(session)).await?;
-            let copies = slot_copies(chunk, session.staging().base(), Direction::Read, reaches);
             times
-                .copying(self.copy_staged(lane, &copies, Arc::clone(session.staging())))
+                .copying(self.copy_slot(session, staged, chunk, Direction::Read))
                 .await?;
         }
         times.report("read", chunks.len(), slots);
         Ok(())
     }
 
-    /// Runs `copies` between this GPU's memory and the staging buffer, which `staging` keeps
-    /// mapped until they finished.
-    async fn copy_staged(
+    /// Runs this GPU's copies of `chunk` into its slot (a write) or out of it (a read); the
+    /// staging stays mapped until they finished.
+    async fn copy_slot(
         &self,
-        lane: &Arc<GpuLane>,
-        copies: &[plan::Copy],
-        staging: Arc<VmmMapping>,
+        session: &StagingSession,
+        staged: Staged<'_>,
+        chunk: &Chunk,
+        direction: Direction,
     ) -> Result<()> {
+        let staging = Arc::clone(session.staging());
+        let copies = slot_copies(chunk, staging.base(), direction, staged.reaches);
+        let lane = staged.lane;
         let launches = plan::launches(
-            copies,
+            &copies,
             self.config.copy_path,
             Driver::get().has_batched_copies(),
             lane.copy_streams(),
