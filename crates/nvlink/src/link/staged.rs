@@ -151,6 +151,9 @@ impl NvlinkLink {
                     len: op.len,
                 });
             let chunks = plan_chunks(pieces, slot_len, slots);
+            if chunks.is_empty() {
+                continue;
+            }
             let staged = Staged {
                 lane: &lane,
                 chunks: &chunks,

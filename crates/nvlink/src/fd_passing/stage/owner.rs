@@ -13,6 +13,7 @@ use ferry_core::cuda::{
     create_vmm, AllocationHandle, Context, CudaError, Event, KernelArg, Pollable, Poller, Stream,
     VmmMapping,
 };
+use rustc_hash::FxHashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -225,9 +226,10 @@ impl Pollable for CopiesDone {
 /// The copies of `entries` between the owner's memory and a staging buffer at `staging` on
 /// GPU `ordinal`, each owner range checked to lie inside the registered `cudaMalloc` buffer
 /// it names on that GPU; `find` gives a buffer's GPU, registered length and a hold on it
-/// (taken where it is found), or `None` where none is registered. Returns one hold per buffer
-/// named, kept until the copies end. The staging ranges were checked when the request was
-/// read.
+/// (taken where it is found), or `None` where none is registered. `find` is asked once per
+/// distinct buffer (a request of scattered KV blocks names each layer's pool thousands of
+/// times, interleaved), and the copies keep one hold per buffer until they end. The staging
+/// ranges were checked when the request was read.
 fn checked_copies(
     op: StageOp,
     entries: &[StageEntry],
@@ -236,25 +238,33 @@ fn checked_copies(
     mut find: impl FnMut(u64) -> Option<(u32, u64, InUse)>,
 ) -> Result<(Vec<plan::Copy>, Vec<InUse>), SessionEnded> {
     let mut last: Option<(u64, u64)> = None;
+    let mut known: FxHashMap<u64, u64> = FxHashMap::default();
     let mut in_use = Vec::new();
     let mut copies = Vec::with_capacity(entries.len());
     for (index, entry) in entries.iter().enumerate() {
         let registered = match last {
             Some((buffer, len)) if buffer == entry.buffer => len,
             _ => {
-                let len = match find(entry.buffer) {
-                    Some((found, len, hold)) if found == ordinal => {
-                        in_use.push(hold);
+                let len = match known.get(&entry.buffer) {
+                    Some(&len) => len,
+                    None => {
+                        let len = match find(entry.buffer) {
+                            Some((found, len, hold)) if found == ordinal => {
+                                in_use.push(hold);
+                                len
+                            }
+                            Some((found, _, _)) => return Err(SessionEnded::NotRegistered(format!(
+                                "entry {index} names the buffer at {:#x} on GPU {found}, but this session stages on GPU {ordinal}; open a session per GPU",
+                                entry.buffer
+                            ))),
+                            None => return Err(SessionEnded::NotRegistered(format!(
+                                "entry {index} names {:#x}, where no cudaMalloc buffer is registered (any more); fetch the peer's descriptor again",
+                                entry.buffer
+                            ))),
+                        };
+                        known.insert(entry.buffer, len);
                         len
                     }
-                    Some((found, _, _)) => return Err(SessionEnded::NotRegistered(format!(
-                        "entry {index} names the buffer at {:#x} on GPU {found}, but this session stages on GPU {ordinal}; open a session per GPU",
-                        entry.buffer
-                    ))),
-                    None => return Err(SessionEnded::NotRegistered(format!(
-                        "entry {index} names {:#x}, where no cudaMalloc buffer is registered (any more); fetch the peer's descriptor again",
-                        entry.buffer
-                    ))),
                 };
                 last = Some((entry.buffer, len));
                 len
@@ -397,6 +407,34 @@ mod tests {
                 (src, dst, 4096)
             );
         }
+    }
+
+    #[test]
+    fn interleaved_buffers_are_looked_up_once_each_and_held_once_each() {
+        let entries: Vec<StageEntry> = (0..64)
+            .map(|index| {
+                let buffer = [0x10000, 0x20000][index % 2];
+                entry(
+                    buffer,
+                    buffer + 16 * (index as u64 / 2),
+                    64 * index as u64,
+                    16,
+                )
+            })
+            .collect();
+        let mut asked = Vec::new();
+        let (copies, holds) = checked_copies(StageOp::Gather, &entries, 0x9000_0000, 0, |buffer| {
+            asked.push(buffer);
+            registered(buffer)
+        })
+        .unwrap();
+        assert_eq!(asked, [0x10000, 0x20000]);
+        assert_eq!(holds.len(), 2);
+        assert_eq!(copies.len(), 64);
+        assert_eq!(
+            (copies[5].src, copies[5].dst),
+            (0x20000 + 32, 0x9000_0000 + 320)
+        );
     }
 
     #[test]
