@@ -187,18 +187,29 @@ fn same_gpu_ipc_between_processes() {
 /// `cudaMalloc` memory of a peer whose IPC handles do not open here (two pods whose servers
 /// have equal PIDs) moves through the staging buffer the peer's engine hands over by file
 /// descriptor; forced here between plain processes (staging `Always`), which nvlink then
-/// reaches only through staging, so a transfer that says "nvlink" went through it. Sizes from
-/// one byte to five 64 MiB slots (the staging buffer has four, so slots are reused), at odd
-/// offsets, and 4,096 scattered 32 KiB entries in one batch, each written and read back.
+/// reaches only through staging, so a transfer that says "nvlink" went through it. Once with
+/// the default geometry (one 256 MiB slot, both processes being on GPU 0) and once with three
+/// slots (a third of 256 MiB each, rounded down to a multiple of 256 bytes, and reused):
+/// sizes from one byte to 300 MiB, at odd offsets, and 4,096 scattered 32 KiB entries in one
+/// batch, each written and read back.
 #[test]
 fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
     gpus();
     const REMOTE: usize = 640 << 20;
-    const LOCAL: u64 = 320 << 20;
     let target = ServeProcess::start_with(REMOTE, &["--gpu", "0"], &[]);
+    for slots in [None, Some(3)] {
+        staged_round_trips(&target, slots);
+    }
+}
+
+/// The round trips of [`cudamalloc_memory_moves_through_the_owners_staging_buffer`] with
+/// `slots` staging slots.
+fn staged_round_trips(target: &ServeProcess, slots: Option<u32>) {
+    const LOCAL: u64 = 320 << 20;
     let engine = ferry::Links::default()
         .nvlink(ferry::NvlinkConfig {
             cuda_malloc_staging: Some(ferry::CudaMallocStaging::Always),
+            staging_slots: slots,
             ..ferry::NvlinkConfig::default()
         })
         .builder()
@@ -207,7 +218,7 @@ fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
         .expect("engine starts");
     write_and_read_sizes(
         &engine,
-        &target,
+        target,
         0,
         LOCAL,
         &[1, 999, 32 << 10, 1 << 20, 300 << 20],
@@ -245,7 +256,11 @@ fn cudamalloc_memory_moves_through_the_owners_staging_buffer() {
     read.submit_blocking().unwrap();
     let mut arrived = vec![0u8; blocks.len()];
     back.read_at(0, &mut arrived).unwrap();
-    assert_bytes_eq(&arrived, &blocks, "4,096 scattered blocks through staging");
+    assert_bytes_eq(
+        &arrived,
+        &blocks,
+        &format!("4,096 scattered blocks through staging, {slots:?} slots"),
+    );
 }
 
 #[test]

@@ -80,7 +80,7 @@ pub(crate) struct Options {
     pub(crate) staging_bytes: u64,
     /// With `--stage-cuda-malloc`: slots the staging buffer is cut into (chunks in flight at
     /// once); without it, one where both processes use the same GPU and four otherwise.
-    #[arg(long, requires = "stage_cuda_malloc")]
+    #[arg(long, requires = "stage_cuda_malloc", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) staging_slots: Option<u32>,
     /// Batches of at most this many bytes have the GPU publish their notification into the
     /// shared-memory ring right after their copies; 0 leaves every notification to the host

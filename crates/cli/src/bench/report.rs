@@ -122,9 +122,11 @@ pub(crate) struct Report {
     /// Whether the decode process's `cudaMalloc` memory went through its staging buffers
     /// (`--stage-cuda-malloc`).
     pub(crate) stage_cuda_malloc: bool,
-    /// With `stage_cuda_malloc`, the staging asked for (`--staging-bytes`) and its slots
-    /// (`--staging-slots`; `None` for the engine's choice).
+    /// With `stage_cuda_malloc`, the staging asked for (`--staging-bytes`); the decode
+    /// process gives 2 MiB to 1 GiB of it.
     pub(crate) staging_bytes: Option<u64>,
+    /// With `stage_cuda_malloc`, the slots asked for (`--staging-slots`); `None` for the
+    /// engine's choice.
     pub(crate) staging_slots: Option<u32>,
     pub(crate) rows: Vec<Row>,
     /// The `--plot` sweep: bandwidth per block size and copy path.

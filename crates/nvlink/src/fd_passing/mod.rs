@@ -77,8 +77,8 @@ pub(crate) use server::{FdServer, Share};
 pub(crate) use stage::fuzz_request as fuzz_stage_request;
 pub(crate) use stage::{
     encode_request as encode_stage_request, SessionEnded, StageEntry, StageOp, ANSWER_TIMEOUT,
-    DONE as STAGE_DONE, FAILED as STAGE_FAILED, MAX_REASON_BYTES as STAGE_MAX_REASON_BYTES,
-    MIN_STAGING_BYTES,
+    DONE as STAGE_DONE, FAILED as STAGE_FAILED, MAX_ENTRIES as STAGE_MAX_ENTRIES,
+    MAX_REASON_BYTES as STAGE_MAX_REASON_BYTES, MAX_STAGING_BYTES, MIN_STAGING_BYTES,
 };
 pub(crate) use vouched::{InUse, Vouch, Vouched};
 

@@ -3,8 +3,10 @@
 //! into or out of the staging buffer, the peer's into or out of its memory, a slot at a time.
 
 use super::*;
+use crate::fd_passing::STAGE_MAX_ENTRIES;
 use crate::staging::{
-    plan_chunks, Chunk, Piece, SessionEnded, StageEntry, StageOp, StagingSession, ANSWER_TIMEOUT,
+    plan_chunks, slots_of, Chunk, Piece, SessionEnded, StageEntry, StageOp, StagingSession,
+    ANSWER_TIMEOUT,
 };
 use ferry_core::cuda::GpuId;
 
@@ -138,8 +140,10 @@ impl NvlinkLink {
             .gpus
             .iter()
             .any(|info| info.ordinal == ordinal && info.uuid == owner_gpu);
-        let slots = self.config.staging_slots_for(same_gpu);
-        let slot_len = session.staging().len() as u64 / slots;
+        let (slot_len, slots) = slots_of(
+            session.staging().len() as u64,
+            self.config.staging_slots_for(same_gpu),
+        );
         for direction in [Direction::Write, Direction::Read] {
             let pieces = ops
                 .iter()
@@ -150,7 +154,7 @@ impl NvlinkLink {
                     remote: op.remote_addr,
                     len: op.len,
                 });
-            let chunks = plan_chunks(pieces, slot_len, slots);
+            let chunks = plan_chunks(pieces, slot_len, slots, STAGE_MAX_ENTRIES as usize);
             if chunks.is_empty() {
                 continue;
             }
@@ -189,7 +193,7 @@ impl NvlinkLink {
         while session.unanswered() > 0 {
             times.waiting(self.staging_answer(session)).await?;
         }
-        times.report("write", chunks.len(), slots);
+        times.report("write", session, chunks.len(), slots);
         Ok(())
     }
 
@@ -212,7 +216,7 @@ impl NvlinkLink {
                 .copying(self.copy_slot(session, staged, chunk, Direction::Read))
                 .await?;
         }
-        times.report("read", chunks.len(), slots);
+        times.report("read", session, chunks.len(), slots);
         Ok(())
     }
 
@@ -281,6 +285,7 @@ struct PhaseTimes {
 }
 
 impl PhaseTimes {
+    /// Times from now on, nothing counted yet.
     fn start() -> PhaseTimes {
         PhaseTimes {
             started: std::time::Instant::now(),
@@ -305,12 +310,14 @@ impl PhaseTimes {
         out
     }
 
-    /// One debug line: the direction's chunks and where its time went.
-    fn report(&self, direction: &str, chunks: usize, slots: u64) {
+    /// One debug line: the direction's chunks, the staging they went through, and where its
+    /// time went.
+    fn report(&self, direction: &str, session: &StagingSession, chunks: usize, slots: u64) {
         tracing::debug!(
             direction,
             chunks,
             slots,
+            staging_bytes = session.staging().len(),
             total_us = self.started.elapsed().as_micros() as u64,
             copying_us = self.copying.as_micros() as u64,
             waiting_for_owner_us = self.waiting.as_micros() as u64,
@@ -322,6 +329,7 @@ impl PhaseTimes {
 /// One direction of a staged transfer, as planned.
 #[derive(Clone, Copy)]
 struct Staged<'a> {
+    /// This GPU's lane, whose streams run its copies.
     lane: &'a Arc<GpuLane>,
     /// The direction's chunks, chunk `k` in slot `k % slots`.
     chunks: &'a [Chunk],

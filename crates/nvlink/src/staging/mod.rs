@@ -25,7 +25,7 @@ mod chunks;
 mod session;
 
 pub(crate) use crate::fd_passing::{SessionEnded, StageEntry, StageOp, ANSWER_TIMEOUT};
-pub(crate) use chunks::{plan_chunks, Chunk, Piece};
+pub(crate) use chunks::{plan_chunks, slots_of, Chunk, Piece};
 pub(crate) use session::StagingSession;
 
 /// How long an initiator keeps an unused session: past it, a transfer opens a fresh one

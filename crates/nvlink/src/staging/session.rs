@@ -4,7 +4,8 @@
 use super::REUSE_IDLE;
 use crate::fd_passing::{
     encode_stage_request, open_staging, FdSocket, ImportError, SessionEnded, StageEntry, StageOp,
-    ANSWER_TIMEOUT, MIN_STAGING_BYTES, STAGE_DONE, STAGE_FAILED, STAGE_MAX_REASON_BYTES,
+    ANSWER_TIMEOUT, MAX_STAGING_BYTES, MIN_STAGING_BYTES, STAGE_DONE, STAGE_FAILED,
+    STAGE_MAX_REASON_BYTES,
 };
 use ferry_core::auth::Secret;
 use ferry_core::cuda::{AllocationHandle, Context, VmmMapping};
@@ -42,12 +43,13 @@ impl StagingSession {
         ordinal: u32,
         secret: Option<&Secret>,
     ) -> Result<StagingSession, ImportError> {
-        let asked = bytes.max(MIN_STAGING_BYTES);
-        let (stream, fd, len) = open_staging(socket, buffer, asked, secret).await?;
-        if !(MIN_STAGING_BYTES..=asked).contains(&len) {
+        let (stream, fd, len) = open_staging(socket, buffer, bytes, secret).await?;
+        // The owner clamps what is asked to these bounds and rounds it up to its GPU's
+        // allocation granularity, so it may give more than asked, never more than the most.
+        if !(MIN_STAGING_BYTES..=MAX_STAGING_BYTES).contains(&len) {
             return Err(ImportError::Refused {
                 reason: format!(
-                    "the peer gave {len} bytes of staging, not {MIN_STAGING_BYTES} to {asked}"
+                    "the peer gave {len} bytes of staging, not {MIN_STAGING_BYTES} to {MAX_STAGING_BYTES}"
                 ),
             });
         }

@@ -9,7 +9,8 @@ pub(crate) use owner::{OwnerSession, Serving as OwnerServing};
 #[cfg(any(fuzzing, test))]
 pub(crate) use wire::fuzz_request;
 pub(crate) use wire::{
-    encode_request, StageEntry, StageOp, StageViolation, DONE, FAILED, MAX_REASON_BYTES,
+    encode_request, StageEntry, StageOp, StageViolation, DONE, FAILED, MAX_ENTRIES,
+    MAX_REASON_BYTES,
 };
 
 /// Least staging an owner gives (one VMM granule on every GPU ferry knows).

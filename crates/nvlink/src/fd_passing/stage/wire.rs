@@ -14,8 +14,9 @@ pub(crate) const HEADER_BYTES: usize = 5;
 /// Bytes of one entry.
 pub(crate) const ENTRY_BYTES: usize = 32;
 
-/// Most entries one request may carry (32 MiB of entries): a 64 MiB slot of staging holds at
-/// most this many 64-byte copies, and KV blocks are far larger.
+/// Most entries one request may carry (32 MiB of entries): KV blocks are kilobytes, so a slot
+/// of their copies holds far fewer, and the initiator cuts a chunk of smaller ones at this
+/// many ([`crate::staging::plan_chunks`]).
 pub(crate) const MAX_ENTRIES: u32 = 1 << 20;
 
 /// The answer to a request the owner carried out.
