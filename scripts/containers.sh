@@ -34,8 +34,6 @@ chmod 755 "$bin" "$bin"/*
 work=$(mktemp -d /var/tmp/ferry-containers.XXXXXX)
 chmod 755 "$work"
 
-# SHAPE (decode and prefill's shape options) replaces the small default, for figures of a
-# larger request on a few layouts.
 # cudaMalloc memory whose IPC handle does not open (equal PIDs) goes through the owner's
 # staging buffer in every row (the engines' FERRY_CUDA_MALLOC_STAGING, auto as by default);
 # STAGING=never runs the matrix without it.
@@ -44,6 +42,8 @@ case $FERRY_CUDA_MALLOC_STAGING in
   never | auto | always) ;;
   *) echo "containers.sh: STAGING=$FERRY_CUDA_MALLOC_STAGING is none of never, auto, always" >&2; exit 2 ;;
 esac
+# SHAPE (decode and prefill's shape options) replaces the small default, for figures of a
+# larger request on a few layouts.
 read -r -a shape <<<"${SHAPE:---layers 4 --pool-blocks 512 --request-blocks 128}"
 # Requests per case: the first warms up; the row's GB/s is the median of the others, so that
 # a layout's figure can stand beside the plain processes' at the same shape.

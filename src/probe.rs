@@ -198,8 +198,8 @@ fn pid_clash(peer_pid: u32, own_pid: u32, other_process_here: bool) -> Option<St
              process); an engine here that is PID 1 of a different PID namespace (another \
              pod's main process, say) is likely to move `cudaMalloc` buffers with it through \
              staging buffers (one more copy), or over TCP where staging is off or the fd \
-             socket out of reach, since CUDA has refused IPC handles between processes of equal PIDs; to map them \
-             directly: {REMEDIES}"
+             socket out of reach, since CUDA has refused IPC handles between processes of \
+             equal PIDs; to map them directly: {REMEDIES}"
         )
     })
 }

@@ -57,9 +57,7 @@ impl ArgumentPool {
     pub(crate) fn give_back(&self, buffer: PinnedBuffer, fence: Arc<Event>) {
         self.free.lock().push((buffer, fence));
     }
-}
 
-impl ArgumentPool {
     /// Launches `kernel` on `stream` with its large arguments in a buffer of this pool of
     /// `arg_bytes` bytes, which `fill` writes (given the buffer's address) before returning
     /// the launch's arguments. Returns the event recorded right after the launch; the buffer

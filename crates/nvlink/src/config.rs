@@ -148,13 +148,13 @@ impl CudaMallocStaging {
 
 impl NvlinkConfig {
     /// The staging slots of a session with a peer whose memory is on this process's GPU
-    /// (`same_gpu`) or not: [`Self::staging_slots`], at least 1.
+    /// (`same_gpu`) or not: [`Self::staging_slots`] (which [`crate::staging::slots_of`] bounds).
     pub(crate) fn staging_slots_for(&self, same_gpu: bool) -> u64 {
         let auto = match same_gpu {
             true => STAGING_SLOTS_SAME_GPU,
             false => STAGING_SLOTS_OTHER_GPU,
         };
-        u64::from(self.staging_slots.unwrap_or(auto).max(1))
+        u64::from(self.staging_slots.unwrap_or(auto))
     }
 
     /// This config with socket directory `dir` (see [`Self::socket_dir`](field@Self::socket_dir)).

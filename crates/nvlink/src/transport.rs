@@ -32,9 +32,6 @@ pub struct NvlinkTransport {
     /// Whether mapping each peer's kinds of export worked, tried once per peer and kind; the
     /// links read it to tell which memory goes through staging.
     trials: Arc<Trials>,
-    /// When peers' `cudaMalloc` memory goes through their staging buffers; with `Never`, links
-    /// do not look for staged memory at all.
-    staging: CudaMallocStaging,
     /// Whether an instance id names an engine alive in this process.
     is_local: fn(InstanceId) -> bool,
     /// What the engine this transport serves told it, once attached.
@@ -87,7 +84,6 @@ impl NvlinkTransport {
             unavailable,
             process: InstanceId::of_this_process().ok(),
             trials: Arc::new(Trials::real(staging, config.staging_bytes)),
-            staging,
             is_local: ferry_core::is_local_engine,
             attached: OnceLock::new(),
         }
@@ -306,23 +302,20 @@ impl Transport for NvlinkTransport {
             }
             _ => Err(NoRing::NotCarried),
         };
-        let link = NvlinkLink::new(
-            NVLINK,
-            peer.name.clone(),
-            peer.instance,
-            local_peer,
-            self.config,
-            Arc::clone(&self.gpus),
-            self.secret().cloned(),
-        )
-        .with_socket(socket)
-        .with_messages(messages);
-        Ok(Arc::new(match self.staging {
-            CudaMallocStaging::Never => link,
-            CudaMallocStaging::Auto | CudaMallocStaging::Always => {
-                link.with_trials(Arc::clone(&self.trials))
-            }
-        }))
+        Ok(Arc::new(
+            NvlinkLink::new(
+                NVLINK,
+                peer.name.clone(),
+                peer.instance,
+                local_peer,
+                self.config,
+                Arc::clone(&self.gpus),
+                self.secret().cloned(),
+            )
+            .with_socket(socket)
+            .with_messages(messages)
+            .with_trials(Arc::clone(&self.trials)),
+        ))
     }
 }
 
@@ -378,7 +371,6 @@ mod tests {
             unavailable: None,
             process: Some(THIS_PROCESS),
             trials: Arc::new(Trials::new(maps_unless_vmm())),
-            staging: CudaMallocStaging::Never,
             is_local: |instance| instance == THIS_PROCESS,
             attached: OnceLock::new(),
         }

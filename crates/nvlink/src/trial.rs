@@ -124,11 +124,11 @@ impl Trials {
     /// Trials that really map, and open a staging session of `staging_bytes` for
     /// `cudaMalloc` memory as `staging` says ([`crate::NvlinkConfig::cuda_malloc_staging`]).
     pub(crate) fn real(staging: CudaMallocStaging, staging_bytes: u64) -> Trials {
+        let staging = Staging {
+            mode: staging,
+            bytes: staging_bytes,
+        };
         Trials::new(Arc::new(move |ordinal, export, owner, region, secret| {
-            let staging = Staging {
-                mode: staging,
-                bytes: staging_bytes,
-            };
             Box::pin(map_and_release(
                 ordinal, export, owner, region, secret, staging,
             ))
@@ -283,14 +283,11 @@ async fn map_and_release(
     socket: FdSocket,
     region: u64,
     secret: Option<Secret>,
-    Staging {
-        mode: staging,
-        bytes: staging_bytes,
-    }: Staging,
+    staging: Staging,
 ) -> Result<Mapped, Failed> {
     let context = Context::get(ordinal).map_err(|error| Failed::lasting(error.to_string()))?;
     let ipc = matches!(export, GpuExport::CudaIpc { .. });
-    let refused = match stages_without_mapping(ipc, staging) {
+    let refused = match stages_without_mapping(ipc, staging.mode) {
         true => "cudaMalloc staging is set to always".to_owned(),
         false => {
             let silent = Mutex::new(None);
@@ -306,7 +303,7 @@ async fn map_and_release(
                 // instead of quietly taking TCP.
                 Err(OpenError::Peer(_)) => return Ok(Mapped::Directly),
                 Err(OpenError::Local(reason))
-                    if !stages_after_failed_mapping(ipc, reason.is_passing(), staging) =>
+                    if !stages_after_failed_mapping(ipc, reason.is_passing(), staging.mode) =>
                 {
                     return Err(Failed {
                         passing: reason.is_passing(),
@@ -317,14 +314,14 @@ async fn map_and_release(
             }
         }
     };
-    let failed = |passing: bool, staging: &dyn std::fmt::Display| Failed {
+    let failed = |passing: bool, error: &dyn std::fmt::Display| Failed {
         passing,
-        reason: format!("{refused}; staging through the peer's fd socket failed too: {staging}"),
+        reason: format!("{refused}; staging through the peer's fd socket failed too: {error}"),
     };
     let mut session =
-        StagingSession::open(&socket, region, staging_bytes, ordinal, secret.as_ref())
+        StagingSession::open(&socket, region, staging.bytes, ordinal, secret.as_ref())
             .await
-            .map_err(|staging| failed(staging.is_passing(), &staging))?;
+            .map_err(|error| failed(error.is_passing(), &error))?;
     // One byte gathered on the owner's GPU proves its side of a staged copy (the request, its
     // checks, its kernel) before any transfer relies on it; reading leaves its memory as it is.
     let probe = StageEntry {
@@ -340,11 +337,11 @@ async fn map_and_release(
     session
         .send(StageOp::Gather, &[probe])
         .await
-        .map_err(|staging| failed(passing(&staging), &staging))?;
+        .map_err(|error| failed(passing(&error), &error))?;
     session
         .answer()
         .await
-        .map_err(|staging| failed(passing(&staging), &staging))?;
+        .map_err(|error| failed(passing(&error), &error))?;
     Ok(Mapped::ThroughStaging { refused })
 }
 
@@ -365,6 +362,7 @@ fn stages_after_failed_mapping(ipc: bool, passing: bool, staging: CudaMallocStag
 mod tests {
     use super::*;
     use ferry_core::HostIdentity;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn only_cudamalloc_memory_is_staged_and_only_as_the_setting_allows() {
@@ -389,7 +387,6 @@ mod tests {
             );
         }
     }
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn peer(instance: u128) -> SegmentDescriptor {
         SegmentDescriptor {
