@@ -253,6 +253,20 @@ impl BlockCopy {
         self
     }
 
+    /// The same copy (length, layouts, pools) moving other blocks: block `local_ids[i]` to or
+    /// from block `remote_ids[i]` of every pool. A caller that submits one set of pools request
+    /// after request builds it once and gives each request its ids; they are checked at submit
+    /// as any copy's are.
+    pub fn with_ids(
+        mut self,
+        local_ids: impl Into<Arc<[u32]>>,
+        remote_ids: impl Into<Arc<[u32]>>,
+    ) -> BlockCopy {
+        self.local_ids = local_ids.into();
+        self.remote_ids = remote_ids.into();
+        self
+    }
+
     /// Bytes the copy moves.
     pub fn bytes(&self) -> u64 {
         self.len * self.local_ids.len() as u64 * self.pools.len() as u64

@@ -31,6 +31,7 @@ mod staged;
 use lanes::GpuLane;
 use launches::{Paged, Side, Work};
 use mappings::{Held, Known};
+use paged::ResolvedPools;
 use staged::StagingSlot;
 
 /// Mappings of one peer's allocations and the local streams and kernels that copy to and from
@@ -69,6 +70,8 @@ pub(crate) struct NvlinkLink {
     trials: Option<Arc<Trials>>,
     /// The staging session of each local GPU (by ordinal) with each GPU of the peer.
     staging: Mutex<HashMap<(u32, ferry_core::cuda::GpuId), StagingSlot>>,
+    /// The peer pools of the last paged copy planned, for the next one naming the same.
+    resolved_pools: Mutex<Option<Arc<ResolvedPools>>>,
 }
 
 /// Why a link sends its notifications over TCP instead of a shared-memory message ring.
@@ -117,6 +120,7 @@ impl NvlinkLink {
             messages: Err(NoRing::NotOpened { transport }),
             trials: None,
             staging: Mutex::default(),
+            resolved_pools: Mutex::default(),
         }
     }
 
@@ -283,11 +287,10 @@ impl NvlinkLink {
             self.map_all(blocks.pools().iter().map(|pool| &pool.remote), ordinal)
                 .await?;
         }
-        let mut held = Held::default();
-        match self.paged(&blocks, &mut held)? {
-            Some((lane, paged)) => {
+        match self.paged(&blocks)? {
+            Some((lane, paged, pools)) => {
                 let work = vec![(0, Work::Paged(paged))];
-                self.run_with(vec![lane], work, (blocks, held), payload)
+                self.run_with(vec![lane], work, (blocks, pools), payload)
                     .await
             }
             None => {
@@ -390,6 +393,7 @@ impl Link for NvlinkLink {
         }
         self.mappings.lock().clear();
         self.known.lock().clear();
+        self.resolved_pools.lock().take();
         self.staging.lock().clear();
     }
 }

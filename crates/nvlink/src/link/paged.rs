@@ -3,6 +3,46 @@
 //! pools and ids.
 
 use super::*;
+use ferry_core::BlockPoolOp;
+
+/// The peer pools of the last paged copy a link planned, resolved: a model's requests name
+/// the same buffer at the same base for every layer and K/V request after request, and
+/// resolving each pool (its mapping looked up and held, its reach and bounds checked) cost a
+/// request of 160 pools more than its launch.
+pub(super) struct ResolvedPools {
+    ordinal: u32,
+    /// Bytes from each pool's base checked against its mapping: a copy whose highest block
+    /// ends within them is inside the mapping too.
+    extent: u64,
+    /// Each pool's buffer and base at the peer, as the copy named them.
+    remotes: Vec<(Arc<BufferDescriptor>, u64)>,
+    /// Each pool's base where it is mapped here, checked for `extent` bytes.
+    bases: Vec<u64>,
+    /// The mappings the pools lie in, never read: held so that closing the link meanwhile
+    /// unmaps nothing a copy planned from them still uses.
+    _held: Held,
+}
+
+/// A paged copy planned: the lane that launches it, its launch, and the resolved peer pools
+/// it copies between, kept until it ends.
+pub(super) type PlannedPaged = (Arc<GpuLane>, Paged, Arc<ResolvedPools>);
+
+impl ResolvedPools {
+    /// Whether `pools`, copied up to `extent` bytes from each base by GPU `ordinal`, are the
+    /// pools resolved, checked for at least as many bytes.
+    fn matches(&self, ordinal: u32, extent: u64, pools: &[BlockPoolOp]) -> bool {
+        self.ordinal == ordinal
+            && extent <= self.extent
+            && self.remotes.len() == pools.len()
+            && self
+                .remotes
+                .iter()
+                .zip(pools)
+                .all(|((remote, base), pool)| {
+                    Arc::ptr_eq(remote, &pool.remote) && *base == pool.remote_base
+                })
+    }
+}
 
 /// A remote buffer resolved for one GPU: where it is mapped here, and whether the GPU's
 /// kernels reach it.
@@ -70,14 +110,10 @@ impl NvlinkLink {
         Ok(copies)
     }
 
-    /// Plans a paged copy as one kernel launch, or `None` when the copy engines should take
-    /// it (path, size, or a pool the kernel cannot reach). Every remote pool is checked up to
+    /// Plans a paged copy as one kernel launch, or `None` when the copy engines should take it
+    /// (path, size, or a pool the kernel cannot reach). Every remote pool is checked up to
     /// its highest block id against what its buffer's mapping really holds.
-    pub(super) fn paged(
-        &self,
-        blocks: &BlockOps,
-        held: &mut Held,
-    ) -> Result<Option<(Arc<GpuLane>, Paged)>> {
+    pub(super) fn paged(&self, blocks: &BlockOps) -> Result<Option<PlannedPaged>> {
         let wanted = plan::takes_kernel(
             self.config.copy_path,
             blocks.block_len(),
@@ -115,21 +151,30 @@ impl NvlinkLink {
             ))
         })?;
         let mut local_bases = Vec::with_capacity(blocks.pools().len());
-        let mut remote_bases = Vec::with_capacity(blocks.pools().len());
-        let mut last = None;
         for pool in blocks.pools() {
             let same_gpu = matches!(pool.region.info().location, Location::Device { ordinal: other, .. } if other == ordinal);
-            let resolved = self.resolve(&lane, ordinal, &pool.remote, &mut last, held)?;
-            if !same_gpu || !resolved.reachable {
+            if !same_gpu {
                 return Ok(None);
             }
-            let remote_base = resolved
-                .buffer
-                .translate(pool.remote_base, extent)
-                .map_err(|violation| self.fail(violation))?;
             local_bases.push(pool.local_base);
-            remote_bases.push(remote_base);
         }
+        let kept = self
+            .resolved_pools
+            .lock()
+            .as_ref()
+            .filter(|resolved| resolved.matches(ordinal, extent, blocks.pools()))
+            .cloned();
+        let resolved = match kept {
+            Some(resolved) => resolved,
+            None => match self.resolve_pools(&lane, ordinal, extent, blocks.pools())? {
+                Some(resolved) => {
+                    let resolved = Arc::new(resolved);
+                    *self.resolved_pools.lock() = Some(Arc::clone(&resolved));
+                    resolved
+                }
+                None => return Ok(None),
+            },
+        };
         let local = Side {
             bases: local_bases,
             ids: Arc::clone(blocks.local_ids()),
@@ -137,7 +182,7 @@ impl NvlinkLink {
             offset: blocks.local_offset(),
         };
         let remote = Side {
-            bases: remote_bases,
+            bases: resolved.bases.clone(),
             ids: Arc::clone(blocks.remote_ids()),
             stride: blocks.remote_stride(),
             offset: blocks.remote_offset(),
@@ -176,6 +221,41 @@ impl NvlinkLink {
             },
             after: blocks.after().cloned(),
         };
-        Ok(Some((lane, paged)))
+        Ok(Some((lane, paged, resolved)))
+    }
+
+    /// Resolves every peer pool of a paged copy by GPU `ordinal` for `extent` bytes each, or
+    /// `None` when one lies where this GPU's kernels do not reach.
+    fn resolve_pools(
+        &self,
+        lane: &GpuLane,
+        ordinal: u32,
+        extent: u64,
+        pools: &[BlockPoolOp],
+    ) -> Result<Option<ResolvedPools>> {
+        let mut held = Held::default();
+        let mut bases = Vec::with_capacity(pools.len());
+        let mut last = None;
+        for pool in pools {
+            let resolved = self.resolve(lane, ordinal, &pool.remote, &mut last, &mut held)?;
+            if !resolved.reachable {
+                return Ok(None);
+            }
+            let base = resolved
+                .buffer
+                .translate(pool.remote_base, extent)
+                .map_err(|violation| self.fail(violation))?;
+            bases.push(base);
+        }
+        Ok(Some(ResolvedPools {
+            ordinal,
+            extent,
+            remotes: pools
+                .iter()
+                .map(|pool| (Arc::clone(&pool.remote), pool.remote_base))
+                .collect(),
+            bases,
+            _held: held,
+        }))
     }
 }

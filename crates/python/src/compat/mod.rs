@@ -8,3 +8,4 @@ pub(crate) mod paged;
 pub(crate) mod regions;
 pub(crate) mod session;
 pub(crate) mod spans;
+pub(crate) mod templates;

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 #[derive(Default)]
 pub(crate) struct Regions {
     by_start: BTreeMap<u64, Region>,
+    /// Bumped at every change of `by_start`: what was found in the regions before may be
+    /// found elsewhere now.
+    generation: u64,
     /// Every buffer the engine allocated (`allocate_managed_buffer`), by start and length,
     /// kept after it is freed: its memory is the engine's, never the caller's own.
     allocated: BTreeMap<u64, u64>,
@@ -45,14 +48,22 @@ impl Regions {
         let region = unsafe { engine.register(addr as *mut u8, length as u64) }
             .map_err(|error| error.to_string())?;
         self.by_start.insert(addr, region);
+        self.generation += 1;
         Ok(true)
     }
 
     /// Unregisters the region that starts at `addr`; its transfers still in flight finish first.
     pub(crate) fn unregister(&mut self, addr: u64) -> Result<Region, String> {
-        self.by_start.remove(&addr).ok_or_else(|| {
+        let region = self.by_start.remove(&addr).ok_or_else(|| {
             format!("no memory is registered at {addr:#x}; unregister_memory takes the address register_memory was given")
-        })
+        })?;
+        self.generation += 1;
+        Ok(region)
+    }
+
+    /// Changes every time a region comes or goes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The region holding `[addr, addr + len)`, and `addr`'s offset in it.
@@ -76,6 +87,7 @@ impl Regions {
         }
         self.allocated.insert(region.addr(), region.len());
         self.by_start.insert(region.addr(), region);
+        self.generation += 1;
     }
 
     /// Whether `[addr, addr + len)` may be copied as the caller's own memory (Mooncake's

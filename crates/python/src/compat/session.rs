@@ -6,6 +6,7 @@ use super::moving::Moving;
 use super::paged::{extent, PagedCopy};
 use super::regions::Regions;
 use super::spans::{self, Outside, Span};
+use super::templates::Templates;
 use ferry::{BlockCopy, BufferDescriptor, Direction, Engine, Notifications, Peer};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -57,12 +58,14 @@ pub(crate) struct Session {
 }
 
 /// A peer opened by session name, with its buffers sorted by address and as spans in the
-/// same order (computed once per descriptor, not per transfer).
+/// same order (computed once per descriptor, not per transfer), and the block copies of its
+/// last paged submit.
 #[derive(Clone)]
 pub(crate) struct OpenPeer {
     pub(crate) peer: Peer,
     buffers: Arc<[BufferDescriptor]>,
     spans: Arc<[Span]>,
+    templates: Templates,
 }
 
 impl OpenPeer {
@@ -77,6 +80,7 @@ impl OpenPeer {
             peer,
             buffers: buffers.into(),
             spans: spans.into(),
+            templates: Templates::default(),
         }
     }
 }
@@ -158,6 +162,10 @@ impl Session {
             .iter()
             .map(|&addr| regions.unregister(addr))
             .collect::<Result<Vec<_>, _>>()?;
+        // Kept block copies hold their regions, which would keep an allocated buffer's memory.
+        for peer in self.peers.lock().values() {
+            peer.templates.clear();
+        }
         drop(regions);
         // Dropping a region waits for transfers still using it, outside the table's lock.
         drop(removed);
@@ -318,15 +326,20 @@ impl Session {
         }
         let mut peer = self.peer(target)?;
         let regions = self.regions.read();
-        let mut batch = match paged_batch(&self.engine, &regions, &peer, direction, copies) {
+        let built = match block_copies(&regions, &peer, copies) {
             Err(Outside::Peer(_)) => {
                 // The peer may have registered it after this engine fetched its descriptor.
                 peer = self.reconnect(target)?;
-                paged_batch(&self.engine, &regions, &peer, direction, copies)
+                block_copies(&regions, &peer, copies)
             }
             built => built,
         }
         .map_err(|outside| outside.to_string())?;
+        let mut batch = built
+            .into_iter()
+            .fold(self.engine.batch(&peer.peer), |batch, copy| {
+                with_blocks(batch, direction, copy)
+            });
         if let Some(payload) = notify {
             batch = batch.notify(payload);
         }
@@ -395,38 +408,48 @@ fn with_blocks(batch: ferry::Batch, direction: Direction, copy: BlockCopy) -> fe
     }
 }
 
-/// A batch of `copies` to `peer`, each pool found in the local `regions` and the peer's buffers.
-fn paged_batch(
-    engine: &Engine,
+/// `copies` to `peer` as block copies, each pool found in the local `regions` and the peer's
+/// buffers, or taken from the copies of the peer's last submit when it named the same pools.
+fn block_copies(
     regions: &Regions,
     peer: &OpenPeer,
-    direction: Direction,
     copies: &[PagedCopy],
-) -> Result<ferry::Batch, Outside> {
-    let mut batch = engine.batch(&peer.peer);
-    for paged in copies {
-        let mut copy = BlockCopy::new(
-            paged.len,
-            paged.local,
-            paged.remote,
-            Arc::clone(&paged.local_ids),
-            Arc::clone(&paged.remote_ids),
-        );
-        let local_extent = extent(&paged.local, paged.len);
-        let remote_extent = extent(&paged.remote, paged.len);
-        for &(local, remote) in &paged.pools {
-            let (region, offset) = regions
-                .containing(local, local_extent)
-                .map_err(Outside::Local)?;
-            let buffer = spans::holding(&peer.spans, remote, remote_extent).ok_or_else(|| {
-                Outside::Peer(format!("peer range {remote:#x}+{remote_extent} is not inside memory the peer registered; the peer must register it first"))
-            })?;
-            let buffer = &peer.buffers[buffer];
-            copy = copy.pool_at(region, offset, buffer, remote - buffer.addr);
-        }
-        batch = with_blocks(batch, direction, copy);
+) -> Result<Vec<BlockCopy>, Outside> {
+    let generation = regions.generation();
+    if let Some(reused) = peer.templates.reuse(generation, copies) {
+        return Ok(reused);
     }
-    Ok(batch)
+    let built = copies
+        .iter()
+        .map(|paged| block_copy(regions, peer, paged))
+        .collect::<Result<Vec<_>, _>>()?;
+    peer.templates.keep(generation, copies, &built);
+    Ok(built)
+}
+
+/// `paged` to `peer` as a block copy, each pool found in the local `regions` and the peer's
+/// buffers.
+fn block_copy(regions: &Regions, peer: &OpenPeer, paged: &PagedCopy) -> Result<BlockCopy, Outside> {
+    let mut copy = BlockCopy::new(
+        paged.len,
+        paged.local,
+        paged.remote,
+        Arc::clone(&paged.local_ids),
+        Arc::clone(&paged.remote_ids),
+    );
+    let local_extent = extent(&paged.local, paged.len);
+    let remote_extent = extent(&paged.remote, paged.len);
+    for &(local, remote) in &paged.pools {
+        let (region, offset) = regions
+            .containing(local, local_extent)
+            .map_err(Outside::Local)?;
+        let buffer = spans::holding(&peer.spans, remote, remote_extent).ok_or_else(|| {
+            Outside::Peer(format!("peer range {remote:#x}+{remote_extent} is not inside memory the peer registered; the peer must register it first"))
+        })?;
+        let buffer = &peer.buffers[buffer];
+        copy = copy.pool_at(region, offset, buffer, remote - buffer.addr);
+    }
+    Ok(copy)
 }
 
 #[cfg(test)]
