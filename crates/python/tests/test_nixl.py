@@ -25,6 +25,7 @@ from ferry_kv._nixl_api import _index_bytes  # noqa: E402
 from ferry_kv.nixl import (  # noqa: E402
     nixl_agent,
     nixl_agent_config,
+    nixlBackendError,
     nixlInvalidParamError,
     nixlMismatchError,
     nixlNoTelemetryError,
@@ -195,6 +196,34 @@ def test_a_read_s_notification_reaches_the_peer_only_after_the_read(peer):
         assert peer.ask(op="notifs", count=1, wait_s=10)["notifs"] == [
             ["decode", f"req-{seed}:1".encode().hex()]
         ]
+
+
+def test_requests_after_a_deregistration_find_their_pools_again(peer):
+    # Requests naming the same pools reuse what the first found; once the memory is
+    # deregistered nothing may be reused, and once it is registered again (at the same
+    # addresses) the pools are found afresh.
+    side = Side()
+    name = side.agent.add_remote_agent(peer.metadata)
+    remote = side.agent.prep_xfer_dlist(name, np.array(peer.rows(), dtype=np.uint64), mem_type="DRAM")
+    for seed in (50, 51):
+        peer.ask(op="fill", seed=seed)
+        state, _ = pull(side, name, remote, [1, 2], [3, 4], f"req-{seed}:1".encode())
+        assert state == "DONE"
+        check_blocks(side.pools, {1: 3, 2: 4}, seed=seed)
+    side.agent.deregister_memory(side.registered)
+    for pool in side.pools:
+        pool.fill(POISON)
+    handle = side.agent.make_prepped_xfer("READ", side.local, ids([1, 2]), remote, ids([3, 4]))
+    with pytest.raises(nixlBackendError, match="not inside registered memory"):
+        side.agent.transfer(handle)
+    side.agent.release_xfer_handle(handle)
+    check_blocks(side.pools, {}, seed=51)
+    descs = side.agent.get_reg_descs([(p.ctypes.data, p.nbytes, 0, "") for p in side.pools], "DRAM")
+    side.registered = side.agent.register_memory(descs, backends=["UCX"])
+    peer.ask(op="fill", seed=52)
+    state, _ = pull(side, name, remote, [5, 6], [7, 8], b"req-52:1")
+    assert state == "DONE"
+    check_blocks(side.pools, {5: 7, 6: 8}, seed=52)
 
 
 def test_push_mode_registration_message_of_any_length_then_writes(peer):

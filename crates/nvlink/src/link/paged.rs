@@ -158,20 +158,10 @@ impl NvlinkLink {
             }
             local_bases.push(pool.local_base);
         }
-        let kept = self
-            .resolved_pools
-            .lock()
-            .as_ref()
-            .filter(|resolved| resolved.matches(ordinal, extent, blocks.pools()))
-            .cloned();
-        let resolved = match kept {
+        let resolved = match self.kept_pools(ordinal, extent, blocks.pools()) {
             Some(resolved) => resolved,
             None => match self.resolve_pools(&lane, ordinal, extent, blocks.pools())? {
-                Some(resolved) => {
-                    let resolved = Arc::new(resolved);
-                    *self.resolved_pools.lock() = Some(Arc::clone(&resolved));
-                    resolved
-                }
+                Some(resolved) => self.keep_pools(resolved),
                 None => return Ok(None),
             },
         };
@@ -222,6 +212,37 @@ impl NvlinkLink {
             after: blocks.after().cloned(),
         };
         Ok(Some((lane, paged, resolved)))
+    }
+
+    /// The peer pools kept from an earlier paged copy when `pools` are they, copied by GPU
+    /// `ordinal` no further than `extent` bytes from each base. Never for a peer engine of this
+    /// process: its buffers are not mapped but checked against its registrations, which it may
+    /// change without a new descriptor, so every copy checks them again.
+    fn kept_pools(
+        &self,
+        ordinal: u32,
+        extent: u64,
+        pools: &[BlockPoolOp],
+    ) -> Option<Arc<ResolvedPools>> {
+        if self.local_peer.is_some() {
+            return None;
+        }
+        self.resolved_pools
+            .lock()
+            .as_ref()
+            .filter(|resolved| resolved.matches(ordinal, extent, pools))
+            .cloned()
+    }
+
+    /// Keeps `resolved` for the next paged copy, unless the link closed meanwhile: a closed
+    /// link holds no mappings.
+    fn keep_pools(&self, resolved: ResolvedPools) -> Arc<ResolvedPools> {
+        let resolved = Arc::new(resolved);
+        let mut kept = self.resolved_pools.lock();
+        if self.local_peer.is_none() && self.alive.load(Ordering::Acquire) {
+            *kept = Some(Arc::clone(&resolved));
+        }
+        resolved
     }
 
     /// Resolves every peer pool of a paged copy by GPU `ordinal` for `extent` bytes each, or

@@ -152,24 +152,39 @@ impl Session {
                 }
             }
         }
+        if !added.is_empty() {
+            self.forget_templates();
+        }
         Ok(())
     }
 
     /// Unregisters the regions starting at each address; stops at the first unknown one.
     pub(crate) fn unregister(&self, addrs: &[u64]) -> Result<(), String> {
         let mut regions = self.regions.write();
-        let removed = addrs
-            .iter()
-            .map(|&addr| regions.unregister(addr))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Kept block copies hold their regions, which would keep an allocated buffer's memory.
-        for peer in self.peers.lock().values() {
-            peer.templates.clear();
+        let mut removed = Vec::with_capacity(addrs.len());
+        let mut outcome = Ok(());
+        for &addr in addrs {
+            match regions.unregister(addr) {
+                Ok(region) => removed.push(region),
+                Err(unknown) => {
+                    outcome = Err(unknown);
+                    break;
+                }
+            }
         }
+        self.forget_templates();
         drop(regions);
         // Dropping a region waits for transfers still using it, outside the table's lock.
         drop(removed);
-        Ok(())
+        outcome
+    }
+
+    /// Drops every peer's kept block copies: they hold regions, and a region replaced or
+    /// unregistered would stay allocated (an allocated buffer's memory with it) while they do.
+    fn forget_templates(&self) {
+        for peer in self.peers.lock().values() {
+            peer.templates.clear();
+        }
     }
 
     /// Whether `[addr, addr + len)` lies inside one registered region; the reason when not.

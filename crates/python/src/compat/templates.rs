@@ -9,7 +9,6 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// What a copy's pools were found from: its length, both layouts and the pool addresses.
-#[derive(PartialEq, Eq)]
 struct Shape {
     len: u64,
     local: BlockLayout,
@@ -18,6 +17,7 @@ struct Shape {
 }
 
 impl Shape {
+    /// `paged`'s shape.
     fn of(paged: &PagedCopy) -> Shape {
         Shape {
             len: paged.len,
@@ -27,6 +27,7 @@ impl Shape {
         }
     }
 
+    /// Whether `paged` names the same pools with the same length and layouts.
     fn matches(&self, paged: &PagedCopy) -> bool {
         self.len == paged.len
             && self.local == paged.local
@@ -71,15 +72,15 @@ impl Templates {
         })
     }
 
-    /// Keeps `built`, the block copies of `copies` found in registrations of `generation`.
+    /// Keeps `built`, the block copies of `copies` found in registrations of `generation`
+    /// (without their ids, which the next request replaces).
     pub(crate) fn keep(&self, generation: u64, copies: &[PagedCopy], built: &[BlockCopy]) {
+        let templates = built
+            .iter()
+            .map(|copy| copy.clone().with_ids(Vec::new(), Vec::new()));
         *self.0.lock() = Some(Kept {
             generation,
-            copies: copies
-                .iter()
-                .map(Shape::of)
-                .zip(built.iter().cloned())
-                .collect(),
+            copies: copies.iter().map(Shape::of).zip(templates).collect(),
         });
     }
 
