@@ -234,12 +234,12 @@ impl NvlinkLink {
             .cloned()
     }
 
-    /// Keeps `resolved` for the next paged copy, unless the link closed meanwhile: a closed
-    /// link holds no mappings.
+    /// Keeps `resolved` for the next paged copy ([`Self::kept_pools`] says when it may be
+    /// reused), unless the link closed meanwhile: a closed link holds no mappings.
     fn keep_pools(&self, resolved: ResolvedPools) -> Arc<ResolvedPools> {
         let resolved = Arc::new(resolved);
         let mut kept = self.resolved_pools.lock();
-        if self.local_peer.is_none() && self.alive.load(Ordering::Acquire) {
+        if self.alive.load(Ordering::Acquire) {
             *kept = Some(Arc::clone(&resolved));
         }
         resolved

@@ -25,6 +25,26 @@ pub(crate) struct PagedCopy {
     pub(crate) pools: Vec<(u64, u64)>,
 }
 
+impl PagedCopy {
+    /// Whether `other` copies the same pools with the same block length and layouts, whatever
+    /// its ids.
+    pub(crate) fn same_pools(&self, other: &PagedCopy) -> bool {
+        self.len == other.len
+            && self.local == other.local
+            && self.remote == other.remote
+            && self.pools == other.pools
+    }
+
+    /// This copy with no ids: its pools, length and layouts only.
+    pub(crate) fn without_ids(&self) -> PagedCopy {
+        PagedCopy {
+            local_ids: Arc::from([]),
+            remote_ids: Arc::from([]),
+            ..self.clone()
+        }
+    }
+}
+
 /// The bytes from a pool's base to the end of the last block byte a copy of `len` bytes per
 /// block touches in a pool of `layout`.
 pub(crate) fn extent(layout: &BlockLayout, len: u64) -> u64 {

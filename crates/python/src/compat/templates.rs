@@ -4,42 +4,15 @@
 //! again cost as much as planning its 40,960 block ids.
 
 use super::paged::PagedCopy;
-use ferry::{BlockCopy, BlockLayout};
+use ferry::BlockCopy;
 use parking_lot::Mutex;
 use std::sync::Arc;
 
-/// What a copy's pools were found from: its length, both layouts and the pool addresses.
-struct Shape {
-    len: u64,
-    local: BlockLayout,
-    remote: BlockLayout,
-    pools: Vec<(u64, u64)>,
-}
-
-impl Shape {
-    /// `paged`'s shape.
-    fn of(paged: &PagedCopy) -> Shape {
-        Shape {
-            len: paged.len,
-            local: paged.local,
-            remote: paged.remote,
-            pools: paged.pools.clone(),
-        }
-    }
-
-    /// Whether `paged` names the same pools with the same length and layouts.
-    fn matches(&self, paged: &PagedCopy) -> bool {
-        self.len == paged.len
-            && self.local == paged.local
-            && self.remote == paged.remote
-            && self.pools == paged.pools
-    }
-}
-
-/// The copies built for one submit, and the registrations' generation they were found in.
+/// The copies built for one submit (each beside the paged copy it was built from, without
+/// ids), and the registrations' generation they were found in.
 struct Kept {
     generation: u64,
-    copies: Vec<(Shape, BlockCopy)>,
+    copies: Vec<(PagedCopy, BlockCopy)>,
 }
 
 /// One peer's kept copies, shared by every clone of its open peer.
@@ -58,7 +31,7 @@ impl Templates {
                 .copies
                 .iter()
                 .zip(copies)
-                .all(|((shape, _), paged)| shape.matches(paged));
+                .all(|((kept, _), paged)| kept.same_pools(paged));
         same.then(|| {
             kept.copies
                 .iter()
@@ -75,12 +48,15 @@ impl Templates {
     /// Keeps `built`, the block copies of `copies` found in registrations of `generation`
     /// (without their ids, which the next request replaces).
     pub(crate) fn keep(&self, generation: u64, copies: &[PagedCopy], built: &[BlockCopy]) {
-        let templates = built
-            .iter()
-            .map(|copy| copy.clone().with_ids(Vec::new(), Vec::new()));
+        let kept = copies.iter().zip(built).map(|(paged, copy)| {
+            (
+                paged.without_ids(),
+                copy.clone().with_ids(Vec::new(), Vec::new()),
+            )
+        });
         *self.0.lock() = Some(Kept {
             generation,
-            copies: copies.iter().map(Shape::of).zip(templates).collect(),
+            copies: kept.collect(),
         });
     }
 
@@ -93,6 +69,7 @@ impl Templates {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry::BlockLayout;
 
     fn paged(pools: Vec<(u64, u64)>, ids: &[u32]) -> PagedCopy {
         let layout = BlockLayout::packed(1 << 20, 4096);
